@@ -1,0 +1,42 @@
+"""Environments and tools for tool-using agents, looked up by name with :func:`make_env`.
+
+Importing this package registers the built-in environments (``"arithmetic"``).
+"""
+
+from envs.base import (
+    Action,
+    Environment,
+    StepResult,
+    ToolCall,
+    available_envs,
+    make_env,
+    register_env,
+)
+from envs.calculator import (
+    ArithmeticEnv,
+    ArithmeticTask,
+    CalculatorTool,
+    format_number,
+    make_arithmetic_task,
+    safe_eval,
+)
+from envs.tools import Tool, ToolResult, call_tool
+
+__all__ = [
+    "Action",
+    "ArithmeticEnv",
+    "ArithmeticTask",
+    "CalculatorTool",
+    "Environment",
+    "StepResult",
+    "Tool",
+    "ToolCall",
+    "ToolResult",
+    "available_envs",
+    "call_tool",
+    "format_number",
+    "make_arithmetic_task",
+    "make_env",
+    "register_env",
+    "safe_eval",
+]

@@ -1,0 +1,61 @@
+"""Turn groups of trajectories into padded learner arrays with few distinct shapes.
+
+Rows and length are padded up to buckets so the jitted step compiles once per
+bucket rather than once per batch. Padding rows have an all-zero mask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+
+def bucket_length(n: int, multiple: int = 64) -> int:
+    return max(multiple, -(-n // multiple) * multiple)
+
+
+def pad_rows(
+    rows: Sequence[dict[str, np.ndarray]],
+    *,
+    pad_id: int,
+    num_rows: int | None = None,
+    length_multiple: int = 64,
+) -> dict[str, np.ndarray]:
+    """Stack per-trajectory arrays (from ``Trajectory.learner_arrays``) into ``[R, T]``."""
+    if not rows:
+        raise ValueError("cannot build a batch from no trajectories")
+    r = max(num_rows or len(rows), len(rows))
+    t = bucket_length(max(len(x["input_ids"]) for x in rows), length_multiple)
+    out = {
+        "input_ids": np.full((r, t), pad_id, np.int32),
+        "loss_mask": np.zeros((r, t), np.float32),
+        "old_logprobs": np.zeros((r, t), np.float32),
+    }
+    for i, row in enumerate(rows):
+        n = len(row["input_ids"])
+        for key in out:
+            out[key][i, :n] = row[key]
+    return out
+
+
+def grpo_batch(
+    groups: Sequence,  # Sequence[rollout.Group]
+    advantage_fn: Callable[[np.ndarray], np.ndarray],
+    *,
+    pad_id: int,
+    num_rows: int | None = None,
+    length_multiple: int = 64,
+) -> dict[str, np.ndarray]:
+    """Arrays for one GRPO step: advantages computed within each group."""
+    rows, advantages = [], []
+    for group in groups:
+        adv = advantage_fn(group.rewards)
+        for traj, a in zip(group.trajectories, adv, strict=True):
+            rows.append(traj.learner_arrays())
+            advantages.append(a)
+    batch = pad_rows(rows, pad_id=pad_id, num_rows=num_rows, length_multiple=length_multiple)
+    adv = np.zeros(batch["input_ids"].shape[0], np.float32)
+    adv[: len(advantages)] = advantages
+    batch["advantages"] = adv
+    return batch

@@ -1,0 +1,98 @@
+"""The GRPO learner: one jitted, donating train step over padded, masked arrays."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from learners.advantages import get_advantage_fn
+from learners.losses import AGGREGATIONS, grpo_loss
+from learners.state import OptimizerConfig, TrainState, apply_gradients, make_optimizer
+from tunix_agentic.models.transformer import token_logprobs
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOConfig:
+    optimizer: OptimizerConfig = OptimizerConfig(learning_rate=1e-4)
+    advantage: str = "grpo"
+    aggregation: str = "token_mean"
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    kl_coef: float = 0.0
+    temperature: float = 1.0  # must match the sampling temperature, so ratios start at 1
+
+    def __post_init__(self):
+        get_advantage_fn(self.advantage)
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"learner.aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
+        if not 0 <= self.clip_low < 1 or self.clip_high < 0:
+            raise ValueError("learner.clip_low must be in [0, 1) and learner.clip_high >= 0")
+        if self.kl_coef < 0:
+            raise ValueError(f"learner.kl_coef must be >= 0, got {self.kl_coef}")
+        if not self.temperature > 0:
+            raise ValueError(f"learner.temperature must be > 0, got {self.temperature}")
+
+
+class GRPOLearner:
+    """Holds the policy's train state; ``train_step(batch)`` returns float metrics.
+
+    ``batch`` comes from :func:`learners.batching.grpo_batch`. With ``kl_coef >
+    0`` a frozen copy of the initial parameters serves as the reference policy.
+    """
+
+    def __init__(self, model: nnx.Module, config: GRPOConfig = GRPOConfig()):
+        self.config = config
+        self.state = TrainState(model, make_optimizer(config.optimizer))
+        self.ref_params = self.state.params_copy() if config.kl_coef > 0 else None
+        self.advantage_fn = get_advantage_fn(config.advantage)
+        self.compiles = 0
+        self._step = jax.jit(self._step_impl, donate_argnums=(0, 1))
+
+    def _logprobs(self, params, input_ids):
+        model = nnx.merge(self.state.graphdef, params)
+        b, t = input_ids.shape
+        positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        logits, _ = model(input_ids, positions)
+        logits = logits[:, :-1] / self.config.temperature
+        return logits, token_logprobs(logits, input_ids[:, 1:])
+
+    def _step_impl(self, params, opt_state, ref_params, batch):
+        self.compiles += 1  # counted while tracing only
+        cfg = self.config
+        ids = batch["input_ids"]
+        mask = batch["loss_mask"][:, 1:]
+        old = batch["old_logprobs"][:, 1:]
+        ref = None
+        if ref_params is not None:
+            ref = jax.lax.stop_gradient(self._logprobs(ref_params, ids)[1])
+
+        def loss_fn(p):
+            logits, lp = self._logprobs(p, ids)
+            loss, aux = grpo_loss(
+                lp, old, batch["advantages"], mask,
+                clip_low=cfg.clip_low, clip_high=cfg.clip_high, aggregation=cfg.aggregation,
+                ref_logprobs=ref, kl_coef=cfg.kl_coef,
+            )
+            probs = jax.nn.softmax(logits, axis=-1)
+            entropy = -jnp.sum(probs * jax.nn.log_softmax(logits, axis=-1), axis=-1)
+            aux["entropy"] = jnp.sum(entropy * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+            return loss, aux
+
+        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        aux["grad_norm"] = jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree.leaves(grads)))
+        params, opt_state = apply_gradients(self.state.optimizer, params, opt_state, grads)
+        return params, opt_state, {"loss": loss, **aux}
+
+    def train_step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        s = self.state
+        s.params, s.opt_state, metrics = self._step(s.params, s.opt_state, self.ref_params, batch)
+        s.step += 1
+        return {k: float(v) for k, v in metrics.items()}
+
+    def params_for_engine(self) -> Any:
+        return self.state.params_copy()

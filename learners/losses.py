@@ -1,0 +1,74 @@
+"""Policy-gradient losses on padded, masked token arrays (pure jax.numpy).
+
+Shapes: ``logprobs``, ``old_logprobs``, ``mask`` are ``[B, T]`` (per target
+token); ``advantages`` is ``[B]`` (one per sequence, broadcast over tokens).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+
+
+def aggregate(per_token: jnp.ndarray, mask: jnp.ndarray, how: str) -> jnp.ndarray:
+    """Reduce ``[B, T]`` to a scalar.
+
+    - token_mean: every generated token weighs the same (DAPO, Yu et al. 2025).
+    - seq_mean_token_mean: mean per sequence, then over sequences (original GRPO).
+    - seq_mean_token_sum_norm: token sum over B*T, a length-unbiased constant (Dr. GRPO).
+    """
+    if how == "token_mean":
+        return jnp.sum(per_token * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+    if how == "seq_mean_token_mean":
+        rows = jnp.sum(mask, axis=-1)
+        per_seq = jnp.sum(per_token * mask, axis=-1) / jnp.maximum(rows, 1.0)
+        return jnp.sum(per_seq) / jnp.maximum(jnp.sum(rows > 0), 1.0)
+    if how == "seq_mean_token_sum_norm":
+        rows = jnp.maximum(jnp.sum(jnp.any(mask > 0, axis=-1)), 1.0)
+        return jnp.sum(per_token * mask) / (rows * mask.shape[-1])
+    raise ValueError(f"unknown loss aggregation {how!r}; known: {AGGREGATIONS}")
+
+
+def grpo_loss(
+    logprobs: jnp.ndarray,
+    old_logprobs: jnp.ndarray,
+    advantages: jnp.ndarray,
+    mask: jnp.ndarray,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    aggregation: str = "token_mean",
+    ref_logprobs: jnp.ndarray | None = None,
+    kl_coef: float = 0.0,
+) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
+    """Clipped-ratio surrogate (PPO, Schulman et al. 2017; GRPO, Shao et al. 2024).
+
+    ``clip_high > clip_low`` is DAPO's clip-higher. With ``ref_logprobs`` and
+    ``kl_coef > 0`` adds the k3 KL estimator to a reference policy (GRPO eq. 4).
+    Returns the scalar loss and diagnostics (clip fraction, approximate KL to
+    the sampling policy, mean ratio, KL to the reference).
+    """
+    adv = advantages[:, None]
+    log_ratio = logprobs - old_logprobs
+    ratio = jnp.exp(log_ratio)
+    unclipped = ratio * adv
+    clipped = jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
+    per_token = -jnp.minimum(unclipped, clipped)
+    denom = jnp.maximum(jnp.sum(mask), 1.0)
+    aux = {
+        "clip_fraction": jnp.sum((clipped < unclipped) * mask) / denom,
+        "approx_kl": jnp.sum(0.5 * log_ratio**2 * mask) / denom,
+        "ratio_mean": jnp.sum(ratio * mask) / denom,
+    }
+    if ref_logprobs is not None and kl_coef > 0:
+        d = ref_logprobs - logprobs
+        kl = jnp.exp(d) - d - 1.0
+        per_token = per_token + kl_coef * kl
+        aux["ref_kl"] = jnp.sum(kl * mask) / denom
+    return aggregate(per_token, mask, aggregation), aux
+
+
+def masked_cross_entropy(logprobs: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
+    """Negative log-likelihood averaged over masked tokens (SFT)."""
+    return -jnp.sum(logprobs * mask) / jnp.maximum(jnp.sum(mask), 1.0)

@@ -1,0 +1,75 @@
+"""Parameters, optimizer state and step of one trainable model, kept functional.
+
+The NNX model is split once into a static graph definition and a parameter
+pytree; jitted steps take and return the pytrees (donated), which keeps the
+train step pure and makes checkpointing and weight sync plain tree operations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    learning_rate: float = 3e-4
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    warmup_steps: int = 0
+    b1: float = 0.9
+    b2: float = 0.99
+
+    def __post_init__(self):
+        if not self.learning_rate > 0:
+            raise ValueError(f"optimizer.learning_rate must be > 0, got {self.learning_rate}")
+        if self.weight_decay < 0:
+            raise ValueError(f"optimizer.weight_decay must be >= 0, got {self.weight_decay}")
+        if not self.max_grad_norm > 0:
+            raise ValueError(f"optimizer.max_grad_norm must be > 0, got {self.max_grad_norm}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"optimizer.warmup_steps must be >= 0, got {self.warmup_steps}")
+
+
+def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
+    lr: Any = cfg.learning_rate
+    if cfg.warmup_steps:
+        lr = optax.linear_schedule(0.0, cfg.learning_rate, cfg.warmup_steps)
+    return optax.chain(
+        optax.clip_by_global_norm(cfg.max_grad_norm),
+        optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay),
+    )
+
+
+class TrainState:
+    """graphdef + params + optimizer state + step for one model."""
+
+    def __init__(self, model: nnx.Module, optimizer: optax.GradientTransformation):
+        self.graphdef, self.params = nnx.split(model, nnx.Param)
+        self.optimizer = optimizer
+        self.opt_state = optimizer.init(self.params)
+        self.step = 0
+
+    def model(self) -> nnx.Module:
+        """A module view of the current parameters (shares no buffers that a step donates)."""
+        return nnx.merge(self.graphdef, self.params_copy())
+
+    def params_copy(self) -> Any:
+        """A copy of the parameters that stays valid after the next (donating) step."""
+        return jax.tree.map(jnp.copy, self.params)
+
+    def load(self, params: Any, opt_state: Any | None, step: int) -> None:
+        self.params = params
+        if opt_state is not None:
+            self.opt_state = opt_state
+        self.step = int(step)
+
+
+def apply_gradients(optimizer: optax.GradientTransformation, params, opt_state, grads):
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state

@@ -1,0 +1,148 @@
+"""Tests for learners.batching: bucketed padding and per-group advantages."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from learners.advantages import dr_grpo, grpo
+from learners.batching import bucket_length, grpo_batch, pad_rows
+from tunix_agentic.rollout.orchestrator import Group
+from tunix_agentic.rollout.trajectory import Step, Trajectory
+
+PAD = 0
+
+
+def make_traj(
+    prompt: list[int], action: list[int], reward: float = 0.0, version: int = 0
+) -> Trajectory:
+    traj = Trajectory(task_id="t", episode_id=f"e{len(prompt)}-{len(action)}", reward=reward)
+    traj.append_prompt(prompt)
+    traj.append_action(
+        Step(
+            context_len=len(prompt),
+            action_ids=action,
+            logprobs=[-0.5] * len(action),
+            versions=[version] * len(action),
+            finish_reason="stop",
+        )
+    )
+    return traj
+
+
+def make_group(index: int, rewards: list[float]) -> Group:
+    trajs = [make_traj([7, 8], [20 + index, 30 + i], reward=r) for i, r in enumerate(rewards)]
+    return Group(
+        group_id=f"g{index}", index=index, task=None, admitted_version=0, trajectories=trajs
+    )
+
+
+@pytest.mark.parametrize(
+    ("n", "multiple", "expected"),
+    [(0, 64, 64), (1, 64, 64), (64, 64, 64), (65, 64, 128), (5, 8, 8), (9, 8, 16), (16, 8, 16)],
+    ids=["zero", "one", "exact", "one_over", "small_multiple", "small_over", "small_exact"],
+)
+def test_bucket_length(n, multiple, expected):
+    assert bucket_length(n, multiple) == expected
+
+
+def test_pad_rows_literal():
+    rows = [make_traj([1, 2], [3]).learner_arrays(), make_traj([4], [5, 6, 7, 8]).learner_arrays()]
+    batch = pad_rows(rows, pad_id=PAD, num_rows=3, length_multiple=4)
+    assert sorted(batch) == ["input_ids", "loss_mask", "old_logprobs"]
+    np.testing.assert_array_equal(
+        batch["input_ids"], [[1, 2, 3, 0, 0, 0, 0, 0], [4, 5, 6, 7, 8, 0, 0, 0], [0] * 8]
+    )
+    np.testing.assert_array_equal(
+        batch["loss_mask"], [[0, 0, 1, 0, 0, 0, 0, 0], [0, 1, 1, 1, 1, 0, 0, 0], [0] * 8]
+    )
+    np.testing.assert_allclose(
+        batch["old_logprobs"],
+        [[0, 0, -0.5, 0, 0, 0, 0, 0], [0, -0.5, -0.5, -0.5, -0.5, 0, 0, 0], [0] * 8],
+        rtol=0,
+        atol=0,
+    )
+    assert batch["input_ids"].dtype == np.int32
+    assert batch["loss_mask"].dtype == np.float32
+
+
+@pytest.mark.parametrize(
+    ("lengths", "num_rows", "multiple", "shape"),
+    [
+        ([3, 5], None, 64, (2, 64)),
+        ([3, 70], None, 64, (2, 128)),
+        ([64], 4, 64, (4, 64)),
+        ([65, 1, 1], 8, 32, (8, 96)),
+        ([10, 10, 10], 2, 16, (3, 16)),  # num_rows below the row count never drops rows
+    ],
+    ids=["one_bucket", "two_buckets", "exact_fit", "many_padding_rows", "num_rows_too_small"],
+)
+def test_pad_rows_shapes(lengths, num_rows, multiple, shape):
+    rows = [make_traj([9] * (n - 1), [5]).learner_arrays() for n in lengths]
+    batch = pad_rows(rows, pad_id=PAD, num_rows=num_rows, length_multiple=multiple)
+    for key in ("input_ids", "loss_mask", "old_logprobs"):
+        assert batch[key].shape == shape
+    assert batch["loss_mask"][len(lengths) :].sum() == 0  # padding rows contribute nothing
+    np.testing.assert_array_equal(
+        batch["loss_mask"].sum(axis=1)[: len(lengths)], [1] * len(lengths)
+    )
+
+
+def test_pad_rows_uses_pad_id():
+    batch = pad_rows(
+        [make_traj([1], [2]).learner_arrays()], pad_id=99, num_rows=2, length_multiple=4
+    )
+    np.testing.assert_array_equal(batch["input_ids"], [[1, 2, 99, 99], [99, 99, 99, 99]])
+
+
+def test_pad_rows_empty_raises():
+    with pytest.raises(ValueError, match="cannot build a batch from no trajectories"):
+        pad_rows([], pad_id=PAD)
+
+
+def test_group_rewards_property():
+    group = make_group(0, [1.0, 0.0, 0.5])
+    np.testing.assert_array_equal(group.rewards, np.array([1.0, 0.0, 0.5], np.float32))
+
+
+@pytest.mark.parametrize(
+    ("fn", "expected"),
+    [
+        # group 0 rewards [1, 0], group 1 rewards [2, 2, 5]; two padding rows
+        (dr_grpo, [0.5, -0.5, -1.0, -1.0, 2.0, 0.0, 0.0]),
+        (grpo, [1.0, -1.0, -0.70710677, -0.70710677, 1.4142135, 0.0, 0.0]),
+    ],
+    ids=["dr_grpo", "grpo"],
+)
+def test_grpo_batch_advantages_within_group(fn, expected):
+    groups = [make_group(0, [1.0, 0.0]), make_group(1, [2.0, 2.0, 5.0])]
+    batch = grpo_batch(groups, fn, pad_id=PAD, num_rows=7, length_multiple=8)
+    assert batch["input_ids"].shape == (7, 8)
+    assert batch["advantages"].shape == (7,)
+    assert batch["advantages"].dtype == np.float32
+    np.testing.assert_allclose(batch["advantages"], expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(
+        batch["input_ids"][:, :4],
+        [
+            [7, 8, 20, 30],
+            [7, 8, 20, 31],
+            [7, 8, 21, 30],
+            [7, 8, 21, 31],
+            [7, 8, 21, 32],
+            [0, 0, 0, 0],
+            [0, 0, 0, 0],
+        ],
+    )
+    np.testing.assert_array_equal(batch["loss_mask"].sum(axis=1), [2, 2, 2, 2, 2, 0, 0])
+
+
+def test_grpo_batch_uniform_group_gets_zero_advantage():
+    groups = [make_group(0, [1.0, 1.0]), make_group(1, [0.0, 1.0])]
+    batch = grpo_batch(groups, grpo, pad_id=PAD, length_multiple=8)
+    np.testing.assert_allclose(batch["advantages"], [0.0, 0.0, -1.0, 1.0], rtol=1e-5, atol=1e-6)
+
+
+def test_grpo_batch_rejects_advantage_length_mismatch():
+    groups = [make_group(0, [1.0, 0.0])]
+    with pytest.raises(ValueError):
+        grpo_batch(groups, lambda r: np.zeros(3, np.float32), pad_id=PAD)

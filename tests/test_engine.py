@@ -1,0 +1,146 @@
+import asyncio
+
+import jax.numpy as jnp
+import pytest
+
+from tunix_agentic.inference import EngineConfig, JaxEngine, PromptTooLongError, SamplingParams
+from tunix_agentic.testing import tiny_model
+
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=9)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(seed=3)
+
+
+def greedy_reference(model, prompt, n):
+    """One sequence at a time, full forward per token: the slow, obviously right way."""
+    ids = list(prompt)
+    for _ in range(n):
+        logits, _ = model(jnp.array([ids]), jnp.arange(len(ids))[None])
+        ids.append(int(jnp.argmax(logits[0, -1])))
+    return ids[len(prompt) :]
+
+
+async def test_concurrent_requests_are_batched_and_exact(model):
+    engine = JaxEngine(model, EngineConfig(max_slots=4, max_seq_len=48, decode_steps=4))
+    prompts = [[5, 6, 7], [9] * 17, [11, 12], [20, 21, 22, 23, 24], [30], [31, 32, 33]]
+    outs = await asyncio.gather(*(engine.generate(p, GREEDY) for p in prompts))
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert out.token_ids == greedy_reference(model, prompt, 9)
+        assert out.finish_reason == "length"
+        assert len(out.logprobs) == 9 and all(lp <= 0 for lp in out.logprobs)
+        assert out.prompt_tokens == len(prompt)
+    # 6 requests on 4 slots: fewer decode chunks than serving them one at a time would take.
+    assert engine.stats["decode_chunks"] < 6 * 9 / 4
+    await engine.close()
+
+
+async def test_new_prompt_lengths_do_not_recompile(model):
+    engine = JaxEngine(model, EngineConfig(max_slots=4, max_seq_len=64, decode_steps=4, min_prefill_len=16))
+    for n in range(1, 16):  # every length falls into the first length bucket
+        await engine.generate(list(range(1, n + 1)), GREEDY)
+    assert engine.compiles == {"prefill": 1, "decode": 1}
+    await engine.generate(list(range(1, 20)), GREEDY)  # next length bucket: one more prefill shape
+    assert engine.compiles == {"prefill": 2, "decode": 1}
+    await engine.close()
+
+
+async def test_stop_token_ends_generation_and_is_kept(model):
+    engine = JaxEngine(model, EngineConfig(max_slots=2, max_seq_len=48))
+    free = await engine.generate([4, 5, 6], GREEDY)
+    stop = free.token_ids[3]
+    out = await engine.generate([4, 5, 6], SamplingParams(temperature=0.0, max_new_tokens=9, stop_token_ids=(stop,)))
+    first = free.token_ids.index(stop)
+    assert out.token_ids == free.token_ids[: first + 1]
+    assert out.finish_reason == "stop" and out.matched_stop == stop
+    await engine.close()
+
+
+async def test_seeded_sampling_is_reproducible_whatever_is_batched_beside_it(model):
+    engine = JaxEngine(model, EngineConfig(max_slots=4, max_seq_len=48))
+    sp = SamplingParams(temperature=1.0, max_new_tokens=12, seed=7)
+    alone = await engine.generate([1, 2, 3], sp)
+    crowd = await asyncio.gather(
+        engine.generate([1, 2, 3], sp),
+        *(engine.generate([9, 9, i], SamplingParams(max_new_tokens=12, seed=i)) for i in range(3)),
+    )
+    assert crowd[0].token_ids == alone.token_ids
+    other = await engine.generate([1, 2, 3], SamplingParams(temperature=1.0, max_new_tokens=12, seed=8))
+    assert other.token_ids != alone.token_ids
+    await engine.close()
+
+
+async def test_session_reuse_prefills_only_new_tokens(model):
+    engine = JaxEngine(model, EngineConfig(max_slots=2, max_seq_len=64))
+    first = await engine.generate([1, 2, 3, 4], GREEDY, session_id="ep")
+    second_prompt = [1, 2, 3, 4] + first.token_ids + [40, 41]
+    before = engine.stats["prefill_tokens"]
+    second = await engine.generate(second_prompt, GREEDY, session_id="ep")
+    assert second.cached_tokens == 4 + len(first.token_ids) - 1
+    assert engine.stats["prefill_tokens"] - before == len(second_prompt) - second.cached_tokens
+    assert second.token_ids == greedy_reference(model, second_prompt, 9)
+    await engine.close()
+
+
+async def test_update_weights_mid_flight_tags_versions_without_draining(model):
+    other = tiny_model(seed=11)
+    engine = JaxEngine(model, EngineConfig(max_slots=2, max_seq_len=96, decode_steps=2))
+    from flax import nnx
+
+    new_params = nnx.state(other, nnx.Param)
+    task = asyncio.create_task(engine.generate([1, 2, 3], SamplingParams(temperature=0.0, max_new_tokens=40)))
+    while engine.stats["generated_tokens"] < 4:
+        await asyncio.sleep(0.001)
+    engine.update_weights(new_params, version=1)
+    out = await task
+    assert out.versions[0] == 0 and out.versions[-1] == 1
+    assert out.versions == sorted(out.versions)
+    assert len(out.token_ids) == 40  # the request was not dropped or restarted
+    assert engine.version == 1
+    await engine.close()
+
+
+async def test_update_weights_rejects_a_different_tree(model):
+    engine = JaxEngine(model, EngineConfig(max_slots=1, max_seq_len=32))
+    from flax import nnx
+
+    with pytest.raises(ValueError, match="does not match"):
+        engine.update_weights(nnx.state(tiny_model(d_model=48), nnx.Param), version=1)
+
+
+async def test_cancelling_a_caller_aborts_and_frees_its_slot(model):
+    engine = JaxEngine(model, EngineConfig(max_slots=1, max_seq_len=200, decode_steps=2))
+    long = asyncio.create_task(engine.generate([1, 2], SamplingParams(max_new_tokens=190)))
+    while engine.stats["generated_tokens"] < 2:
+        await asyncio.sleep(0.001)
+    long.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await long
+    out = await asyncio.wait_for(engine.generate([3, 4], GREEDY), timeout=60)
+    assert len(out.token_ids) == 9
+    assert engine.health()["active"] == 0
+    await engine.close()
+
+
+async def test_bad_requests_get_clear_errors(model):
+    engine = JaxEngine(model, EngineConfig(max_slots=1, max_seq_len=16))
+    with pytest.raises(PromptTooLongError):
+        await engine.generate(list(range(1, 17)), GREEDY)
+    with pytest.raises(ValueError, match="empty"):
+        await engine.generate([], GREEDY)
+    with pytest.raises(ValueError, match="token ids"):
+        await engine.generate([1, 999], GREEDY)
+    out = await engine.generate(list(range(1, 12)), SamplingParams(temperature=0.0, max_new_tokens=50))
+    assert len(out.token_ids) == 16 - 11 and out.finish_reason == "length"  # clipped to the window
+    await engine.close()
+
+
+@pytest.mark.parametrize(
+    "kwargs", [dict(temperature=-1.0), dict(top_p=0.0), dict(top_k=-1), dict(max_new_tokens=0)],
+    ids=["temperature", "top_p", "top_k", "max_new_tokens"],
+)
+def test_bad_sampling_params(kwargs):
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        SamplingParams(**kwargs)

@@ -1,0 +1,171 @@
+import asyncio
+import dataclasses
+
+import numpy as np
+import pytest
+
+from envs.base import Environment, StepResult
+from envs.calculator import ArithmeticEnv, make_arithmetic_task
+from tunix_agentic.agent.chat import ChatTemplate
+from tunix_agentic.agent.loop import AgentConfig
+from tunix_agentic.data.demos import demonstration
+from tunix_agentic.inference import EngineConfig, JaxEngine
+from tunix_agentic.models.tokenizer import CharTokenizer
+from tunix_agentic.rollout import RolloutConfig, RolloutOrchestrator
+from tunix_agentic.rollout.trajectory import POLICY_STATUSES
+from tunix_agentic.testing import memorize, tiny_model
+
+TOK = CharTokenizer(128)
+TEMPLATE = ChatTemplate(TOK)
+AGENT = AgentConfig(max_turns=3, max_new_tokens=40, temperature=1.0)
+TASKS = [make_arithmetic_task(i, seed=0, split="train") for i in range(4)]
+
+
+@pytest.fixture(scope="module")
+def random_model():
+    return tiny_model(seed=5)
+
+
+@pytest.fixture(scope="module")
+def tool_user():
+    """A real policy that has memorized one correct two-turn tool-use episode."""
+    demo = demonstration(TASKS[0], TEMPLATE, use_tool=True, rng=np.random.default_rng(0))
+    model = memorize(tiny_model(seed=1), [(demo["input_ids"], demo["loss_mask"])], steps=150)
+    return model, demo
+
+
+def make_orch(model, **cfg):
+    engine = JaxEngine(model, EngineConfig(max_slots=16, max_seq_len=128, decode_steps=8))
+    config = RolloutConfig(**{"group_size": 3, "groups_per_batch": 2, "filter_uniform_groups": False, **cfg})
+    return RolloutOrchestrator(engine, ArithmeticEnv, TEMPLATE, AGENT, config)
+
+
+async def test_groups_hold_g_episodes_of_their_task(random_model):
+    orch = make_orch(random_model)
+    groups = await orch.run_tasks(TASKS)
+    assert [g.task.task_id for g in groups] == [t.task_id for t in TASKS]
+    for g in groups:
+        assert len(g.trajectories) == 3 and not g.dropped
+        assert {t.task_id for t in g.trajectories} == {g.task.task_id}
+        assert len({t.episode_id for t in g.trajectories}) == 3
+        for t in g.trajectories:
+            assert t.status in POLICY_STATUSES
+            assert t.token_ids[: t.prompt_len] == TEMPLATE.prompt_ids(g.task.prompt)
+            # Token-in/token-out: the history is the prompt plus exactly what the engine returned.
+            generated = [i for s in t.steps for i in s.action_ids + s.observation_ids]
+            assert t.token_ids[t.prompt_len :] == generated
+    await orch.engine.close()
+
+
+async def test_multi_turn_tool_use_keeps_exact_ids_and_mask(tool_user):
+    model, demo = tool_user
+    orch = make_orch(model)
+    agent = dataclasses.replace(AGENT, temperature=0.0)
+    (group,) = await orch.run_tasks([TASKS[0]], agent_config=agent)
+    traj = group.trajectories[0]
+    assert traj.status == "ok" and traj.reward == 1.0
+    assert len(traj.steps) == 2 and traj.steps[0].tool_calls[0]["name"] == "calculator"
+    arrays = traj.learner_arrays()
+    # What the learner trains on is, token for token, the demonstration the policy learned.
+    np.testing.assert_array_equal(arrays["input_ids"], demo["input_ids"])
+    np.testing.assert_array_equal(arrays["loss_mask"], demo["loss_mask"])
+    assert np.all(arrays["old_logprobs"][arrays["loss_mask"] == 0] == 0)
+    assert np.all(arrays["old_logprobs"][arrays["loss_mask"] == 1] < 0)
+    await orch.engine.close()
+
+
+async def test_uniform_groups_are_filtered(tool_user):
+    model, _ = tool_user
+    orch = make_orch(model, filter_uniform_groups=True)
+    agent = dataclasses.replace(AGENT, temperature=0.0)
+    group = await orch.run_group(TASKS[0], agent_config=agent)
+    assert group.rewards.tolist() == [1.0, 1.0, 1.0]
+    assert orch._accept(group) is False and orch.stats["groups_filtered"] == 1
+    await orch.engine.close()
+
+
+class FlakyEnv(ArithmeticEnv):
+    """Every second instance fails to start, like a sandbox that will not come up."""
+
+    created = 0
+    closed = 0
+
+    def __init__(self):
+        super().__init__()
+        type(self).created += 1
+        self.fail = type(self).created % 2 == 0
+
+    async def reset(self, task):
+        if self.fail:
+            raise RuntimeError("sandbox failed to start")
+        return await super().reset(task)
+
+    async def close(self):
+        type(self).closed += 1
+
+
+async def test_infra_failures_stay_out_of_group_statistics(random_model):
+    orch = make_orch(random_model, group_size=4)
+    orch.env_factory = FlakyEnv
+    group = await orch.run_group(TASKS[1])
+    assert len(group.dropped) == 2 and len(group.trajectories) == 2
+    assert all(t.status == "env_error" and "sandbox failed" in t.error for t in group.dropped)
+    assert group.rewards.shape == (2,)
+    assert orch.stats["infra_failures"] == 2
+    assert FlakyEnv.closed == FlakyEnv.created  # every environment was closed, failed or not
+    await orch.engine.close()
+
+
+class SlowEnv(Environment):
+    closed = 0
+
+    async def reset(self, task):
+        await asyncio.sleep(30)
+        return "never"
+
+    async def step(self, action):
+        return StepResult("", 0.0, True)
+
+    async def close(self):
+        type(self).closed += 1
+
+
+async def test_episode_timeout_is_recorded_and_env_closed(random_model):
+    orch = make_orch(random_model, episode_timeout_s=0.2, group_size=2)
+    orch.env_factory = SlowEnv
+    group = await orch.run_group(TASKS[2])
+    assert [t.status for t in group.dropped] == ["timeout", "timeout"]
+    assert SlowEnv.closed == 2
+    await orch.engine.close()
+
+
+async def test_stop_cancels_in_flight_episodes_and_closes_envs(random_model):
+    SlowEnv.closed = 0
+    orch = make_orch(random_model, group_size=2)
+    orch.env_factory = SlowEnv
+    orch.tasks = iter(TASKS * 10)
+    orch.start()
+    await asyncio.sleep(0.2)
+    in_flight = orch._in_flight_groups
+    assert in_flight > 0
+    await orch.stop()
+    assert not orch._tasks and orch._in_flight_groups == 0
+    assert SlowEnv.closed == 2 * in_flight  # each started sandbox closed on cancellation
+    await orch.engine.close()
+
+
+async def test_production_batches_and_admission_pacing(random_model):
+    orch = make_orch(random_model, max_staleness=0, groups_per_batch=2)
+    orch.tasks = iter([make_arithmetic_task(i, seed=1, split="train") for i in range(100)])
+    orch.start()
+    batch = await asyncio.wait_for(orch.get_batch(), timeout=120)
+    assert len(batch) == 2 and batch[0].index < batch[1].index
+    # Staleness 0: nothing new may start until the learner publishes version 1.
+    await asyncio.sleep(0.3)
+    assert orch._in_flight_groups == 0 and orch._ready.qsize() == 0
+    orch.set_version(1)
+    batch2 = await asyncio.wait_for(orch.get_batch(), timeout=120)
+    assert all(g.admitted_version == 1 for g in batch2)
+    assert min(t.min_version for g in batch2 for t in g.trajectories) == 1
+    await orch.stop()
+    await orch.engine.close()

@@ -1,0 +1,157 @@
+"""Tests for tunix_agentic.rollout.trajectory: building a history and the learner's arrays."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tunix_agentic.rollout.trajectory import INFRA_STATUSES, POLICY_STATUSES, Step, Trajectory
+
+
+def two_turn_trajectory() -> Trajectory:
+    """prompt(3) + action(2) + observation(3) + action(3) = 11 tokens."""
+    traj = Trajectory(task_id="t0", episode_id="e0")
+    traj.append_prompt([10, 11, 12])
+    traj.append_action(
+        Step(
+            context_len=3,
+            action_ids=[20, 21],
+            logprobs=[-0.5, -0.25],
+            versions=[3, 3],
+            finish_reason="stop",
+        )
+    )
+    traj.append_observation([30, 31, 32])
+    traj.append_action(
+        Step(
+            context_len=8,
+            action_ids=[22, 23, 24],
+            logprobs=[-1.0, -0.125, -2.0],
+            versions=[4, 4, 5],
+            finish_reason="stop",
+        )
+    )
+    return traj
+
+
+def test_history_and_steps():
+    traj = two_turn_trajectory()
+    assert traj.token_ids == [10, 11, 12, 20, 21, 30, 31, 32, 22, 23, 24]
+    assert traj.prompt_len == 3
+    assert [s.context_len for s in traj.steps] == [3, 8]
+    assert traj.steps[0].observation_ids == [30, 31, 32]
+    assert traj.steps[1].observation_ids == []
+
+
+def test_learner_arrays_literal():
+    arrays = two_turn_trajectory().learner_arrays()
+    assert sorted(arrays) == ["input_ids", "loss_mask", "old_logprobs", "versions"]
+    np.testing.assert_array_equal(arrays["input_ids"], [10, 11, 12, 20, 21, 30, 31, 32, 22, 23, 24])
+    np.testing.assert_array_equal(arrays["loss_mask"], [0, 0, 0, 1, 1, 0, 0, 0, 1, 1, 1])
+    np.testing.assert_allclose(
+        arrays["old_logprobs"], [0, 0, 0, -0.5, -0.25, 0, 0, 0, -1.0, -0.125, -2.0], rtol=0, atol=0
+    )
+    np.testing.assert_array_equal(arrays["versions"], [-1, -1, -1, 3, 3, -1, -1, -1, 4, 4, 5])
+    assert arrays["input_ids"].dtype == np.int32
+    assert arrays["loss_mask"].dtype == np.float32
+    assert arrays["old_logprobs"].dtype == np.float32
+    assert arrays["versions"].dtype == np.int32
+
+
+def test_learner_arrays_prompt_only():
+    traj = Trajectory(task_id="t", episode_id="e")
+    traj.append_prompt([5, 6])
+    arrays = traj.learner_arrays()
+    np.testing.assert_array_equal(arrays["input_ids"], [5, 6])
+    np.testing.assert_array_equal(arrays["loss_mask"], [0, 0])
+    np.testing.assert_array_equal(arrays["versions"], [-1, -1])
+
+
+def test_observation_is_copied():
+    traj = Trajectory(task_id="t", episode_id="e")
+    traj.append_prompt([1])
+    traj.append_action(
+        Step(context_len=1, action_ids=[2], logprobs=[-0.1], versions=[0], finish_reason="stop")
+    )
+    obs = [7, 8]
+    traj.append_observation(obs)
+    obs.append(9)
+    assert traj.steps[0].observation_ids == [7, 8]
+    assert traj.token_ids == [1, 2, 7, 8]
+
+
+@pytest.mark.parametrize(
+    "context_len", [0, 2, 4, 9], ids=["zero", "short_by_one", "long_by_one", "far_past"]
+)
+def test_append_action_wrong_context_len_raises(context_len):
+    traj = Trajectory(task_id="t", episode_id="e")
+    traj.append_prompt([10, 11, 12])
+    step = Step(
+        context_len=context_len,
+        action_ids=[20],
+        logprobs=[-1.0],
+        versions=[0],
+        finish_reason="stop",
+    )
+    with pytest.raises(ValueError, match="step context does not end where the history ends"):
+        traj.append_action(step)
+    assert traj.token_ids == [10, 11, 12]  # nothing appended
+    assert traj.steps == []
+
+
+def test_append_action_after_observation_needs_full_context():
+    traj = Trajectory(task_id="t", episode_id="e")
+    traj.append_prompt([10, 11, 12])
+    traj.append_action(
+        Step(context_len=3, action_ids=[20], logprobs=[-1.0], versions=[0], finish_reason="stop")
+    )
+    traj.append_observation([30, 31])
+    stale = Step(
+        context_len=4, action_ids=[21], logprobs=[-1.0], versions=[0], finish_reason="stop"
+    )
+    with pytest.raises(ValueError):
+        traj.append_action(stale)
+
+
+def test_min_version_and_num_generated():
+    traj = two_turn_trajectory()
+    assert traj.min_version == 3
+    assert traj.num_generated == 5
+
+
+def test_empty_trajectory_counters():
+    traj = Trajectory(task_id="t", episode_id="e")
+    assert traj.min_version is None
+    assert traj.num_generated == 0
+
+
+@pytest.mark.parametrize(
+    ("status", "infra"),
+    [
+        ("ok", False),
+        ("max_turns", False),
+        ("max_tokens", False),
+        ("timeout", True),
+        ("env_error", True),
+        ("engine_error", True),
+        ("tool_error", True),
+        ("cancelled", True),
+    ],
+    ids=lambda v: str(v),
+)
+def test_is_infra_failure(status, infra):
+    assert (status in POLICY_STATUSES) is not infra
+    assert (status in INFRA_STATUSES) is infra
+    assert Trajectory(task_id="t", episode_id="e", status=status).is_infra_failure is infra
+
+
+def test_status_groups_are_disjoint_and_complete():
+    assert set(POLICY_STATUSES) == {"ok", "max_turns", "max_tokens"}
+    assert set(INFRA_STATUSES) == {
+        "timeout",
+        "env_error",
+        "engine_error",
+        "tool_error",
+        "cancelled",
+    }
+    assert not set(POLICY_STATUSES) & set(INFRA_STATUSES)

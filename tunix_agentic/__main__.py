@@ -1,0 +1,5 @@
+import sys
+
+from tunix_agentic.cli.main import main
+
+sys.exit(main())

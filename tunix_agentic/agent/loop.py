@@ -1,0 +1,126 @@
+"""The agent loop: model turn, parse, environment step, until done.
+
+Runs the RUN stage of one episode. Never raises for what the policy does (a
+malformed call is an observation, running out of turns or tokens is a
+status); infrastructure faults (engine or environment raising) end the episode
+with an infra status so the orchestrator keeps them out of group statistics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+from envs.base import Environment
+from tunix_agentic.agent.chat import ChatTemplate
+from tunix_agentic.agent.context import get_context_rule
+from tunix_agentic.agent.tool_parser import get_parser
+from tunix_agentic.inference.base import InferenceEngine, PromptTooLongError
+from tunix_agentic.inference.sampling import SamplingParams
+from tunix_agentic.rollout.trajectory import Step, Trajectory
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentConfig:
+    max_turns: int = 4
+    max_new_tokens: int = 96
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    parser: str = "qwen3"
+    context_rule: str = "append_only"
+
+    def __post_init__(self):
+        if self.max_turns < 1:
+            raise ValueError(f"agent.max_turns must be >= 1, got {self.max_turns}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"agent.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        get_parser(self.parser)
+        get_context_rule(self.context_rule)
+
+
+async def run_agent(
+    engine: InferenceEngine,
+    env: Environment,
+    traj: Trajectory,
+    template: ChatTemplate,
+    config: AgentConfig,
+    *,
+    seed: int | None = None,
+    max_turns: int | None = None,
+    metrics=None,
+) -> Trajectory:
+    """Play turns until the environment says done; fills ``traj`` in place.
+
+    ``traj`` already holds the prompt ids (from the INIT stage). ``seed``
+    seeds each turn's sampling (seed + turn), so an episode is reproducible.
+    """
+    parse = get_parser(config.parser)
+    context_of = get_context_rule(config.context_rule)
+    tokenizer = template.tokenizer
+    turns = max_turns or config.max_turns
+    for turn in range(turns):
+        context = context_of(traj)
+        sampling = SamplingParams(
+            temperature=config.temperature,
+            top_p=config.top_p,
+            top_k=config.top_k,
+            max_new_tokens=config.max_new_tokens,
+            stop_token_ids=template.stop_ids,
+            seed=None if seed is None else seed * 1009 + turn,
+        )
+        t0 = time.perf_counter()
+        try:
+            out = await engine.generate(context, sampling, session_id=traj.episode_id)
+        except PromptTooLongError:
+            traj.status = "max_tokens"
+            return traj
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the engine's fault, not the policy's
+            traj.status, traj.error = "engine_error", f"{type(exc).__name__}: {exc}"
+            return traj
+        model_s = time.perf_counter() - t0
+        if metrics is not None:
+            metrics.add_time("model_call", model_s)
+            metrics.count("tokens/generated", len(out.token_ids))
+        if out.finish_reason == "abort":
+            traj.status, traj.error = "cancelled", "generation aborted"
+            return traj
+        text = tokenizer.decode(out.token_ids)
+        step = Step(
+            context_len=len(context),
+            action_ids=list(out.token_ids),
+            logprobs=list(out.logprobs),
+            versions=list(out.versions),
+            finish_reason=out.finish_reason,
+            action_text=text,
+            timings={"model_s": model_s},
+        )
+        traj.append_action(step)
+        if out.finish_reason == "length":
+            traj.status = "max_tokens"  # the turn never ended: nothing for the env to act on
+            return traj
+        t0 = time.perf_counter()
+        try:
+            result = await env.step(parse(text))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            traj.status, traj.error = "env_error", f"{type(exc).__name__}: {exc}"
+            return traj
+        env_s = time.perf_counter() - t0
+        step.timings["env_s"] = env_s
+        step.reward, step.done = float(result.reward), bool(result.done)
+        step.tool_calls = list(result.info.get("tool_calls", []))
+        if metrics is not None:
+            metrics.add_time("env_step", env_s)
+            for call in step.tool_calls:
+                metrics.add_time(f"tool/{call.get('name', '?')}", float(call.get("seconds", 0.0)))
+        if result.done:
+            traj.status = "ok"
+            return traj
+        traj.append_observation(template.observation_ids(result.observation))
+    traj.status = "max_turns"
+    return traj

@@ -1,0 +1,77 @@
+"""Parse the agent's text into an :class:`envs.base.Action`.
+
+Malformed tool calls are reported in ``Action.parse_errors`` (the environment
+turns each into an error observation); parsing never raises on model output.
+Parsers are looked up by name so a config string selects the format.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+
+from envs.base import Action, ToolCall
+
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_TURN_END = ("<|im_end|>", "<|endoftext|>")
+
+
+def parse_qwen3(text: str) -> Action:
+    """Qwen3 format: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, ``<answer>..</answer>``."""
+    body = text
+    for end in _TURN_END:
+        body = body.replace(end, "")
+    calls: list[ToolCall] = []
+    errors: list[str] = []
+    for match in _TOOL_CALL.finditer(body):
+        call, error = _parse_call(match.group(1).strip())
+        if call is not None:
+            calls.append(call)
+        else:
+            errors.append(error)
+    remainder = _TOOL_CALL.sub("", body)
+    if "<tool_call>" in remainder:
+        errors.append("unterminated <tool_call>: expected </tool_call>")
+    elif "</tool_call>" in remainder:
+        errors.append("</tool_call> without a matching <tool_call>")
+    answer_match = _ANSWER.search(remainder)
+    answer = answer_match.group(1).strip() if answer_match else None
+    return Action(text=text, tool_calls=tuple(calls), answer=answer, parse_errors=tuple(errors))
+
+
+def _parse_call(raw: str) -> tuple[ToolCall | None, str]:
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        return None, f"tool call is not valid JSON ({exc.msg} at column {exc.colno})"
+    if not isinstance(obj, dict):
+        return None, "tool call must be a JSON object with 'name' and 'arguments'"
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        return None, "tool call needs a non-empty string 'name'"
+    args = obj.get("arguments", {})
+    if isinstance(args, str):  # some models emit arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None, f"arguments of tool '{name}' are a string that is not JSON"
+    if not isinstance(args, dict):
+        return None, f"arguments of tool '{name}' must be a JSON object"
+    return ToolCall(name=name, arguments=args), ""
+
+
+PARSERS: dict[str, Callable[[str], Action]] = {"qwen3": parse_qwen3}
+
+
+def get_parser(name: str) -> Callable[[str], Action]:
+    try:
+        return PARSERS[name]
+    except KeyError:
+        raise ValueError(f"unknown tool-call parser {name!r}; known: {sorted(PARSERS)}") from None
+
+
+def format_tool_call(name: str, arguments: dict) -> str:
+    """The text of one call in the Qwen3 format (used for demonstrations)."""
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"

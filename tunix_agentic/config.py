@@ -1,0 +1,200 @@
+"""Run configuration: frozen, typed dataclasses loaded from YAML with dotted overrides.
+
+``load_config("configs/calculator_tiny.yaml", ["rl.steps=20"])`` returns a
+validated :class:`RunConfig`. An unknown key, a value of the wrong type or an
+out-of-range value raises ``ValueError`` naming the dotted key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from learners.grpo import GRPOConfig
+from learners.state import OptimizerConfig
+from tunix_agentic.agent.loop import AgentConfig
+from tunix_agentic.inference.engine import EngineConfig
+from tunix_agentic.models.transformer import ModelConfig
+from tunix_agentic.rollout.orchestrator import RolloutConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvConfig:
+    name: str = "arithmetic"
+    tool_timeout_s: float = 5.0
+
+    def __post_init__(self):
+        if self.tool_timeout_s <= 0:
+            raise ValueError(f"env.tool_timeout_s must be > 0, got {self.tool_timeout_s}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+    """The warm start: supervised steps on generated demonstrations."""
+
+    steps: int = 1500
+    batch_size: int = 32
+    tool_fraction: float = 0.4
+    optimizer: OptimizerConfig = OptimizerConfig(learning_rate=3e-3, warmup_steps=50)
+
+    def __post_init__(self):
+        if self.steps < 0 or self.batch_size < 1:
+            raise ValueError("sft.steps must be >= 0 and sft.batch_size >= 1")
+        if not 0.0 <= self.tool_fraction <= 1.0:
+            raise ValueError(f"sft.tool_fraction must be in [0, 1], got {self.tool_fraction}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+    steps: int = 60
+    eval_tasks: int = 200
+    eval_temperature: float = 0.0
+    checkpoint_every: int = 0  # 0: only at the end
+
+    def __post_init__(self):
+        if self.steps < 0 or self.eval_tasks < 0 or self.checkpoint_every < 0:
+            raise ValueError("rl.steps, rl.eval_tasks and rl.checkpoint_every must be >= 0")
+        if self.eval_temperature < 0:
+            raise ValueError(f"rl.eval_temperature must be >= 0, got {self.eval_temperature}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    seed: int = 0
+    run_dir: str = "runs/calculator_tiny"
+    model: ModelConfig = ModelConfig()
+    engine: EngineConfig = EngineConfig()
+    agent: AgentConfig = AgentConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    learner: GRPOConfig = GRPOConfig()
+    sft: SFTConfig = SFTConfig()
+    rl: RLConfig = RLConfig()
+    env: EnvConfig = EnvConfig()
+
+    def __post_init__(self):
+        if self.agent.temperature != self.learner.temperature and self.agent.temperature > 0:
+            raise ValueError(
+                f"learner.temperature ({self.learner.temperature}) must equal agent.temperature "
+                f"({self.agent.temperature}) so the learner scores tokens under the sampling policy"
+            )
+
+
+def _convert(tp: Any, value: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ValueError(f"config key '{key}' must be a mapping, got {type(value).__name__}")
+        return from_dict(tp, value, prefix=key)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(arg, value, key)
+            except ValueError:
+                continue
+        raise ValueError(f"config key '{key}': {value!r} does not fit {tp}")
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ValueError(f"config key '{key}' must be a list, got {value!r}")
+        (item,) = typing.get_args(tp)[:1]
+        return tuple(_convert(item, v, f"{key}[{i}]") for i, v in enumerate(value))
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"config key '{key}' must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"config key '{key}' must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"config key '{key}' must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ValueError(f"config key '{key}' must be a string, got {value!r}")
+        return value
+    return value
+
+
+def from_dict(cls: type, data: dict[str, Any], *, prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from a nested mapping, checking keys and types."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if key not in names:
+            raise ValueError(f"unknown config key '{dotted}'; known keys here: {', '.join(names)}")
+        kwargs[key] = _convert(hints[key], value, dotted)
+    try:
+        return cls(**kwargs)
+    except ValueError as exc:
+        where = f" (in '{prefix}')" if prefix else ""
+        raise ValueError(f"{exc}{where}") from None
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """Plain nested dict (tuples as lists) that ``from_dict`` reads back."""
+    out = {}
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(v):
+            v = to_dict(v)
+        elif isinstance(v, tuple):
+            v = list(v)
+        out[f.name] = v
+    return out
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` strings (values parsed as YAML) to a nested dict."""
+    data = yaml.safe_load(yaml.safe_dump(data))  # deep copy
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"override {item!r} must look like key.path=value")
+        path, raw = item.split("=", 1)
+        keys = path.strip().split(".")
+        if not all(keys):
+            raise ValueError(f"override {item!r} has an empty key")
+        node = data
+        for k in keys[:-1]:
+            nxt = node.setdefault(k, {})
+            if not isinstance(nxt, dict):
+                raise ValueError(f"override {item!r}: '{k}' is not a section")
+            node = nxt
+        node[keys[-1]] = yaml.safe_load(raw)
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
+    """Read YAML (or start from defaults when ``path`` is None) and apply overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"config file {str(path)!r} does not exist")
+        loaded = yaml.safe_load(path.read_text())
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ValueError(f"config file {str(path)!r} must hold a mapping at the top level")
+        data = loaded or {}
+    return from_dict(RunConfig, apply_overrides(data, overrides))
+
+
+def save_config(cfg: RunConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))

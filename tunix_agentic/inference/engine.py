@@ -1,0 +1,475 @@
+"""The in-process JAX inference engine: token-in/token-out with continuous batching.
+
+A fixed set of slots shares one KV cache on device. An asyncio scheduler admits
+waiting requests into free slots between decode chunks, prefills them together
+(shapes bucketed by row count and length, so a new prompt length does not
+recompile), then runs one jitted chunk of ``decode_steps`` decode steps over all
+slots (a ``lax.scan``; no Python per token). Jitted work runs on one executor
+thread, so the event loop keeps serving environments and tools meanwhile.
+
+Sessions: a request may carry ``session_id``. When that request ends, its slot
+is *parked* with its cache; if the session's next prompt extends what is
+cached, only the new tokens are prefilled. Parked slots are evicted LRU when a
+new request needs room. Weight updates swap the parameters between chunks
+without draining; each generated token is tagged with the version that made it.
+A parked cache made by an older version is dropped (recomputed) by default, so
+every token is sampled from one coherent policy per chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import itertools
+import time
+import zlib
+from collections import OrderedDict, deque
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from tunix_agentic.inference.base import EngineError, PromptTooLongError, TokenOutput
+from tunix_agentic.inference.sampling import SamplingParams, sample, split_keys
+from tunix_agentic.models.transformer import ModelConfig, Transformer, init_cache
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Memory and batching limits of one engine."""
+
+    max_slots: int = 32
+    max_seq_len: int = 256
+    decode_steps: int = 8
+    min_prefill_len: int = 16
+    session_reuse: bool = True
+    reuse_kv_across_versions: bool = False
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("max_slots", "max_seq_len", "decode_steps", "min_prefill_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"engine.{name} must be >= 1, got {getattr(self, name)}")
+
+    def length_buckets(self) -> list[int]:
+        out, n = [], self.min_prefill_len
+        while n < self.max_seq_len:
+            out.append(n)
+            n *= 2
+        return out + [self.max_seq_len]
+
+    def row_buckets(self) -> list[int]:
+        out, n = [], 1
+        while n < self.max_slots:
+            out.append(n)
+            n *= 2
+        return out + [self.max_slots]
+
+
+def _bucket(n: int, buckets: list[int]) -> int:
+    for b in buckets:
+        if n <= b:
+            return b
+    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+
+
+@dataclasses.dataclass
+class _Request:
+    rid: str
+    prompt: list[int]
+    sampling: SamplingParams
+    session_id: str | None
+    future: asyncio.Future
+    submitted: float
+    key: np.ndarray
+    max_new: int = 0
+    slot: int = -1
+    cached: int = 0
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
+    aborted: bool = False
+
+
+@dataclasses.dataclass
+class _Parked:
+    session_id: str
+    ids: list[int]  # tokens whose KV is valid in the slot, in order from position 0
+    version: int
+
+
+class JaxEngine:
+    """Async token-in/token-out engine over a :class:`Transformer`.
+
+    ``await generate(ids, sampling)`` returns a :class:`TokenOutput`. Safe to
+    call from many coroutines of one event loop at once; that is the point.
+    """
+
+    def __init__(self, model: Transformer, config: EngineConfig = EngineConfig(), *, version: int = 0):
+        self.config = config
+        self.model_config: ModelConfig = model.cfg
+        self._graphdef, params = nnx.split(model, nnx.Param)
+        self._params = params
+        self.version = version
+        self._pending_params: tuple[Any, int] | None = None
+        self._cache = init_cache(self.model_config, config.max_slots, config.max_seq_len)
+        s = config.max_slots
+        self._last_token = np.zeros(s, np.int32)
+        self._next_pos = np.full(s, config.max_seq_len, np.int32)
+        self._keys = np.zeros((s, 2), np.uint32)
+        self._temp = np.ones(s, np.float32)
+        self._top_k = np.zeros(s, np.int32)
+        self._top_p = np.ones(s, np.float32)
+        self._active: dict[int, _Request] = {}
+        self._parked: OrderedDict[int, _Parked] = OrderedDict()  # LRU order: oldest first
+        self._free: list[int] = list(range(s))
+        self._queue: deque[_Request] = deque()
+        self._by_rid: dict[str, _Request] = {}
+        self._rid_counter = itertools.count()
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jax-engine")
+        self._wakeup: asyncio.Event | None = None
+        self._loop_task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        self.compiles = {"prefill": 0, "decode": 0}
+        self.stats = {"decode_chunks": 0, "prefill_calls": 0, "prefill_tokens": 0, "cached_tokens": 0, "generated_tokens": 0, "busy_s": 0.0}
+        self._prefill_fn = jax.jit(self._prefill_impl, donate_argnums=(1,))
+        self._decode_fn = jax.jit(self._decode_impl, donate_argnums=(1,))
+
+    # ----------------------------------------------------------------- jitted
+    def _prefill_impl(self, params, cache, ids, pos, rows, last_idx, keys, temp, top_k, top_p):
+        self.compiles["prefill"] += 1  # runs only while tracing
+        model = nnx.merge(self._graphdef, params)
+        logits, cache = model(ids, pos, cache, rows, logits_at=last_idx)
+        keys, use = split_keys(keys)
+        tokens, logprobs = sample(logits, use, temp, top_k, top_p)
+        return cache, tokens, logprobs, keys
+
+    def _decode_impl(self, params, cache, tokens, pos, keys, temp, top_k, top_p):
+        self.compiles["decode"] += 1
+        model = nnx.merge(self._graphdef, params)
+        limit = self.config.max_seq_len
+
+        def step(carry, _):
+            cache, tokens, pos, keys = carry
+            logits, cache = model(tokens[:, None], pos[:, None], cache)
+            keys, use = split_keys(keys)
+            new_tokens, logprobs = sample(logits[:, 0], use, temp, top_k, top_p)
+            pos = jnp.minimum(pos + 1, limit)
+            return (cache, new_tokens, pos, keys), (new_tokens, logprobs)
+
+        (cache, tokens, pos, keys), (out_tokens, out_logprobs) = jax.lax.scan(
+            step, (cache, tokens, pos, keys), None, length=self.config.decode_steps
+        )
+        return cache, out_tokens, out_logprobs, tokens, pos, keys
+
+    # ------------------------------------------------------------- public API
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams = SamplingParams(),
+        *,
+        session_id: str | None = None,
+        request_id: str | None = None,
+    ) -> TokenOutput:
+        """Generate from ``prompt_ids``; cancelling the caller aborts the request."""
+        if self._closed:
+            raise EngineError("engine is closed")
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise ValueError("prompt_ids must not be empty")
+        vocab = self.model_config.vocab_size
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if len(prompt) >= self.config.max_seq_len:
+            raise PromptTooLongError(
+                f"prompt of {len(prompt)} tokens leaves no room within max_seq_len={self.config.max_seq_len}"
+            )
+        self._ensure_loop()
+        rid = request_id or f"req-{next(self._rid_counter)}"
+        if rid in self._by_rid:
+            raise ValueError(f"request id {rid!r} is already in flight")
+        seed = sampling.seed if sampling.seed is not None else zlib.crc32(f"{self.config.seed}/{rid}".encode())
+        req = _Request(
+            rid=rid,
+            prompt=prompt,
+            sampling=sampling,
+            session_id=session_id,
+            future=asyncio.get_running_loop().create_future(),
+            submitted=time.perf_counter(),
+            key=np.asarray(jax.random.key_data(jax.random.key(seed)), np.uint32),
+            max_new=min(sampling.max_new_tokens, self.config.max_seq_len - len(prompt)),
+        )
+        self._by_rid[rid] = req
+        self._queue.append(req)
+        self._wakeup.set()
+        try:
+            return await asyncio.shield(req.future)
+        except asyncio.CancelledError:
+            self.abort(rid)
+            raise
+
+    def abort(self, request_id: str) -> bool:
+        """Abort a request: it returns what it has with finish_reason 'abort'."""
+        req = self._by_rid.get(request_id)
+        if req is None:
+            return False
+        req.aborted = True
+        if req in self._queue:
+            self._queue.remove(req)
+            self._finish(req, "abort")
+        elif self._wakeup is not None:
+            self._wakeup.set()
+        return True
+
+    def update_weights(self, params: Any, version: int) -> None:
+        """Swap in new parameters at the next chunk boundary; in-flight requests continue."""
+        leaves_new = jax.tree.leaves(params)
+        leaves_old = jax.tree.leaves(self._params)
+        if len(leaves_new) != len(leaves_old) or any(a.shape != b.shape for a, b in zip(leaves_new, leaves_old, strict=True)):
+            raise ValueError("update_weights: parameter tree does not match the engine's model")
+        self._pending_params = (params, int(version))
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "ok": not self._closed,
+            "version": self.version,
+            "slots": self.config.max_slots,
+            "active": len(self._active),
+            "parked": len(self._parked),
+            "queued": len(self._queue),
+            **self.stats,
+            "compiles": dict(self.compiles),
+        }
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._active) + len(self._queue)
+
+    async def close(self) -> None:
+        self._closed = True
+        for req in list(self._queue) + list(self._active.values()):
+            req.aborted = True
+        if self._loop_task is not None:
+            self._wakeup.set()
+            try:
+                await asyncio.wait_for(self._loop_task, timeout=30)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                self._loop_task.cancel()
+        for req in list(self._queue):
+            self._finish(req, "abort")
+        self._executor.shutdown(wait=False)
+
+    # -------------------------------------------------------------- scheduler
+    def _ensure_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop_task is None or self._loop is not loop or self._loop_task.done():
+            if self._loop is not loop:
+                # A new event loop (e.g. a fresh asyncio.run): nothing of the old one is alive.
+                self._reset_slots()
+            self._loop = loop
+            self._wakeup = asyncio.Event()
+            self._loop_task = loop.create_task(self._run(), name="jax-engine-scheduler")
+
+    def _reset_slots(self) -> None:
+        self._active.clear()
+        self._parked.clear()
+        self._queue.clear()
+        self._by_rid.clear()
+        self._free = list(range(self.config.max_slots))
+        self._next_pos[:] = self.config.max_seq_len
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if self._closed and not self._active:
+                return
+            self._apply_pending_weights()
+            self._drop_aborted()
+            admitted = self._admit()
+            if admitted:
+                await loop.run_in_executor(self._executor, self._run_prefill, admitted)
+                self._collect_first_tokens(admitted)
+            if self._active:
+                out = await loop.run_in_executor(self._executor, self._run_decode)
+                self._collect_chunk(*out)
+            elif not self._queue:
+                self._wakeup.clear()
+                if self._pending_params is None and not self._closed:
+                    await self._wakeup.wait()
+
+    def _apply_pending_weights(self) -> None:
+        if self._pending_params is None:
+            return
+        params, version = self._pending_params
+        self._pending_params = None
+        self._params = params
+        self.version = version
+        if not self.config.reuse_kv_across_versions:
+            for slot, parked in list(self._parked.items()):
+                if parked.version != version:
+                    del self._parked[slot]
+                    self._free.append(slot)
+
+    def _drop_aborted(self) -> None:
+        for slot, req in list(self._active.items()):
+            if req.aborted:
+                self._release(slot, req, park=False)
+                self._finish(req, "abort")
+
+    def _admit(self) -> list[_Request]:
+        admitted = []
+        while self._queue:
+            req = self._queue[0]
+            slot, cached = self._find_slot(req)
+            if slot is None:
+                break
+            self._queue.popleft()
+            req.slot, req.cached = slot, cached
+            self._active[slot] = req
+            s = req.sampling
+            self._temp[slot] = s.temperature
+            self._top_k[slot] = s.top_k
+            self._top_p[slot] = s.top_p
+            self._keys[slot] = req.key
+            admitted.append(req)
+        return admitted
+
+    def _find_slot(self, req: _Request) -> tuple[int | None, int]:
+        if self.config.session_reuse and req.session_id is not None:
+            for slot, parked in self._parked.items():
+                if parked.session_id != req.session_id:
+                    continue
+                del self._parked[slot]
+                n = len(parked.ids)
+                if n < len(req.prompt) and req.prompt[:n] == parked.ids:
+                    return slot, n
+                return slot, 0  # same session, diverged history: reuse the slot, recompute
+        if self._free:
+            return self._free.pop(), 0
+        if self._parked:
+            slot, _ = self._parked.popitem(last=False)  # evict least recently used
+            return slot, 0
+        return None, 0
+
+    def _run_prefill(self, reqs: list[_Request]) -> None:
+        t0 = time.perf_counter()
+        cfg = self.config
+        groups: dict[int, list[_Request]] = {}
+        for req in reqs:
+            n_new = len(req.prompt) - req.cached
+            groups.setdefault(_bucket(n_new, cfg.length_buckets()), []).append(req)
+        for length, group in groups.items():
+            for start in range(0, len(group), cfg.max_slots):
+                self._prefill_group(group[start : start + cfg.max_slots], length)
+        self.stats["busy_s"] += time.perf_counter() - t0
+
+    def _prefill_group(self, group: list[_Request], length: int) -> None:
+        cfg = self.config
+        rows_n = _bucket(len(group), cfg.row_buckets())
+        ids = np.zeros((rows_n, length), np.int32)
+        pos = np.full((rows_n, length), cfg.max_seq_len, np.int32)  # padding: dropped writes
+        rows = np.full(rows_n, cfg.max_slots, np.int32)
+        last_idx = np.zeros(rows_n, np.int32)
+        keys = np.zeros((rows_n, 2), np.uint32)
+        temp = np.ones(rows_n, np.float32)
+        top_k = np.zeros(rows_n, np.int32)
+        top_p = np.ones(rows_n, np.float32)
+        for i, req in enumerate(group):
+            new = req.prompt[req.cached :]
+            ids[i, : len(new)] = new
+            pos[i, : len(new)] = np.arange(req.cached, len(req.prompt))
+            rows[i] = req.slot
+            last_idx[i] = len(new) - 1
+            keys[i], temp[i], top_k[i], top_p[i] = req.key, req.sampling.temperature, req.sampling.top_k, req.sampling.top_p
+            self.stats["prefill_tokens"] += len(new)
+            self.stats["cached_tokens"] += req.cached
+        self._cache, tokens, logprobs, keys = self._prefill_fn(
+            self._params, self._cache, ids, pos, rows, last_idx, keys, temp, top_k, top_p
+        )
+        tokens, logprobs, keys = np.asarray(tokens), np.asarray(logprobs), np.asarray(keys)
+        self.stats["prefill_calls"] += 1
+        for i, req in enumerate(group):
+            req._first = (int(tokens[i]), float(logprobs[i]))
+            self._keys[req.slot] = keys[i]
+
+    def _run_decode(self):
+        t0 = time.perf_counter()
+        version = self.version
+        self._cache, out_tokens, out_logprobs, last, pos, keys = self._decode_fn(
+            self._params, self._cache, self._last_token, self._next_pos, self._keys, self._temp, self._top_k, self._top_p
+        )
+        result = (np.asarray(out_tokens), np.asarray(out_logprobs), np.asarray(last), np.asarray(pos), np.asarray(keys), version)
+        self.stats["busy_s"] += time.perf_counter() - t0
+        self.stats["decode_chunks"] += 1
+        return result
+
+    def _collect_first_tokens(self, reqs: list[_Request]) -> None:
+        for req in reqs:
+            token, logprob = req._first
+            slot = req.slot
+            self._next_pos[slot] = len(req.prompt)
+            self._last_token[slot] = token
+            self._append(req, token, logprob, self.version)
+
+    def _collect_chunk(self, out_tokens, out_logprobs, last, pos, keys, version) -> None:
+        self._keys[:] = keys
+        for slot, req in list(self._active.items()):
+            if req.slot != slot or len(req.tokens) == 0:
+                continue
+            for k in range(out_tokens.shape[0]):
+                if self._append(req, int(out_tokens[k, slot]), float(out_logprobs[k, slot]), version):
+                    break
+            else:
+                self._last_token[slot] = last[slot]
+                self._next_pos[slot] = pos[slot]
+
+    def _append(self, req: _Request, token: int, logprob: float, version: int) -> bool:
+        """Add one token; finish the request when it stops. Returns True when finished."""
+        req.tokens.append(token)
+        req.logprobs.append(logprob)
+        req.versions.append(version)
+        self.stats["generated_tokens"] += 1
+        reason = None
+        if token in req.sampling.stop_token_ids:
+            reason = "stop"
+        elif len(req.tokens) >= req.max_new:
+            reason = "length"
+        if reason is None:
+            return False
+        self._release(req.slot, req, park=True)
+        self._finish(req, reason)
+        return True
+
+    def _release(self, slot: int, req: _Request, *, park: bool) -> None:
+        self._active.pop(slot, None)
+        self._next_pos[slot] = self.config.max_seq_len
+        if park and self.config.session_reuse and req.session_id is not None:
+            # The last sampled token was never fed through the model: its KV is not cached.
+            ids = req.prompt + req.tokens[:-1]
+            self._parked[slot] = _Parked(req.session_id, ids, req.versions[-1] if req.versions else self.version)
+        else:
+            self._free.append(slot)
+
+    def _finish(self, req: _Request, reason: str) -> None:
+        self._by_rid.pop(req.rid, None)
+        if req.future.done():
+            return
+        matched = req.tokens[-1] if reason == "stop" else None
+        req.future.set_result(
+            TokenOutput(
+                token_ids=list(req.tokens),
+                logprobs=list(req.logprobs),
+                finish_reason=reason,
+                matched_stop=matched,
+                versions=list(req.versions),
+                prompt_tokens=len(req.prompt),
+                cached_tokens=req.cached,
+                latency_s=time.perf_counter() - req.submitted,
+            )
+        )

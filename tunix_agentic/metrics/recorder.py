@@ -1,0 +1,259 @@
+"""Metrics recording: TensorBoard event files plus a JSONL log, from one object.
+
+A run creates one `MetricsRecorder` and hands it to everything that measures
+something. There are two ways to record:
+
+* `scalar` / `scalars` write a value at a step immediately.
+* `span`, `add_time`, `count` and `gauge` feed accumulators that `write_step`
+  turns into scalars once per training step (`time/...`, `count/...`,
+  `gauge/...`), so hot code only pays for a lock and a dict update.
+
+Every write goes to a TensorBoard event file in `log_dir` (through
+TensorBoard's own `EventFileWriter`, so no TensorFlow is needed) and, unless
+`jsonl=False`, as one line `{"step": ..., "wall_time": ..., <name>: <value>}`
+to `log_dir/metrics.jsonl`. TensorBoard stores scalars as float32; the JSONL
+keeps full float64 precision and writes non-finite values as `null`.
+
+All methods are thread-safe: spans are recorded from executor threads and
+from the asyncio loop alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import operator
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from typing import IO
+
+from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+JSONL_NAME = "metrics.jsonl"
+# Keys every JSONL line carries; a metric may not shadow them.
+_RESERVED = frozenset({"step", "wall_time"})
+
+
+def _check_name(name: object, *, top_level: bool = True) -> str:
+    """Validates a metric name; `top_level` names become JSONL keys as they are."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"metric name must be a non-empty str, got {name!r}")
+    if top_level and name in _RESERVED:
+        raise ValueError(f"metric name {name!r} is reserved for the JSONL log")
+    return name
+
+
+def _as_float(name: str, value: object) -> float:
+    """Converts a metric value to float, or raises a TypeError naming the metric."""
+    # float("1.5") would succeed, but a string is almost always a bug upstream.
+    if isinstance(value, str | bytes):
+        raise TypeError(f"metric {name!r} must be numeric, got {type(value).__name__} {value!r}")
+    try:
+        return float(value)  # type: ignore[arg-type]  # also numpy / 0-d jax scalars
+    except (TypeError, ValueError) as e:
+        raise TypeError(
+            f"metric {name!r} must be numeric, got {type(value).__name__} {value!r}"
+        ) from e
+
+
+def _as_step(step: object) -> int:
+    try:
+        return operator.index(step)  # type: ignore[arg-type]
+    except TypeError as e:
+        raise TypeError(f"step must be an integer, got {type(step).__name__} {step!r}") from e
+
+
+def _nan_max(a: float, b: float) -> float:
+    """max() that propagates nan, so a nan gauge reading is not silently hidden."""
+    if math.isnan(a) or math.isnan(b):
+        return math.nan
+    return max(a, b)
+
+
+class MetricsRecorder:
+    """The one place a run records what it measures.
+
+    Args:
+      log_dir: directory for the event file and `metrics.jsonl` (created if
+        missing). `None` keeps everything in memory: accumulators still work
+        and `write_step` still returns its dict, but nothing is written.
+      jsonl: also append each write to `log_dir/metrics.jsonl`.
+    """
+
+    def __init__(self, log_dir: str | os.PathLike | None, *, jsonl: bool = True):
+        self._lock = threading.Lock()
+        self._closed = False
+        self.log_dir = None if log_dir is None else os.fspath(log_dir)
+        self._writer: EventFileWriter | None = None
+        self._jsonl: IO[str] | None = None
+        if self.log_dir is not None:
+            os.makedirs(self.log_dir, exist_ok=True)
+            self._writer = EventFileWriter(self.log_dir, flush_secs=10)
+            if jsonl:
+                # Line-buffered: a crashed run keeps every finished line.
+                self._jsonl = open(  # closed in close()
+                    os.path.join(self.log_dir, JSONL_NAME), "a", buffering=1, encoding="utf-8"
+                )
+        self._span_sum: dict[str, float] = {}
+        self._span_count: dict[str, int] = {}
+        self._span_total: dict[str, float] = {}
+        self._counters: dict[str, float] = {}
+        self._gauge_last: dict[str, float] = {}
+        self._gauge_max: dict[str, float] = {}
+
+    # ---- immediate scalars -------------------------------------------------
+
+    def scalar(self, name: str, value: float, step: int) -> None:
+        """Writes one scalar at `step` now."""
+        self.scalars({name: value}, step)
+
+    def scalars(self, values: Mapping[str, float], step: int) -> None:
+        """Writes several scalars at `step` now (one event, one JSONL line)."""
+        clean = {_check_name(k): _as_float(k, v) for k, v in values.items()}
+        step = _as_step(step)
+        with self._lock:
+            self._write_locked(clean, step)
+
+    # ---- accumulators, emitted by write_step -------------------------------
+
+    @contextlib.contextmanager
+    def span(self, name: str) -> Iterator[None]:
+        """Times the block with `time.perf_counter`; recorded also if it raises."""
+        _check_name(name, top_level=False)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add_time(name, time.perf_counter() - start)
+
+    def add_time(self, name: str, seconds: float) -> None:
+        """Adds `seconds` to the span accumulator for `name` (as one span)."""
+        _check_name(name, top_level=False)
+        seconds = _as_float(name, seconds)
+        with self._lock:
+            self._span_sum[name] = self._span_sum.get(name, 0.0) + seconds
+            self._span_count[name] = self._span_count.get(name, 0) + 1
+            self._span_total[name] = self._span_total.get(name, 0.0) + seconds
+
+    def count(self, name: str, n: float = 1.0) -> None:
+        """Adds `n` to a cumulative counter; counters are never reset."""
+        _check_name(name, top_level=False)
+        n = _as_float(name, n)
+        with self._lock:
+            self._counters[name] = self._counters.get(name, 0.0) + n
+
+    def gauge(self, name: str, value: float) -> None:
+        """Sets a gauge (last value wins) and tracks its max since the last write_step."""
+        _check_name(name, top_level=False)
+        value = _as_float(name, value)
+        with self._lock:
+            self._gauge_last[name] = value
+            prev = self._gauge_max.get(name)
+            self._gauge_max[name] = value if prev is None else _nan_max(prev, value)
+
+    def write_step(self, step: int, extra: Mapping[str, float] | None = None) -> dict[str, float]:
+        """Writes all accumulators as scalars at `step` and returns what it wrote.
+
+        Emits `time/{name}_s` (seconds since the last write_step) and
+        `time/{name}_count` for every span name seen so far, `count/{name}`
+        (cumulative) for every counter, `gauge/{name}` and `gauge/{name}_max`
+        for every gauge, then `extra` as given (an `extra` key overrides a
+        generated one). Span sums and counts are then reset, and gauge maxima
+        restart from the gauge's current value, since the gauge keeps holding
+        that value into the next interval.
+        """
+        step = _as_step(step)
+        clean_extra = {_check_name(k): _as_float(k, v) for k, v in (extra or {}).items()}
+        with self._lock:
+            out: dict[str, float] = {}
+            for name in self._span_sum:
+                out[f"time/{name}_s"] = self._span_sum[name]
+                out[f"time/{name}_count"] = float(self._span_count[name])
+            for name, total in self._counters.items():
+                out[f"count/{name}"] = total
+            for name, last in self._gauge_last.items():
+                out[f"gauge/{name}"] = last
+                out[f"gauge/{name}_max"] = self._gauge_max[name]
+            out.update(clean_extra)
+            self._write_locked(out, step)
+            self._span_sum = dict.fromkeys(self._span_sum, 0.0)
+            self._span_count = dict.fromkeys(self._span_count, 0)
+            self._gauge_max = dict(self._gauge_last)
+        return out
+
+    def totals(self) -> dict[str, float]:
+        """Cumulative seconds per span name since creation (not reset by write_step)."""
+        with self._lock:
+            return dict(self._span_total)
+
+    # ---- lifecycle ---------------------------------------------------------
+
+    def flush(self) -> None:
+        """Forces pending events and JSONL lines to disk."""
+        with self._lock:
+            if self._closed:
+                return
+            if self._writer is not None:
+                self._writer.flush()
+            if self._jsonl is not None:
+                self._jsonl.flush()
+
+    def close(self) -> None:
+        """Flushes and closes the files; later calls are no-ops."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._writer is not None:
+                self._writer.close()  # flushes first
+            if self._jsonl is not None:
+                self._jsonl.close()
+
+    def __enter__(self) -> MetricsRecorder:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _write_locked(self, values: Mapping[str, float], step: int) -> None:
+        """Writes one TensorBoard event and one JSONL line; caller holds the lock."""
+        if self._closed:
+            raise RuntimeError("MetricsRecorder is closed")
+        if not values:
+            return
+        wall_time = time.time()
+        if self._writer is not None:
+            summary = summary_pb2.Summary(
+                value=[summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in values.items()]
+            )
+            self._writer.add_event(event_pb2.Event(wall_time=wall_time, step=step, summary=summary))
+        if self._jsonl is not None:
+            row: dict[str, float | int | None] = {"step": step, "wall_time": wall_time}
+            row.update({k: v if math.isfinite(v) else None for k, v in values.items()})
+            self._jsonl.write(json.dumps(row, allow_nan=False) + "\n")
+
+
+def read_scalars(log_dir: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
+    """Reads every scalar in `log_dir`'s event files with TensorBoard's own loader.
+
+    Returns `{tag: [(step, value), ...]}` sorted by step (values are float32,
+    as TensorBoard stores them). Nothing is sampled away or purged.
+    """
+    path = os.fspath(log_dir)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"no such log directory: {path}")
+    acc = event_accumulator.EventAccumulator(
+        path,
+        size_guidance={event_accumulator.SCALARS: 0},
+        purge_orphaned_data=False,
+    )
+    acc.Reload()
+    return {
+        tag: sorted(((e.step, e.value) for e in acc.Scalars(tag)), key=lambda p: p[0])
+        for tag in acc.Tags()[event_accumulator.SCALARS]
+    }

@@ -1,0 +1,216 @@
+"""Decoder-only transformer in Flax NNX (Qwen3/Llama shape) with a functional KV cache.
+
+RMSNorm, rotary position embeddings, grouped-query attention (optional q/k
+RMSNorm as in Qwen3), SwiGLU MLP, optionally tied embeddings. The KV cache is
+not module state: it is a tuple of ``(k, v)`` arrays per layer, passed in and
+returned, so the inference engine can keep it on device across jitted calls and
+index it by slot. One code path serves training (no cache), prefill and decode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+# A cache is one (k, v) pair per layer; each is [slots, max_len, kv_heads, head_dim].
+KVCache = tuple[tuple[jax.Array, jax.Array], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shape of the transformer. Frozen and hashable, so it can be a jit static."""
+
+    vocab_size: int = 128
+    d_model: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 16
+    ffn_dim: int = 192
+    rope_theta: float = 10_000.0
+    norm_eps: float = 1e-6
+    qk_norm: bool = False
+    tie_embeddings: bool = True
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim", "ffn_dim"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model.{name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"model.num_heads ({self.num_heads}) must be a multiple of "
+                f"model.num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"model.head_dim must be even for RoPE, got {self.head_dim}")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"model.dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+
+    @property
+    def jnp_dtype(self):
+        return jnp.dtype(self.dtype)
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotary embedding (rotate-half convention, as in HF Llama/Qwen). x: [B, T, H, D]."""
+    d = x.shape[-1]
+    freq = theta ** (-jnp.arange(0, d, 2, dtype=jnp.float32) / d)  # [D/2]
+    angles = positions[..., None].astype(jnp.float32) * freq  # [B, T, D/2]
+    cos = jnp.cos(angles)[:, :, None, :]
+    sin = jnp.sin(angles)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, *, eps: float, rngs: nnx.Rngs):
+        del rngs
+        self.scale = nnx.Param(jnp.ones((dim,), jnp.float32))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        xf = x.astype(jnp.float32)
+        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        return (xf * self.scale[...]).astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        dt = cfg.jnp_dtype
+        lin = dict(use_bias=False, dtype=dt, param_dtype=dt, rngs=rngs)
+        self.q_proj = nnx.Linear(cfg.d_model, cfg.num_heads * cfg.head_dim, **lin)
+        self.k_proj = nnx.Linear(cfg.d_model, cfg.num_kv_heads * cfg.head_dim, **lin)
+        self.v_proj = nnx.Linear(cfg.d_model, cfg.num_kv_heads * cfg.head_dim, **lin)
+        self.o_proj = nnx.Linear(cfg.num_heads * cfg.head_dim, cfg.d_model, **lin)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, eps=cfg.norm_eps, rngs=rngs)
+            self.k_norm = RMSNorm(cfg.head_dim, eps=cfg.norm_eps, rngs=rngs)
+
+    def __call__(self, x, positions, cache, rows):
+        cfg = self.cfg
+        b, t, _ = x.shape
+        q = self.q_proj(x).reshape(b, t, cfg.num_heads, cfg.head_dim)
+        k = self.k_proj(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+        v = self.v_proj(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = rope(q, positions, cfg.rope_theta)
+        k = rope(k, positions, cfg.rope_theta)
+        if cache is None:
+            keys, values, key_pos = k, v, positions  # key_pos: [B, S]
+            new_cache = None
+        else:
+            k_cache, v_cache = cache
+            # Positions past the cache (padding) are dropped, never clamped onto real rows.
+            r = (jnp.arange(b) if rows is None else rows)[:, None]
+            k_cache = k_cache.at[r, positions].set(k.astype(k_cache.dtype), mode="drop")
+            v_cache = v_cache.at[r, positions].set(v.astype(v_cache.dtype), mode="drop")
+            new_cache = (k_cache, v_cache)
+            keys = k_cache if rows is None else k_cache[rows]
+            values = v_cache if rows is None else v_cache[rows]
+            key_pos = jnp.broadcast_to(jnp.arange(k_cache.shape[1]), (b, k_cache.shape[1]))
+        mask = key_pos[:, None, :] <= positions[:, :, None]  # [B, T, S], causal by position
+        out = jax.nn.dot_product_attention(q, keys.astype(q.dtype), values.astype(q.dtype), mask=mask[:, None])
+        out = out.reshape(b, t, -1)
+        return self.o_proj(out), new_cache
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        dt = cfg.jnp_dtype
+        lin = dict(use_bias=False, dtype=dt, param_dtype=dt, rngs=rngs)
+        self.gate_proj = nnx.Linear(cfg.d_model, cfg.ffn_dim, **lin)
+        self.up_proj = nnx.Linear(cfg.d_model, cfg.ffn_dim, **lin)
+        self.down_proj = nnx.Linear(cfg.ffn_dim, cfg.d_model, **lin)
+
+    def __call__(self, x):
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.input_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
+        self.attn = Attention(cfg, rngs=rngs)
+        self.post_attn_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
+        self.mlp = MLP(cfg, rngs=rngs)
+
+    def __call__(self, x, positions, cache, rows):
+        h, new_cache = self.attn(self.input_norm(x), positions, cache, rows)
+        x = x + h
+        x = x + self.mlp(self.post_attn_norm(x))
+        return x, new_cache
+
+
+class Transformer(nnx.Module):
+    """Causal LM. ``__call__`` returns ``(logits, new_cache)``.
+
+    - tokens, positions: ``[B, T]`` int32. Positions drive both RoPE and the
+      causal mask, so right padding needs no extra mask; padding written into a
+      cache should carry a position ``>= max_len`` so that it is dropped.
+    - cache: ``None`` for a plain forward, else a ``KVCache`` whose rows are the
+      engine's slots; ``rows`` ``[B]`` says which slot each batch row updates
+      (``None``: batch row i is slot i).
+    - logits_at: optional ``[B]`` index; then only those positions' logits are
+      computed (``[B, V]``), which is all prefill needs.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        dt = cfg.jnp_dtype
+        self.embed = nnx.Embed(
+            cfg.vocab_size,
+            cfg.d_model,
+            dtype=dt,
+            param_dtype=dt,
+            embedding_init=nnx.initializers.normal(stddev=0.02),
+            rngs=rngs,
+        )
+        self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
+        if not cfg.tie_embeddings:
+            self.lm_head = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, dtype=dt, param_dtype=dt, rngs=rngs)
+
+    def __call__(self, tokens, positions, cache: KVCache | None = None, rows=None, logits_at=None):
+        x = self.embed(tokens)
+        new_cache = []
+        for i, layer in enumerate(self.layers):
+            x, layer_cache = layer(x, positions, None if cache is None else cache[i], rows)
+            new_cache.append(layer_cache)
+        x = self.final_norm(x)
+        if logits_at is not None:
+            x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)[:, 0]  # [B, D]
+        if self.cfg.tie_embeddings:
+            logits = self.embed.attend(x)
+        else:
+            logits = self.lm_head(x)
+        return logits.astype(jnp.float32), (None if cache is None else tuple(new_cache))
+
+
+def init_cache(cfg: ModelConfig, slots: int, max_len: int) -> KVCache:
+    """Zeroed KV cache for ``slots`` sequences of up to ``max_len`` tokens."""
+    shape = (slots, max_len, cfg.num_kv_heads, cfg.head_dim)
+    return tuple((jnp.zeros(shape, cfg.jnp_dtype), jnp.zeros(shape, cfg.jnp_dtype)) for _ in range(cfg.num_layers))
+
+
+def token_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """log p(target) per position. logits [B, T, V], targets [B, T] -> [B, T]."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+
+
+def sequence_logprobs(model: Transformer, input_ids: jax.Array) -> jax.Array:
+    """Per-token logprobs of ``input_ids[:, 1:]`` under ``model``: [B, T] -> [B, T-1]."""
+    b, t = input_ids.shape
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    logits, _ = model(input_ids, positions)
+    return token_logprobs(logits[:, :-1], input_ids[:, 1:])
+
+
+def count_params(model: nnx.Module) -> int:
+    return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))

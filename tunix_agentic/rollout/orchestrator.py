@@ -1,0 +1,295 @@
+"""The RolloutOrchestrator: many episodes at once, grouped as they complete.
+
+Each episode moves through three stages, each with its own worker pool so a
+slow stage never holds another's slot: INIT (make the environment, reset it
+on the task), RUN (the agent loop against the engine) and EVAL (the verifier's
+reward). G episodes of one task form a group; a group is emitted the moment
+its last episode ends, in completion order, onto a queue the learner reads.
+
+Admission pacing bounds staleness without throwing finished work away: a new
+group is admitted only while the step that will consume it is at most
+``max_staleness`` versions ahead of the policy that starts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from envs.base import Environment
+from tunix_agentic.agent.chat import ChatTemplate
+from tunix_agentic.agent.loop import AgentConfig, run_agent
+from tunix_agentic.inference.base import InferenceEngine
+from tunix_agentic.rollout.trajectory import Trajectory
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    group_size: int = 8
+    groups_per_batch: int = 8
+    init_workers: int = 32
+    run_workers: int = 64
+    eval_workers: int = 32
+    episode_timeout_s: float = 300.0
+    max_staleness: int = 1
+    filter_uniform_groups: bool = True  # DAPO dynamic sampling: drop groups with one reward value
+    max_filtered_in_a_row: int = 500  # then stop with an error instead of waiting forever
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.group_size < 1:
+            raise ValueError(f"rollout.group_size must be >= 1, got {self.group_size}")
+        if self.groups_per_batch < 1:
+            raise ValueError(f"rollout.groups_per_batch must be >= 1, got {self.groups_per_batch}")
+        for name in ("init_workers", "run_workers", "eval_workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_staleness < 0:
+            raise ValueError(f"rollout.max_staleness must be >= 0, got {self.max_staleness}")
+        if self.episode_timeout_s <= 0:
+            raise ValueError(f"rollout.episode_timeout_s must be > 0, got {self.episode_timeout_s}")
+
+
+@dataclasses.dataclass
+class Group:
+    """G trajectories of one task. ``trajectories`` holds only scoreable ones;
+    infrastructure failures are kept apart in ``dropped``."""
+
+    group_id: str
+    index: int
+    task: Any
+    admitted_version: int
+    trajectories: list[Trajectory]
+    dropped: list[Trajectory] = dataclasses.field(default_factory=list)
+
+    @property
+    def rewards(self) -> np.ndarray:
+        return np.asarray([t.reward for t in self.trajectories], np.float32)
+
+    @property
+    def min_version(self) -> int:
+        versions = [t.min_version for t in self.trajectories if t.min_version is not None]
+        return min(versions) if versions else self.admitted_version
+
+
+class RolloutOrchestrator:
+    """Drives episodes against ``engine`` and hands full groups to the learner.
+
+    ``start()`` begins continuous production from ``tasks``; ``await
+    get_batch()`` returns ``groups_per_batch`` groups (sorted by admission
+    index, so a synchronous run is reproducible); ``set_version(v)`` tells the
+    pacer that the learner published version v. ``run_tasks`` runs a fixed list
+    once (evaluation, baselines) with the same machinery.
+    """
+
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        env_factory: Callable[[], Environment],
+        template: ChatTemplate,
+        agent_config: AgentConfig,
+        config: RolloutConfig,
+        *,
+        tasks: Iterator[Any] | None = None,
+        metrics=None,
+    ):
+        self.engine = engine
+        self.env_factory = env_factory
+        self.template = template
+        self.agent_config = agent_config
+        self.config = config
+        self.tasks = tasks
+        self.metrics = metrics
+        self.version = 0
+        self._batches_taken = 0
+        self._in_flight_groups = 0
+        self._ready: asyncio.Queue[Group | None] = asyncio.Queue()
+        self._filtered_streak = 0
+        self._fatal: Exception | None = None
+        self._changed = asyncio.Event()
+        self._init_sem = asyncio.Semaphore(config.init_workers)
+        self._run_sem = asyncio.Semaphore(config.run_workers)
+        self._eval_sem = asyncio.Semaphore(config.eval_workers)
+        self._group_counter = itertools.count()
+        self._tasks: set[asyncio.Task] = set()
+        self._producer: asyncio.Task | None = None
+        self.stats = {"groups_emitted": 0, "groups_filtered": 0, "groups_too_small": 0, "infra_failures": 0, "stale_dropped": 0}
+
+    # ------------------------------------------------------------ production
+    def start(self) -> None:
+        if self.tasks is None:
+            raise ValueError("RolloutOrchestrator.start needs a task iterator")
+        if self._producer is None:
+            self._producer = asyncio.get_running_loop().create_task(self._produce(), name="rollout-producer")
+
+    async def stop(self) -> None:
+        """Cancel production and every in-flight episode; environments are closed."""
+        if self._producer is not None:
+            self._producer.cancel()
+        pending = list(self._tasks) + ([self._producer] if self._producer else [])
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        self._producer = None
+
+    def set_version(self, version: int) -> None:
+        self.version = version
+        self._changed.set()
+
+    def _may_admit(self) -> bool:
+        ahead = (self._in_flight_groups + self._ready.qsize()) // self.config.groups_per_batch
+        return self._batches_taken + ahead - self.version <= self.config.max_staleness
+
+    async def _produce(self) -> None:
+        try:
+            while True:
+                while not self._may_admit():
+                    self._changed.clear()
+                    await self._changed.wait()
+                try:
+                    task = next(self.tasks)
+                except StopIteration:
+                    raise RuntimeError("the task iterator is exhausted") from None
+                self._in_flight_groups += 1
+                self._spawn(self._produce_group(task))
+        except Exception as exc:  # surface it to the learner instead of hanging get_batch
+            self._fatal = exc
+            self._ready.put_nowait(None)
+            raise
+
+    def _spawn(self, coro) -> asyncio.Task:
+        t = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+        return t
+
+    async def _produce_group(self, task: Any) -> None:
+        try:
+            group = await self.run_group(task)
+            if self._accept(group):
+                self._ready.put_nowait(group)
+                self.stats["groups_emitted"] += 1
+        finally:
+            self._in_flight_groups -= 1
+            self._changed.set()
+            if self.metrics is not None:
+                self.metrics.gauge("queue/ready_groups", self._ready.qsize())
+                self.metrics.gauge("queue/in_flight_groups", self._in_flight_groups)
+
+    def _accept(self, group: Group) -> bool:
+        if len(group.trajectories) < 2 and self.config.group_size >= 2:
+            self.stats["groups_too_small"] += 1
+            self._count("rollout/groups_too_small")
+            return False
+        rewards = group.rewards
+        if self.config.filter_uniform_groups and rewards.size and np.all(rewards == rewards[0]):
+            self.stats["groups_filtered"] += 1
+            self._count("rollout/groups_filtered")
+            self._filtered_streak += 1
+            if self._filtered_streak >= self.config.max_filtered_in_a_row and self._fatal is None:
+                self._fatal = RuntimeError(
+                    f"{self._filtered_streak} groups in a row had identical rewards (last: {rewards[0]}) and were "
+                    "filtered out: the policy never or always succeeds. Check the reward, the warm start, "
+                    "or set rollout.filter_uniform_groups=false"
+                )
+                self._ready.put_nowait(None)  # wake the learner so it sees the error
+            return False
+        self._filtered_streak = 0
+        return True
+
+    async def get_batch(self) -> list[Group]:
+        """The next ``groups_per_batch`` groups; waits for them while rollout goes on."""
+        batch: list[Group] = []
+        while len(batch) < self.config.groups_per_batch:
+            group = await self._ready.get()
+            if group is None:
+                raise self._fatal
+            if self.version - group.min_version > self.config.max_staleness + 1:
+                self.stats["stale_dropped"] += 1  # pacing should make this rare
+                self._count("rollout/stale_dropped")
+                continue
+            batch.append(group)
+        self._batches_taken += 1
+        self._changed.set()
+        return sorted(batch, key=lambda g: g.index)
+
+    # ------------------------------------------------------------- episodes
+    async def run_tasks(self, tasks: list[Any], *, group_size: int = 1, agent_config: AgentConfig | None = None) -> list[Group]:
+        """Run each task once as a group of ``group_size``; returns groups in task order."""
+        return list(await asyncio.gather(*(self.run_group(t, group_size=group_size, agent_config=agent_config) for t in tasks)))
+
+    async def run_group(self, task: Any, *, group_size: int | None = None, agent_config: AgentConfig | None = None) -> Group:
+        index = next(self._group_counter)
+        g = group_size or self.config.group_size
+        group_id = f"g{index}-{getattr(task, 'task_id', index)}"
+        version = self.version
+        trajs = await asyncio.gather(
+            *(self._episode(task, group_id, index, member, agent_config or self.agent_config) for member in range(g))
+        )
+        good = [t for t in trajs if not t.is_infra_failure]
+        bad = [t for t in trajs if t.is_infra_failure]
+        if bad:
+            self.stats["infra_failures"] += len(bad)
+            self._count("rollout/infra_failures", len(bad))
+        return Group(group_id, index, task, version, good, bad)
+
+    async def _episode(self, task: Any, group_id: str, index: int, member: int, agent_config: AgentConfig) -> Trajectory:
+        traj = Trajectory(
+            task_id=str(getattr(task, "task_id", index)),
+            episode_id=f"{group_id}-{member}",
+            task_name=str(getattr(task, "task_name", "default")),
+            group_id=group_id,
+        )
+        seed = (self.config.seed * 1_000_003 + index) * 64 + member
+        t0 = time.perf_counter()
+        env: Environment | None = None
+        try:
+            async with asyncio.timeout(self.config.episode_timeout_s):
+                async with self._init_sem:
+                    t = time.perf_counter()
+                    try:
+                        env = self.env_factory()
+                        prompt = await env.reset(task)
+                    except Exception as exc:
+                        traj.status, traj.error = "env_error", f"INIT: {type(exc).__name__}: {exc}"
+                        return traj
+                    traj.append_prompt(self.template.prompt_ids(prompt))
+                    self._time("stage/init", time.perf_counter() - t)
+                async with self._run_sem:
+                    t = time.perf_counter()
+                    await run_agent(self.engine, env, traj, self.template, agent_config, seed=seed, metrics=self.metrics)
+                    self._time("stage/run", time.perf_counter() - t)
+                if traj.is_infra_failure:
+                    return traj
+                async with self._eval_sem:
+                    t = time.perf_counter()
+                    try:
+                        traj.reward = float(await env.evaluate())
+                    except Exception as exc:
+                        traj.status, traj.error = "env_error", f"EVAL: {type(exc).__name__}: {exc}"
+                    self._time("stage/eval", time.perf_counter() - t)
+        except TimeoutError:
+            traj.status, traj.error = "timeout", f"episode exceeded {self.config.episode_timeout_s}s"
+        finally:
+            if env is not None:
+                try:
+                    await asyncio.shield(env.close())
+                except Exception:  # closing must never mask the episode's own outcome
+                    self._count("rollout/env_close_errors")
+            traj.timings["episode_s"] = time.perf_counter() - t0
+        self._count("rollout/episodes")
+        return traj
+
+    def _count(self, name: str, n: float = 1.0) -> None:
+        if self.metrics is not None:
+            self.metrics.count(name, n)
+
+    def _time(self, name: str, seconds: float) -> None:
+        if self.metrics is not None:
+            self.metrics.add_time(name, seconds)

@@ -1,0 +1,45 @@
+"""Helpers for tests and notebooks: tiny real models, built and trained in seconds."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from flax import nnx
+
+from learners.batching import pad_rows
+from learners.sft import SFTTrainer
+from learners.state import OptimizerConfig
+from tunix_agentic.models.transformer import ModelConfig, Transformer
+
+# Prime-ish, mutually distinct dims make shape mistakes show up as errors.
+TINY = ModelConfig(vocab_size=128, d_model=40, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=10, ffn_dim=56)
+
+
+def tiny_model(seed: int = 0, **overrides) -> Transformer:
+    return Transformer(dataclasses.replace(TINY, **overrides), rngs=nnx.Rngs(seed))
+
+
+def memorize(
+    model: Transformer,
+    sequences: list[tuple[list[int], list[float]]],
+    *,
+    steps: int = 200,
+    learning_rate: float = 1e-2,
+) -> Transformer:
+    """Overfit ``model`` on a few (ids, loss_mask) sequences so that greedy decoding
+    reproduces their masked parts: a real policy with a known behaviour."""
+    rows = [
+        {
+            "input_ids": np.asarray(ids, np.int32),
+            "loss_mask": np.asarray(mask, np.float32),
+            "old_logprobs": np.zeros(len(ids), np.float32),
+        }
+        for ids, mask in sequences
+    ]
+    batch = pad_rows(rows, pad_id=0, length_multiple=16)
+    batch = {"input_ids": batch["input_ids"], "loss_mask": batch["loss_mask"]}
+    trainer = SFTTrainer(model, OptimizerConfig(learning_rate=learning_rate))
+    for _ in range(steps):
+        trainer.train_step(batch)
+    return trainer.state.model()
