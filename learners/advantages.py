@@ -30,7 +30,7 @@ def rloo(rewards: np.ndarray) -> np.ndarray:
     g = r.size
     if g < 2:
         return np.zeros_like(r, np.float32)
-    return ((r - (r.sum() - r) / (g - 1))).astype(np.float32)
+    return (r - (r.sum() - r) / (g - 1)).astype(np.float32)
 
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {"grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo}
@@ -44,4 +44,6 @@ def get_advantage_fn(name: str) -> AdvantageFn:
     try:
         return ADVANTAGE_ESTIMATORS[name]
     except KeyError:
-        raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ADVANTAGE_ESTIMATORS)}") from None
+        raise ValueError(
+            f"unknown advantage estimator {name!r}; known: {sorted(ADVANTAGE_ESTIMATORS)}"
+        ) from None

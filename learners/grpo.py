@@ -29,7 +29,9 @@ class GRPOConfig:
     def __post_init__(self):
         get_advantage_fn(self.advantage)
         if self.aggregation not in AGGREGATIONS:
-            raise ValueError(f"learner.aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
+            raise ValueError(
+                f"learner.aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}"
+            )
         if not 0 <= self.clip_low < 1 or self.clip_high < 0:
             raise ValueError("learner.clip_low must be in [0, 1) and learner.clip_high >= 0")
         if self.kl_coef < 0:
@@ -74,9 +76,15 @@ class GRPOLearner:
         def loss_fn(p):
             logits, lp = self._logprobs(p, ids)
             loss, aux = grpo_loss(
-                lp, old, batch["advantages"], mask,
-                clip_low=cfg.clip_low, clip_high=cfg.clip_high, aggregation=cfg.aggregation,
-                ref_logprobs=ref, kl_coef=cfg.kl_coef,
+                lp,
+                old,
+                batch["advantages"],
+                mask,
+                clip_low=cfg.clip_low,
+                clip_high=cfg.clip_high,
+                aggregation=cfg.aggregation,
+                ref_logprobs=ref,
+                kl_coef=cfg.kl_coef,
             )
             probs = jax.nn.softmax(logits, axis=-1)
             entropy = -jnp.sum(probs * jax.nn.log_softmax(logits, axis=-1), axis=-1)

@@ -1,5 +1,7 @@
 import asyncio
+import functools
 
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -14,12 +16,19 @@ def model():
     return tiny_model(seed=3)
 
 
-def greedy_reference(model, prompt, n):
-    """One sequence at a time, full forward per token: the slow, obviously right way."""
+@functools.cache
+def _full_forward(model):
+    # Right padding never changes earlier positions, so one padded shape serves all.
+    return jax.jit(lambda ids: model(ids, jnp.arange(ids.shape[1])[None])[0])
+
+
+def greedy_reference(model, prompt, n, width=96):
+    """One sequence at a time, full forward (no cache) per token: the obviously right way."""
+    forward = _full_forward(model)
     ids = list(prompt)
     for _ in range(n):
-        logits, _ = model(jnp.array([ids]), jnp.arange(len(ids))[None])
-        ids.append(int(jnp.argmax(logits[0, -1])))
+        logits = forward(jnp.array([ids + [0] * (width - len(ids))]))
+        ids.append(int(jnp.argmax(logits[0, len(ids) - 1])))
     return ids[len(prompt) :]
 
 
@@ -38,7 +47,9 @@ async def test_concurrent_requests_are_batched_and_exact(model):
 
 
 async def test_new_prompt_lengths_do_not_recompile(model):
-    engine = JaxEngine(model, EngineConfig(max_slots=4, max_seq_len=64, decode_steps=4, min_prefill_len=16))
+    engine = JaxEngine(
+        model, EngineConfig(max_slots=4, max_seq_len=64, decode_steps=4, min_prefill_len=16)
+    )
     for n in range(1, 16):  # every length falls into the first length bucket
         await engine.generate(list(range(1, n + 1)), GREEDY)
     assert engine.compiles == {"prefill": 1, "decode": 1}
@@ -51,7 +62,9 @@ async def test_stop_token_ends_generation_and_is_kept(model):
     engine = JaxEngine(model, EngineConfig(max_slots=2, max_seq_len=48))
     free = await engine.generate([4, 5, 6], GREEDY)
     stop = free.token_ids[3]
-    out = await engine.generate([4, 5, 6], SamplingParams(temperature=0.0, max_new_tokens=9, stop_token_ids=(stop,)))
+    out = await engine.generate(
+        [4, 5, 6], SamplingParams(temperature=0.0, max_new_tokens=9, stop_token_ids=(stop,))
+    )
     first = free.token_ids.index(stop)
     assert out.token_ids == free.token_ids[: first + 1]
     assert out.finish_reason == "stop" and out.matched_stop == stop
@@ -67,7 +80,9 @@ async def test_seeded_sampling_is_reproducible_whatever_is_batched_beside_it(mod
         *(engine.generate([9, 9, i], SamplingParams(max_new_tokens=12, seed=i)) for i in range(3)),
     )
     assert crowd[0].token_ids == alone.token_ids
-    other = await engine.generate([1, 2, 3], SamplingParams(temperature=1.0, max_new_tokens=12, seed=8))
+    other = await engine.generate(
+        [1, 2, 3], SamplingParams(temperature=1.0, max_new_tokens=12, seed=8)
+    )
     assert other.token_ids != alone.token_ids
     await engine.close()
 
@@ -90,7 +105,9 @@ async def test_update_weights_mid_flight_tags_versions_without_draining(model):
     from flax import nnx
 
     new_params = nnx.state(other, nnx.Param)
-    task = asyncio.create_task(engine.generate([1, 2, 3], SamplingParams(temperature=0.0, max_new_tokens=40)))
+    task = asyncio.create_task(
+        engine.generate([1, 2, 3], SamplingParams(temperature=0.0, max_new_tokens=40))
+    )
     while engine.stats["generated_tokens"] < 4:
         await asyncio.sleep(0.001)
     engine.update_weights(new_params, version=1)
@@ -132,13 +149,16 @@ async def test_bad_requests_get_clear_errors(model):
         await engine.generate([], GREEDY)
     with pytest.raises(ValueError, match="token ids"):
         await engine.generate([1, 999], GREEDY)
-    out = await engine.generate(list(range(1, 12)), SamplingParams(temperature=0.0, max_new_tokens=50))
+    out = await engine.generate(
+        list(range(1, 12)), SamplingParams(temperature=0.0, max_new_tokens=50)
+    )
     assert len(out.token_ids) == 16 - 11 and out.finish_reason == "length"  # clipped to the window
     await engine.close()
 
 
 @pytest.mark.parametrize(
-    "kwargs", [dict(temperature=-1.0), dict(top_p=0.0), dict(top_k=-1), dict(max_new_tokens=0)],
+    "kwargs",
+    [dict(temperature=-1.0), dict(top_p=0.0), dict(top_k=-1), dict(max_new_tokens=0)],
     ids=["temperature", "top_p", "top_k", "max_new_tokens"],
 )
 def test_bad_sampling_params(kwargs):

@@ -3,6 +3,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from flax import nnx
 
 from envs.base import Environment, StepResult
 from envs.calculator import ArithmeticEnv, make_arithmetic_task
@@ -36,13 +37,15 @@ def tool_user():
 
 def make_orch(model, **cfg):
     engine = JaxEngine(model, EngineConfig(max_slots=16, max_seq_len=128, decode_steps=8))
-    config = RolloutConfig(**{"group_size": 3, "groups_per_batch": 2, "filter_uniform_groups": False, **cfg})
+    config = RolloutConfig(
+        **{"group_size": 3, "groups_per_batch": 2, "filter_uniform_groups": False, **cfg}
+    )
     return RolloutOrchestrator(engine, ArithmeticEnv, TEMPLATE, AGENT, config)
 
 
 async def test_groups_hold_g_episodes_of_their_task(random_model):
     orch = make_orch(random_model)
-    groups = await orch.run_tasks(TASKS)
+    groups = await orch.run_tasks(TASKS, group_size=3)
     assert [g.task.task_id for g in groups] == [t.task_id for t in TASKS]
     for g in groups:
         assert len(g.trajectories) == 3 and not g.dropped
@@ -163,6 +166,7 @@ async def test_production_batches_and_admission_pacing(random_model):
     # Staleness 0: nothing new may start until the learner publishes version 1.
     await asyncio.sleep(0.3)
     assert orch._in_flight_groups == 0 and orch._ready.qsize() == 0
+    orch.engine.update_weights(nnx.state(random_model, nnx.Param), version=1)
     orch.set_version(1)
     batch2 = await asyncio.wait_for(orch.get_batch(), timeout=120)
     assert all(g.admitted_version == 1 for g in batch2)

@@ -3,7 +3,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tunix_agentic.models.transformer import ModelConfig, count_params, init_cache, sequence_logprobs
+from tunix_agentic.models.transformer import (
+    ModelConfig,
+    count_params,
+    init_cache,
+    sequence_logprobs,
+)
 from tunix_agentic.testing import TINY, tiny_model
 
 

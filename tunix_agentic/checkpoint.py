@@ -37,15 +37,21 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
 
-    def restore(self, params_like: Any, opt_state_like: Any, step: int | None = None) -> tuple[Any, Any, dict, int]:
+    def restore(
+        self, params_like: Any, opt_state_like: Any, step: int | None = None
+    ) -> tuple[Any, Any, dict, int]:
         """Restore into trees shaped like the given ones; returns (params, opt_state, meta, step)."""
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint under {self.directory}")
-        target = jax.tree.map(ocp.utils.to_shape_dtype_struct, {"params": params_like, "opt_state": opt_state_like})
+        target = jax.tree.map(
+            ocp.utils.to_shape_dtype_struct, {"params": params_like, "opt_state": opt_state_like}
+        )
         out = self._manager.restore(
             step,
-            args=ocp.args.Composite(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()),
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()
+            ),
         )
         return out["state"]["params"], out["state"]["opt_state"], dict(out["meta"]), step
 

@@ -13,7 +13,9 @@ from learners.state import OptimizerConfig
 from tunix_agentic.models.transformer import ModelConfig, Transformer
 
 # Prime-ish, mutually distinct dims make shape mistakes show up as errors.
-TINY = ModelConfig(vocab_size=128, d_model=40, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=10, ffn_dim=56)
+TINY = ModelConfig(
+    vocab_size=128, d_model=40, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=10, ffn_dim=56
+)
 
 
 def tiny_model(seed: int = 0, **overrides) -> Transformer:

@@ -88,7 +88,9 @@ class Trainer:
         self.run_dir = Path(config.run_dir)
         self.tokenizer = CharTokenizer(config.model.vocab_size)
         self.template = ChatTemplate(self.tokenizer)
-        self.env_factory = functools.partial(make_env, config.env.name, tool_timeout=config.env.tool_timeout_s)
+        self.env_factory = functools.partial(
+            make_env, config.env.name, tool_timeout=config.env.tool_timeout_s
+        )
 
     # ------------------------------------------------------------- pieces
     def warm_start(self, model: Transformer, metrics: MetricsRecorder) -> Transformer:
@@ -97,20 +99,29 @@ class Trainer:
             return model
         trainer = SFTTrainer(model, cfg.optimizer)
         batches = demonstration_batches(
-            self.template, seed=self.cfg.seed, batch_size=cfg.batch_size, tool_fraction=cfg.tool_fraction
+            self.template,
+            seed=self.cfg.seed,
+            batch_size=cfg.batch_size,
+            tool_fraction=cfg.tool_fraction,
         )
-        bar = tqdm(range(cfg.steps), desc="SFT warm start", disable=not self.progress, file=sys.stderr)
+        bar = tqdm(
+            range(cfg.steps), desc="SFT warm start", disable=not self.progress, file=sys.stderr
+        )
         for step in bar:
             with metrics.span("sft_step"):
                 out = trainer.train_step(next(batches))
             if step % 50 == 0 or step == cfg.steps - 1:
-                metrics.scalars({"sft/loss": out["loss"], "sft/token_accuracy": out["token_accuracy"]}, step)
+                metrics.scalars(
+                    {"sft/loss": out["loss"], "sft/token_accuracy": out["token_accuracy"]}, step
+                )
                 bar.set_postfix(loss=f"{out['loss']:.3f}")
         return trainer.state.model()
 
     async def evaluate(self, orchestrator: RolloutOrchestrator, n: int) -> EvalResult:
         agent = dataclasses.replace(self.cfg.agent, temperature=self.cfg.rl.eval_temperature)
-        groups = await orchestrator.run_tasks(heldout_tasks(n, seed=self.cfg.seed), agent_config=agent)
+        groups = await orchestrator.run_tasks(
+            heldout_tasks(n, seed=self.cfg.seed), agent_config=agent
+        )
         trajs = [t for g in groups for t in g.trajectories + g.dropped]
         statuses: dict[str, int] = {}
         for t in trajs:
@@ -118,7 +129,9 @@ class Trainer:
         rewards = [t.reward for t in trajs]
         return EvalResult(
             success=float(np.mean(rewards)) if rewards else 0.0,
-            tool_use=float(np.mean([any(s.tool_calls for s in t.steps) for t in trajs])) if trajs else 0.0,
+            tool_use=float(np.mean([any(s.tool_calls for s in t.steps) for t in trajs]))
+            if trajs
+            else 0.0,
             episodes=len(trajs),
             statuses=statuses,
         )
@@ -141,7 +154,9 @@ class Trainer:
         start_step = 0
         if self.resume and ckpt.latest_step() is not None:
             learner = GRPOLearner(model, cfg.learner)
-            params, opt_state, meta, start_step = ckpt.restore(learner.state.params, learner.state.opt_state)
+            params, opt_state, meta, start_step = ckpt.restore(
+                learner.state.params, learner.state.opt_state
+            )
             learner.state.load(params, opt_state, start_step)
             tasks.set_state(meta["task_iterator"])
             self._log(f"resumed from step {start_step}")
@@ -154,7 +169,13 @@ class Trainer:
 
         engine = JaxEngine(learner.state.model(), cfg.engine, version=start_step)
         orch = RolloutOrchestrator(
-            engine, self.env_factory, self.template, cfg.agent, cfg.rollout, tasks=tasks, metrics=metrics
+            engine,
+            self.env_factory,
+            self.template,
+            cfg.agent,
+            cfg.rollout,
+            tasks=tasks,
+            metrics=metrics,
         )
         orch.set_version(start_step)
         if "success_before" in meta:
@@ -165,7 +186,9 @@ class Trainer:
             metrics.scalar("eval/success", before, start_step)
         self._log(f"held-out success before RL: {before:.3f}")
 
-        history = await self._rl_loop(learner, engine, orch, metrics, ckpt, tasks, start_step, before)
+        history = await self._rl_loop(
+            learner, engine, orch, metrics, ckpt, tasks, start_step, before
+        )
         with metrics.span("eval"):
             after_eval = await self.evaluate(orch, cfg.rl.eval_tasks)
         metrics.scalar("eval/success", after_eval.success, max(cfg.rl.steps, start_step))
@@ -183,11 +206,20 @@ class Trainer:
             history=history,
         )
         (self.run_dir / "summary.json").write_text(
-            json.dumps({**dataclasses.asdict(result), "history": None, "eval_after": dataclasses.asdict(after_eval)}, indent=2)
+            json.dumps(
+                {
+                    **dataclasses.asdict(result),
+                    "history": None,
+                    "eval_after": dataclasses.asdict(after_eval),
+                },
+                indent=2,
+            )
         )
         return result
 
-    async def _rl_loop(self, learner, engine, orch, metrics, ckpt, tasks, start_step, before) -> list[dict]:
+    async def _rl_loop(
+        self, learner, engine, orch, metrics, ckpt, tasks, start_step, before
+    ) -> list[dict]:
         cfg = self.cfg
         history: list[dict[str, float]] = []
         if start_step >= cfg.rl.steps:
@@ -196,7 +228,11 @@ class Trainer:
         train_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="learner")
         rows = cfg.rollout.groups_per_batch * cfg.rollout.group_size
         bar = tqdm(
-            range(start_step, cfg.rl.steps), desc="GRPO", initial=0, disable=not self.progress, file=sys.stderr
+            range(start_step, cfg.rl.steps),
+            desc="GRPO",
+            initial=0,
+            disable=not self.progress,
+            file=sys.stderr,
         )
         orch.start()
         try:
@@ -204,25 +240,35 @@ class Trainer:
                 t_step = time.perf_counter()
                 with metrics.span("wait_for_batch"):
                     groups = await orch.get_batch()
-                batch = grpo_batch(groups, learner.advantage_fn, pad_id=self.tokenizer.pad_id, num_rows=rows)
+                batch = grpo_batch(
+                    groups, learner.advantage_fn, pad_id=self.tokenizer.pad_id, num_rows=rows
+                )
                 with metrics.span("train"):
                     out = await loop.run_in_executor(train_thread, learner.train_step, batch)
                 with metrics.span("weight_sync"):
                     engine.update_weights(learner.params_for_engine(), step + 1)
                     orch.set_version(step + 1)
                 stats = rollout_stats(groups)
-                versions = [t.min_version for g in groups for t in g.trajectories if t.min_version is not None]
+                versions = [
+                    t.min_version
+                    for g in groups
+                    for t in g.trajectories
+                    if t.min_version is not None
+                ]
                 wall = time.perf_counter() - t_step
                 extra = {
                     **stats,
                     **{f"learner/{k}": v for k, v in out.items()},
                     "rollout/staleness_max": float(step - min(versions)) if versions else 0.0,
-                    "throughput/generated_tokens_per_s": stats.get("rollout/generated_tokens", 0.0) / wall,
+                    "throughput/generated_tokens_per_s": stats.get("rollout/generated_tokens", 0.0)
+                    / wall,
                     "throughput/step_s": wall,
                     "engine/busy_s_total": engine.stats["busy_s"],
                 }
                 history.append(metrics.write_step(step + 1, extra))
-                bar.set_postfix(reward=f"{stats.get('rollout/reward_mean', 0):.2f}", loss=f"{out['loss']:.3f}")
+                bar.set_postfix(
+                    reward=f"{stats.get('rollout/reward_mean', 0):.2f}", loss=f"{out['loss']:.3f}"
+                )
                 every = cfg.rl.checkpoint_every
                 if every and (step + 1) % every == 0 and step + 1 < cfg.rl.steps:
                     self._save(ckpt, learner, tasks, before, step + 1)
@@ -231,7 +277,9 @@ class Trainer:
             train_thread.shutdown(wait=True)
         return history
 
-    def _save(self, ckpt: Checkpointer, learner: GRPOLearner, tasks, before: float, step: int) -> None:
+    def _save(
+        self, ckpt: Checkpointer, learner: GRPOLearner, tasks, before: float, step: int
+    ) -> None:
         if ckpt.latest_step() == step:
             return  # a resumed run with nothing left to do: that step is already saved
         meta = {"success_before": before, "task_iterator": tasks.get_state(), "version": step}
@@ -242,7 +290,13 @@ class Trainer:
             tqdm.write(msg, file=sys.stderr)
 
 
-def train(config_path: str | None, overrides: list[str] = (), *, resume_dir: str | None = None, progress: bool = True) -> TrainResult:
+def train(
+    config_path: str | None,
+    overrides: list[str] = (),
+    *,
+    resume_dir: str | None = None,
+    progress: bool = True,
+) -> TrainResult:
     """Load a config (or a run dir's saved one when resuming) and run it."""
     if resume_dir is not None:
         saved = Path(resume_dir) / "config.yaml"

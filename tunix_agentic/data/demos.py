@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 
 from envs.calculator import ArithmeticTask
+from learners.batching import pad_rows
 from tunix_agentic.agent.chat import ChatTemplate
 from tunix_agentic.agent.tool_parser import format_tool_call
 from tunix_agentic.data.tasks import task_iterator
-from learners.batching import pad_rows
 
 
 def demonstration(
@@ -32,8 +32,13 @@ def demonstration(
         ]
     else:
         value = int(float(task.answer))
-        guess = value + int(rng.choice([-1, 1])) * int(rng.integers(1, max(10, abs(value) // 4 + 2)))
-        segments = [(template.prompt_text(task.prompt), 0.0), (f"<answer>{guess}</answer>{end}", 1.0)]
+        guess = value + int(rng.choice([-1, 1])) * int(
+            rng.integers(1, max(10, abs(value) // 4 + 2))
+        )
+        segments = [
+            (template.prompt_text(task.prompt), 0.0),
+            (f"<answer>{guess}</answer>{end}", 1.0),
+        ]
     ids: list[int] = []
     mask: list[float] = []
     for text, m in segments:
@@ -47,7 +52,9 @@ def demonstration(
     }
 
 
-def demonstration_batches(template: ChatTemplate, *, seed: int, batch_size: int, tool_fraction: float):
+def demonstration_batches(
+    template: ChatTemplate, *, seed: int, batch_size: int, tool_fraction: float
+):
     """Endless padded SFT batches from the train split; ``tool_fraction`` of rows use the tool."""
     if not 0.0 <= tool_fraction <= 1.0:
         raise ValueError(f"sft.tool_fraction must be in [0, 1], got {tool_fraction}")
@@ -55,7 +62,9 @@ def demonstration_batches(template: ChatTemplate, *, seed: int, batch_size: int,
     tasks = task_iterator(seed=seed + 7919, split="train")
     while True:
         rows = [
-            demonstration(next(tasks), template, use_tool=bool(rng.random() < tool_fraction), rng=rng)
+            demonstration(
+                next(tasks), template, use_tool=bool(rng.random() < tool_fraction), rng=rng
+            )
             for _ in range(batch_size)
         ]
         batch = pad_rows(rows, pad_id=template.tokenizer.pad_id, length_multiple=16)

@@ -1,6 +1,11 @@
 """Inference engines: token-in/token-out, async, batched."""
 
-from tunix_agentic.inference.base import EngineError, InferenceEngine, PromptTooLongError, TokenOutput
+from tunix_agentic.inference.base import (
+    EngineError,
+    InferenceEngine,
+    PromptTooLongError,
+    TokenOutput,
+)
 from tunix_agentic.inference.engine import EngineConfig, JaxEngine
 from tunix_agentic.inference.sampling import SamplingParams
 

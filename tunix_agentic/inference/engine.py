@@ -108,7 +108,9 @@ class JaxEngine:
     call from many coroutines of one event loop at once; that is the point.
     """
 
-    def __init__(self, model: Transformer, config: EngineConfig = EngineConfig(), *, version: int = 0):
+    def __init__(
+        self, model: Transformer, config: EngineConfig = EngineConfig(), *, version: int = 0
+    ):
         self.config = config
         self.model_config: ModelConfig = model.cfg
         self._graphdef, params = nnx.split(model, nnx.Param)
@@ -135,7 +137,14 @@ class JaxEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self.compiles = {"prefill": 0, "decode": 0}
-        self.stats = {"decode_chunks": 0, "prefill_calls": 0, "prefill_tokens": 0, "cached_tokens": 0, "generated_tokens": 0, "busy_s": 0.0}
+        self.stats = {
+            "decode_chunks": 0,
+            "prefill_calls": 0,
+            "prefill_tokens": 0,
+            "cached_tokens": 0,
+            "generated_tokens": 0,
+            "busy_s": 0.0,
+        }
         self._prefill_fn = jax.jit(self._prefill_impl, donate_argnums=(1,))
         self._decode_fn = jax.jit(self._decode_impl, donate_argnums=(1,))
 
@@ -192,7 +201,11 @@ class JaxEngine:
         rid = request_id or f"req-{next(self._rid_counter)}"
         if rid in self._by_rid:
             raise ValueError(f"request id {rid!r} is already in flight")
-        seed = sampling.seed if sampling.seed is not None else zlib.crc32(f"{self.config.seed}/{rid}".encode())
+        seed = (
+            sampling.seed
+            if sampling.seed is not None
+            else zlib.crc32(f"{self.config.seed}/{rid}".encode())
+        )
         req = _Request(
             rid=rid,
             prompt=prompt,
@@ -229,7 +242,9 @@ class JaxEngine:
         """Swap in new parameters at the next chunk boundary; in-flight requests continue."""
         leaves_new = jax.tree.leaves(params)
         leaves_old = jax.tree.leaves(self._params)
-        if len(leaves_new) != len(leaves_old) or any(a.shape != b.shape for a, b in zip(leaves_new, leaves_old, strict=True)):
+        if len(leaves_new) != len(leaves_old) or any(
+            a.shape != b.shape for a, b in zip(leaves_new, leaves_old, strict=True)
+        ):
             raise ValueError("update_weights: parameter tree does not match the engine's model")
         self._pending_params = (params, int(version))
         if self._wakeup is not None:
@@ -259,7 +274,7 @@ class JaxEngine:
             self._wakeup.set()
             try:
                 await asyncio.wait_for(self._loop_task, timeout=30)
-            except (asyncio.TimeoutError, asyncio.CancelledError):
+            except (TimeoutError, asyncio.CancelledError):
                 self._loop_task.cancel()
         for req in list(self._queue):
             self._finish(req, "abort")
@@ -386,7 +401,12 @@ class JaxEngine:
             pos[i, : len(new)] = np.arange(req.cached, len(req.prompt))
             rows[i] = req.slot
             last_idx[i] = len(new) - 1
-            keys[i], temp[i], top_k[i], top_p[i] = req.key, req.sampling.temperature, req.sampling.top_k, req.sampling.top_p
+            keys[i], temp[i], top_k[i], top_p[i] = (
+                req.key,
+                req.sampling.temperature,
+                req.sampling.top_k,
+                req.sampling.top_p,
+            )
             self.stats["prefill_tokens"] += len(new)
             self.stats["cached_tokens"] += req.cached
         self._cache, tokens, logprobs, keys = self._prefill_fn(
@@ -402,9 +422,23 @@ class JaxEngine:
         t0 = time.perf_counter()
         version = self.version
         self._cache, out_tokens, out_logprobs, last, pos, keys = self._decode_fn(
-            self._params, self._cache, self._last_token, self._next_pos, self._keys, self._temp, self._top_k, self._top_p
+            self._params,
+            self._cache,
+            self._last_token,
+            self._next_pos,
+            self._keys,
+            self._temp,
+            self._top_k,
+            self._top_p,
         )
-        result = (np.asarray(out_tokens), np.asarray(out_logprobs), np.asarray(last), np.asarray(pos), np.asarray(keys), version)
+        result = (
+            np.asarray(out_tokens),
+            np.asarray(out_logprobs),
+            np.asarray(last),
+            np.asarray(pos),
+            np.asarray(keys),
+            version,
+        )
         self.stats["busy_s"] += time.perf_counter() - t0
         self.stats["decode_chunks"] += 1
         return result
@@ -423,7 +457,9 @@ class JaxEngine:
             if req.slot != slot or len(req.tokens) == 0:
                 continue
             for k in range(out_tokens.shape[0]):
-                if self._append(req, int(out_tokens[k, slot]), float(out_logprobs[k, slot]), version):
+                if self._append(
+                    req, int(out_tokens[k, slot]), float(out_logprobs[k, slot]), version
+                ):
                     break
             else:
                 self._last_token[slot] = last[slot]
@@ -452,7 +488,9 @@ class JaxEngine:
         if park and self.config.session_reuse and req.session_id is not None:
             # The last sampled token was never fed through the model: its KV is not cached.
             ids = req.prompt + req.tokens[:-1]
-            self._parked[slot] = _Parked(req.session_id, ids, req.versions[-1] if req.versions else self.version)
+            self._parked[slot] = _Parked(
+                req.session_id, ids, req.versions[-1] if req.versions else self.version
+            )
         else:
             self._free.append(slot)
 

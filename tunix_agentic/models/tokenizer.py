@@ -93,7 +93,9 @@ class CharTokenizer:
             else:
                 tid = self._token_to_id.get(text[i])
                 if tid is None:
-                    raise ValueError(f"character {text[i]!r} at offset {i} is not in the vocabulary")
+                    raise ValueError(
+                        f"character {text[i]!r} at offset {i} is not in the vocabulary"
+                    )
                 ids.append(tid)
                 i += 1
         return ids

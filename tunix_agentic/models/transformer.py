@@ -37,7 +37,15 @@ class ModelConfig:
     dtype: str = "float32"
 
     def __post_init__(self):
-        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim", "ffn_dim"):
+        for name in (
+            "vocab_size",
+            "d_model",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "ffn_dim",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"model.{name} must be positive, got {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads:
@@ -48,7 +56,9 @@ class ModelConfig:
         if self.head_dim % 2:
             raise ValueError(f"model.head_dim must be even for RoPE, got {self.head_dim}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"model.dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+            raise ValueError(
+                f"model.dtype must be float32, bfloat16 or float16, got {self.dtype!r}"
+            )
 
     @property
     def jnp_dtype(self):
@@ -116,7 +126,9 @@ class Attention(nnx.Module):
             values = v_cache if rows is None else v_cache[rows]
             key_pos = jnp.broadcast_to(jnp.arange(k_cache.shape[1]), (b, k_cache.shape[1]))
         mask = key_pos[:, None, :] <= positions[:, :, None]  # [B, T, S], causal by position
-        out = jax.nn.dot_product_attention(q, keys.astype(q.dtype), values.astype(q.dtype), mask=mask[:, None])
+        out = jax.nn.dot_product_attention(
+            q, keys.astype(q.dtype), values.astype(q.dtype), mask=mask[:, None]
+        )
         out = out.reshape(b, t, -1)
         return self.o_proj(out), new_cache
 
@@ -174,7 +186,9 @@ class Transformer(nnx.Module):
         self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
         self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
         if not cfg.tie_embeddings:
-            self.lm_head = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, dtype=dt, param_dtype=dt, rngs=rngs)
+            self.lm_head = nnx.Linear(
+                cfg.d_model, cfg.vocab_size, use_bias=False, dtype=dt, param_dtype=dt, rngs=rngs
+            )
 
     def __call__(self, tokens, positions, cache: KVCache | None = None, rows=None, logits_at=None):
         x = self.embed(tokens)
@@ -195,7 +209,10 @@ class Transformer(nnx.Module):
 def init_cache(cfg: ModelConfig, slots: int, max_len: int) -> KVCache:
     """Zeroed KV cache for ``slots`` sequences of up to ``max_len`` tokens."""
     shape = (slots, max_len, cfg.num_kv_heads, cfg.head_dim)
-    return tuple((jnp.zeros(shape, cfg.jnp_dtype), jnp.zeros(shape, cfg.jnp_dtype)) for _ in range(cfg.num_layers))
+    return tuple(
+        (jnp.zeros(shape, cfg.jnp_dtype), jnp.zeros(shape, cfg.jnp_dtype))
+        for _ in range(cfg.num_layers)
+    )
 
 
 def token_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:

@@ -110,6 +110,7 @@ class RolloutOrchestrator:
         self._batches_taken = 0
         self._in_flight_groups = 0
         self._ready: asyncio.Queue[Group | None] = asyncio.Queue()
+        self._partial_batch = 0  # groups already pulled into a get_batch that is still filling
         self._filtered_streak = 0
         self._fatal: Exception | None = None
         self._changed = asyncio.Event()
@@ -119,14 +120,22 @@ class RolloutOrchestrator:
         self._group_counter = itertools.count()
         self._tasks: set[asyncio.Task] = set()
         self._producer: asyncio.Task | None = None
-        self.stats = {"groups_emitted": 0, "groups_filtered": 0, "groups_too_small": 0, "infra_failures": 0, "stale_dropped": 0}
+        self.stats = {
+            "groups_emitted": 0,
+            "groups_filtered": 0,
+            "groups_too_small": 0,
+            "infra_failures": 0,
+            "stale_dropped": 0,
+        }
 
     # ------------------------------------------------------------ production
     def start(self) -> None:
         if self.tasks is None:
             raise ValueError("RolloutOrchestrator.start needs a task iterator")
         if self._producer is None:
-            self._producer = asyncio.get_running_loop().create_task(self._produce(), name="rollout-producer")
+            self._producer = asyncio.get_running_loop().create_task(
+                self._produce(), name="rollout-producer"
+            )
 
     async def stop(self) -> None:
         """Cancel production and every in-flight episode; environments are closed."""
@@ -143,7 +152,8 @@ class RolloutOrchestrator:
         self._changed.set()
 
     def _may_admit(self) -> bool:
-        ahead = (self._in_flight_groups + self._ready.qsize()) // self.config.groups_per_batch
+        queued = self._in_flight_groups + self._ready.qsize() + self._partial_batch
+        ahead = queued // self.config.groups_per_batch
         return self._batches_taken + ahead - self.version <= self.config.max_staleness
 
     async def _produce(self) -> None:
@@ -215,22 +225,38 @@ class RolloutOrchestrator:
                 self._count("rollout/stale_dropped")
                 continue
             batch.append(group)
+            self._partial_batch = len(batch)
+        self._partial_batch = 0
         self._batches_taken += 1
         self._changed.set()
         return sorted(batch, key=lambda g: g.index)
 
     # ------------------------------------------------------------- episodes
-    async def run_tasks(self, tasks: list[Any], *, group_size: int = 1, agent_config: AgentConfig | None = None) -> list[Group]:
+    async def run_tasks(
+        self, tasks: list[Any], *, group_size: int = 1, agent_config: AgentConfig | None = None
+    ) -> list[Group]:
         """Run each task once as a group of ``group_size``; returns groups in task order."""
-        return list(await asyncio.gather(*(self.run_group(t, group_size=group_size, agent_config=agent_config) for t in tasks)))
+        return list(
+            await asyncio.gather(
+                *(
+                    self.run_group(t, group_size=group_size, agent_config=agent_config)
+                    for t in tasks
+                )
+            )
+        )
 
-    async def run_group(self, task: Any, *, group_size: int | None = None, agent_config: AgentConfig | None = None) -> Group:
+    async def run_group(
+        self, task: Any, *, group_size: int | None = None, agent_config: AgentConfig | None = None
+    ) -> Group:
         index = next(self._group_counter)
         g = group_size or self.config.group_size
         group_id = f"g{index}-{getattr(task, 'task_id', index)}"
         version = self.version
         trajs = await asyncio.gather(
-            *(self._episode(task, group_id, index, member, agent_config or self.agent_config) for member in range(g))
+            *(
+                self._episode(task, group_id, index, member, agent_config or self.agent_config)
+                for member in range(g)
+            )
         )
         good = [t for t in trajs if not t.is_infra_failure]
         bad = [t for t in trajs if t.is_infra_failure]
@@ -239,7 +265,9 @@ class RolloutOrchestrator:
             self._count("rollout/infra_failures", len(bad))
         return Group(group_id, index, task, version, good, bad)
 
-    async def _episode(self, task: Any, group_id: str, index: int, member: int, agent_config: AgentConfig) -> Trajectory:
+    async def _episode(
+        self, task: Any, group_id: str, index: int, member: int, agent_config: AgentConfig
+    ) -> Trajectory:
         traj = Trajectory(
             task_id=str(getattr(task, "task_id", index)),
             episode_id=f"{group_id}-{member}",
@@ -263,7 +291,15 @@ class RolloutOrchestrator:
                     self._time("stage/init", time.perf_counter() - t)
                 async with self._run_sem:
                     t = time.perf_counter()
-                    await run_agent(self.engine, env, traj, self.template, agent_config, seed=seed, metrics=self.metrics)
+                    await run_agent(
+                        self.engine,
+                        env,
+                        traj,
+                        self.template,
+                        agent_config,
+                        seed=seed,
+                        metrics=self.metrics,
+                    )
                     self._time("stage/run", time.perf_counter() - t)
                 if traj.is_infra_failure:
                     return traj
@@ -275,7 +311,10 @@ class RolloutOrchestrator:
                         traj.status, traj.error = "env_error", f"EVAL: {type(exc).__name__}: {exc}"
                     self._time("stage/eval", time.perf_counter() - t)
         except TimeoutError:
-            traj.status, traj.error = "timeout", f"episode exceeded {self.config.episode_timeout_s}s"
+            traj.status, traj.error = (
+                "timeout",
+                f"episode exceeded {self.config.episode_timeout_s}s",
+            )
         finally:
             if env is not None:
                 try:

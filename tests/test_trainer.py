@@ -1,0 +1,90 @@
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tunix_agentic.cli.main import main
+from tunix_agentic.metrics import read_scalars
+from tunix_agentic.trainer import train
+
+TINY_RUN = [
+    "model.d_model=32",
+    "model.num_heads=4",
+    "model.num_kv_heads=2",
+    "model.head_dim=8",
+    "model.ffn_dim=48",
+    "engine.max_slots=8",
+    "engine.max_seq_len=128",
+    "agent.max_new_tokens=40",
+    "rollout.group_size=2",
+    "rollout.groups_per_batch=2",
+    "rollout.filter_uniform_groups=false",
+    "sft.steps=30",
+    "sft.batch_size=8",
+    "rl.steps=2",
+    "rl.eval_tasks=4",
+]
+CONFIG = str(Path(__file__).parents[1] / "configs" / "calculator_tiny.yaml")
+
+
+def test_tiny_run_writes_events_checkpoints_and_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    result = train(CONFIG, [*TINY_RUN, f"run_dir={run_dir}"], progress=False)
+    assert result.steps == 2 and len(result.history) == 2
+    assert re.fullmatch(
+        r"held-out success: \d\.\d\d -> \d\.\d\d \(2 steps, \d+m\d\ds\)", result.summary()
+    )
+
+    scalars = read_scalars(run_dir / "tensorboard")
+    assert [s for s, _ in scalars["learner/loss"]] == [1, 2]
+    for tag in (
+        "rollout/reward_mean",
+        "time/train_s",
+        "time/weight_sync_s",
+        "time/model_call_s",
+        "throughput/generated_tokens_per_s",
+        "learner/clip_fraction",
+        "eval/success",
+        "sft/loss",
+    ):
+        assert tag in scalars, tag
+    assert (run_dir / "checkpoints" / "2").is_dir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["success_after"] == result.success_after
+
+    resumed = train(None, ["rl.steps=3"], resume_dir=str(run_dir), progress=False)
+    assert len(resumed.history) == 1  # only step 3 was left to do
+    assert resumed.success_before == result.success_before  # carried in the checkpoint
+    assert (run_dir / "checkpoints" / "3").is_dir()
+    assert [s for s, _ in read_scalars(run_dir / "tensorboard")["learner/loss"]] == [1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("rl.stepz=3", "rl.stepz"),
+        ("rollout.group_size=0", "group_size"),
+        ("agent.temperature=abc", "agent.temperature"),
+    ],
+    ids=["unknown_key", "bad_value", "bad_type"],
+)
+def test_cli_reports_config_errors_by_name(override, key, capsys):
+    assert main(["train", "--config", CONFIG, override]) == 2
+    err = capsys.readouterr().err
+    assert "error" in err and key in err
+
+
+def test_cli_resume_needs_a_run_dir(tmp_path, capsys):
+    assert main(["train", "--resume", str(tmp_path)]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_default_run_learns_to_use_the_calculator(tmp_path):
+    """The README's main job, shortened: held-out success must rise clearly."""
+    result = train(
+        CONFIG, [f"run_dir={tmp_path / 'run'}", "rl.steps=30", "rl.eval_tasks=100"], progress=False
+    )
+    assert result.success_after >= result.success_before + 0.3
+    assert result.success_after >= 0.8
