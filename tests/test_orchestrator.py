@@ -173,3 +173,38 @@ async def test_production_batches_and_admission_pacing(random_model):
     assert min(t.min_version for g in batch2 for t in g.trajectories) == 1
     await orch.stop()
     await orch.engine.close()
+
+
+async def test_episode_with_two_tool_calls():
+    """A policy that checks its work with a second call: every call is executed and masked right."""
+    task = TASKS[3]
+    segments = [
+        (TEMPLATE.prompt_text(task.prompt), 0.0),
+        (
+            f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{task.expression}"}}}}</tool_call><|im_end|>',
+            1.0,
+        ),
+        (TEMPLATE.observation_text(f"<tool_response>{task.answer}</tool_response>"), 0.0),
+        (
+            f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{task.answer}"}}}}</tool_call><|im_end|>',
+            1.0,
+        ),
+        (TEMPLATE.observation_text(f"<tool_response>{task.answer}</tool_response>"), 0.0),
+        (f"<answer>{task.answer}</answer><|im_end|>", 1.0),
+    ]
+    ids, mask = [], []
+    for text, m in segments:
+        seg = TOK.encode(text)
+        ids += seg
+        mask += [m] * len(seg)
+    model = memorize(tiny_model(seed=2), [(ids, mask)], steps=200)
+    orch = make_orch(model)
+    (group,) = await orch.run_tasks(
+        [task], agent_config=dataclasses.replace(AGENT, temperature=0.0)
+    )
+    traj = group.trajectories[0]
+    assert traj.status == "ok" and traj.reward == 1.0
+    assert [len(s.tool_calls) for s in traj.steps] == [1, 1, 0]
+    assert traj.token_ids == ids
+    np.testing.assert_array_equal(traj.learner_arrays()["loss_mask"], np.asarray(mask, np.float32))
+    await orch.engine.close()

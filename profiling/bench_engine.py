@@ -1,0 +1,146 @@
+"""Decode throughput of the JAX engine at the peers' fixed dims, printed, never asserted.
+
+Same model and workload as ../shared/peers (a 4.46M-parameter Qwen3-style
+decoder, 32-token prompts, 64 new tokens, greedy, no early stop), so the
+figures sit beside Tunix's sampler and HF ``generate`` measured on this
+machine. Also: the same engine serving requests one at a time, the fraction
+of this machine's measured f32 matmul peak, and prefill tokens of a 5-turn
+episode with and without per-session KV reuse.
+
+    python profiling/bench_engine.py            # ENGINE_BATCHES=1,16,64 ENGINE_REPEATS=5
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from tunix_agentic.inference import EngineConfig, JaxEngine, SamplingParams
+from tunix_agentic.models.transformer import ModelConfig, Transformer, count_params
+
+PEER_DIMS = ModelConfig(
+    vocab_size=2048,
+    d_model=256,
+    num_layers=4,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=64,
+    ffn_dim=1024,
+    rope_theta=1_000_000.0,
+    qk_norm=True,
+    tie_embeddings=True,
+)
+PROMPT, NEW = 32, 64
+REPEATS = int(os.environ.get("ENGINE_REPEATS", 5))
+BATCHES = [int(b) for b in os.environ.get("ENGINE_BATCHES", "1,16,64").split(",")]
+DECODE_STEPS = int(os.environ.get("ENGINE_DECODE_STEPS", 16))
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=NEW)
+
+
+def prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [[1] + rng.integers(4, PEER_DIMS.vocab_size, PROMPT - 1).tolist() for _ in range(n)]
+
+
+def matmul_peak_gflops(n: int = 1024, reps: int = 10) -> float:
+    a = jnp.ones((n, n), jnp.float32)
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()
+    t = time.perf_counter()
+    for _ in range(reps):
+        f(a).block_until_ready()
+    return 2 * n**3 * reps / (time.perf_counter() - t) / 1e9
+
+
+async def timed_calls(
+    engine: JaxEngine, batch: int, *, sequential: bool = False
+) -> tuple[float, float]:
+    ps = prompts(batch)
+
+    async def once():
+        if sequential:
+            for p in ps:
+                await engine.generate(p, GREEDY)
+        else:
+            await asyncio.gather(*(engine.generate(p, GREEDY) for p in ps))
+
+    t = time.perf_counter()
+    await once()  # warm-up, includes compilation
+    first = time.perf_counter() - t
+    times = []
+    for _ in range(REPEATS):
+        t = time.perf_counter()
+        await once()
+        times.append(time.perf_counter() - t)
+    return batch * NEW / statistics.median(times), first
+
+
+async def session_prefill(model: Transformer) -> tuple[int, int]:
+    """Prefill tokens for one 5-turn episode (16 new tokens, 8 observation tokens a turn)."""
+    out = []
+    for reuse in (False, True):
+        engine = JaxEngine(
+            model, EngineConfig(max_slots=2, max_seq_len=256, decode_steps=DECODE_STEPS)
+        )
+        ids = prompts(1)[0]
+        for turn in range(5):
+            res = await engine.generate(
+                ids,
+                SamplingParams(temperature=0.0, max_new_tokens=16),
+                session_id="episode" if reuse else None,
+            )
+            ids = ids + res.token_ids + list(range(100 + 8 * turn, 108 + 8 * turn))
+        out.append(engine.stats["prefill_tokens"])
+        await engine.close()
+    return out[0], out[1]
+
+
+async def main() -> None:
+    model = Transformer(PEER_DIMS, rngs=nnx.Rngs(0))
+    n_params = count_params(model)
+    peak = matmul_peak_gflops()
+    flops_per_token = (
+        2 * (n_params - PEER_DIMS.vocab_size * PEER_DIMS.d_model)
+        + 2 * PEER_DIMS.vocab_size * PEER_DIMS.d_model
+    )
+    print(
+        f"model: {n_params:,} parameters; devices {jax.devices()}; f32 matmul peak {peak:.1f} GFLOP/s"
+    )
+    results = {}
+    for batch in BATCHES:
+        engine = JaxEngine(
+            model,
+            EngineConfig(max_slots=batch, max_seq_len=PROMPT + NEW, decode_steps=DECODE_STEPS),
+        )
+        tps, first = await timed_calls(engine, batch)
+        results[batch] = tps
+        frac = tps * flops_per_token / (peak * 1e9)
+        print(
+            f"RESULT engine B={batch} P={PROMPT} N={NEW}: {tps:,.0f} gen tok/s (median of {REPEATS}), "
+            f"first call {first:.2f}s, {100 * frac:.1f}% of matmul peak"
+        )
+        await engine.close()
+    engine = JaxEngine(
+        model, EngineConfig(max_slots=16, max_seq_len=PROMPT + NEW, decode_steps=DECODE_STEPS)
+    )
+    seq_tps, _ = await timed_calls(engine, 16, sequential=True)
+    await engine.close()
+    print(f"RESULT one-at-a-time B=16 (sequential requests, same engine): {seq_tps:,.0f} gen tok/s")
+    if 16 in results:
+        print(f"RATIO batched B=16 / one-at-a-time: {results[16] / seq_tps:.2f}x")
+    plain, reused = await session_prefill(model)
+    print(
+        f"RESULT 5-turn episode prefill tokens: {plain} without session reuse, {reused} with "
+        f"({plain / max(reused, 1):.2f}x fewer)"
+    )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
