@@ -46,16 +46,38 @@ def grpo_batch(
     pad_id: int,
     num_rows: int | None = None,
     length_multiple: int = 64,
+    task_normalize: bool = False,
 ) -> dict[str, np.ndarray]:
-    """Arrays for one GRPO step: advantages computed within each group."""
-    rows, advantages = [], []
+    """Arrays for one GRPO step: advantages computed within each group.
+
+    ``task_normalize`` (AgentRL's task advantage normalisation) then
+    standardises the advantages of each task name across the batch, so tasks
+    with different reward scales or group sizes pull with equal weight.
+    """
+    rows, advantages, names = [], [], []
     for group in groups:
         adv = advantage_fn(group.rewards)
         for traj, a in zip(group.trajectories, adv, strict=True):
             rows.append(traj.learner_arrays())
-            advantages.append(a)
+            advantages.append(float(a))
+            names.append(traj.task_name)
+    if task_normalize:
+        advantages = normalize_by_task(np.asarray(advantages, np.float32), names).tolist()
     batch = pad_rows(rows, pad_id=pad_id, num_rows=num_rows, length_multiple=length_multiple)
     adv = np.zeros(batch["input_ids"].shape[0], np.float32)
     adv[: len(advantages)] = advantages
     batch["advantages"] = adv
     return batch
+
+
+def normalize_by_task(
+    advantages: np.ndarray, task_names: Sequence[str], eps: float = 1e-6
+) -> np.ndarray:
+    """Zero mean, unit std of the advantages within each task name ([N] -> [N])."""
+    out = np.asarray(advantages, np.float32).copy()
+    names = np.asarray(task_names)
+    for name in np.unique(names):
+        idx = names == name
+        a = out[idx]
+        out[idx] = (a - a.mean()) / (a.std() + eps)
+    return out

@@ -25,6 +25,7 @@ class GRPOConfig:
     clip_high: float = 0.28
     kl_coef: float = 0.0
     temperature: float = 1.0  # must match the sampling temperature, so ratios start at 1
+    task_normalize: bool = False  # AgentRL task advantage normalisation across the batch
 
     def __post_init__(self):
         get_advantage_fn(self.advantage)

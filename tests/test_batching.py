@@ -146,3 +146,13 @@ def test_grpo_batch_rejects_advantage_length_mismatch():
     groups = [make_group(0, [1.0, 0.0])]
     with pytest.raises(ValueError):
         grpo_batch(groups, lambda r: np.zeros(3, np.float32), pad_id=PAD)
+
+
+def test_task_normalization_standardizes_each_task_separately():
+    from learners.batching import normalize_by_task
+
+    adv = np.array([2.0, 0.0, 10.0, -10.0, 4.0], np.float32)
+    out = normalize_by_task(adv, ["a", "a", "b", "b", "a"])
+    a = np.array([2.0, 0.0, 4.0])
+    np.testing.assert_allclose(out[[0, 1, 4]], (a - 2.0) / (a.std() + 1e-6), rtol=1e-5)
+    np.testing.assert_allclose(out[[2, 3]], [1.0, -1.0], rtol=1e-5)

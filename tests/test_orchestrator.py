@@ -108,14 +108,69 @@ class FlakyEnv(ArithmeticEnv):
 
 
 async def test_infra_failures_stay_out_of_group_statistics(random_model):
-    orch = make_orch(random_model, group_size=4)
+    orch = make_orch(random_model, group_size=4, infra_retries=0)
     orch.env_factory = FlakyEnv
     group = await orch.run_group(TASKS[1])
     assert len(group.dropped) == 2 and len(group.trajectories) == 2
     assert all(t.status == "env_error" and "sandbox failed" in t.error for t in group.dropped)
-    assert group.rewards.shape == (2,)
+    assert group.rewards.shape == (2,) and group.lost == 2
     assert orch.stats["infra_failures"] == 2
     assert FlakyEnv.closed == FlakyEnv.created  # every environment was closed, failed or not
+    await orch.engine.close()
+
+
+class FailsFirstEnv(ArithmeticEnv):
+    """The first two sandboxes ever created crash; later ones work."""
+
+    created = 0
+
+    async def reset(self, task):
+        type(self).created += 1
+        if type(self).created <= 2:
+            raise RuntimeError("sandbox crashed")
+        return await super().reset(task)
+
+
+async def test_infra_failures_are_retried_with_a_fresh_env(random_model):
+    orch = make_orch(random_model, group_size=4, infra_retries=1)
+    orch.env_factory = FailsFirstEnv
+    group = await orch.run_group(TASKS[1])
+    assert len(group.trajectories) == 4 and group.lost == 0
+    assert len(group.dropped) == 2 and orch.stats["infra_retries"] == 2
+    assert sorted(t.episode_id for t in group.dropped) == sorted(
+        t.episode_id.replace("-retry1", "") for t in group.trajectories if "retry1" in t.episode_id
+    )
+    await orch.engine.close()
+
+
+def test_max_turns_schedule_follows_policy_version():
+    cfg = RolloutConfig(max_turns_schedule=((0, 8), (100, 12), (200, 15)))
+    assert [cfg.max_turns_at(v, default=4) for v in (0, 99, 100, 199, 250)] == [8, 8, 12, 12, 15]
+    assert RolloutConfig().max_turns_at(7, default=4) == 4
+    with pytest.raises(ValueError, match="max_turns_schedule"):
+        RolloutConfig(max_turns_schedule=((10, 8), (5, 12)))
+    with pytest.raises(ValueError, match="max_turns_schedule"):
+        RolloutConfig(max_turns_schedule=((0, 0),))
+
+
+class NeverDoneEnv(ArithmeticEnv):
+    """Answers every turn with an observation and never ends the episode."""
+
+    async def step(self, action):
+        return StepResult("<tool_response>ok</tool_response>", 0.0, False)
+
+
+async def test_schedule_sets_the_turn_budget_of_new_episodes(tool_user):
+    model, _ = tool_user
+    orch = make_orch(model, group_size=2, max_turns_schedule=((0, 1), (1, 3)))
+    orch.env_factory = NeverDoneEnv
+    orch.agent_config = dataclasses.replace(AGENT, temperature=0.0)
+    g0 = await orch.run_group(TASKS[0])
+    assert [len(t.steps) for t in g0.trajectories] == [1, 1]
+    orch.set_version(1)
+    g1 = await orch.run_group(TASKS[0])
+    assert [len(t.steps) for t in g1.trajectories] == [3, 3]
+    assert all(t.status == "max_turns" for t in g0.trajectories + g1.trajectories)
     await orch.engine.close()
 
 
@@ -134,7 +189,7 @@ class SlowEnv(Environment):
 
 
 async def test_episode_timeout_is_recorded_and_env_closed(random_model):
-    orch = make_orch(random_model, episode_timeout_s=0.2, group_size=2)
+    orch = make_orch(random_model, episode_timeout_s=0.2, group_size=2, infra_retries=0)
     orch.env_factory = SlowEnv
     group = await orch.run_group(TASKS[2])
     assert [t.status for t in group.dropped] == ["timeout", "timeout"]

@@ -60,6 +60,23 @@ def test_tiny_run_writes_events_checkpoints_and_resumes(tmp_path):
     assert [s for s, _ in read_scalars(run_dir / "tensorboard")["learner/loss"]] == [1, 2, 3]
 
 
+def test_multi_task_cross_policy_run(tmp_path):
+    overrides = [
+        *TINY_RUN,
+        f"run_dir={tmp_path / 'mt'}",
+        "tasks=[{name: short, weight: 1.0}, {name: long, weight: 1.0, seed_offset: 1}]",
+        "cross_policy.stale_engines=1",
+        "learner.task_normalize=true",
+        "rollout.max_turns_schedule=[[0, 2], [1, 3]]",
+        "sft.steps=5",
+    ]
+    result = train(CONFIG, overrides, progress=False)
+    assert len(result.history) == 2
+    scalars = read_scalars(tmp_path / "mt" / "tensorboard")
+    assert "rollout/reward_mean/short" in scalars and "rollout/reward_mean/long" in scalars
+    assert [v for _, v in scalars["gauge/rollout/max_turns_max"]][-1] == 3.0
+
+
 @pytest.mark.parametrize(
     "override,key",
     [

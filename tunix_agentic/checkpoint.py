@@ -57,3 +57,25 @@ class Checkpointer:
 
     def close(self) -> None:
         self._manager.close()
+
+
+def save_params(path: str | Path, params: Any) -> Path:
+    """Write parameters alone (for remote weight sync); returns the absolute path.
+
+    An engine server loads them with :func:`load_params` when told to via
+    ``POST /update_weights_from_disk``.
+    """
+    path = Path(path).absolute()
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(path, params, force=True)
+    checkpointer.wait_until_finished()
+    return path
+
+
+def load_params(path: str | Path, params_like: Any) -> Any:
+    """Read parameters written by :func:`save_params` into a tree shaped like ``params_like``."""
+    path = Path(path).absolute()
+    if not path.exists():
+        raise FileNotFoundError(f"no parameters at {path}")
+    target = jax.tree.map(ocp.utils.to_shape_dtype_struct, params_like)
+    return ocp.StandardCheckpointer().restore(path, target)

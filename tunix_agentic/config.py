@@ -65,6 +65,40 @@ class RLConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class TaskSourceConfig:
+    """One task source of a (multi-task) run; its name tags every trajectory."""
+
+    name: str = "arithmetic"
+    weight: float = 1.0
+    seed_offset: int = 0
+
+    def __post_init__(self):
+        if not self.name:
+            raise ValueError("tasks[].name must not be empty")
+        if not self.weight > 0:
+            raise ValueError(f"tasks[].weight must be > 0, got {self.weight}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CrossPolicyConfig:
+    """AgentRL cross-policy sampling: extra engines kept ``stale_every`` versions behind."""
+
+    stale_engines: int = 0  # 0: off
+    stale_every: int = 4
+    fresh_fraction: float = 0.5
+
+    def __post_init__(self):
+        if self.stale_engines < 0 or self.stale_every < 1:
+            raise ValueError(
+                "cross_policy.stale_engines must be >= 0 and cross_policy.stale_every >= 1"
+            )
+        if not 0.0 <= self.fresh_fraction <= 1.0:
+            raise ValueError(
+                f"cross_policy.fresh_fraction must be in [0, 1], got {self.fresh_fraction}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     seed: int = 0
     run_dir: str = "runs/calculator_tiny"
@@ -76,8 +110,15 @@ class RunConfig:
     sft: SFTConfig = SFTConfig()
     rl: RLConfig = RLConfig()
     env: EnvConfig = EnvConfig()
+    tasks: tuple[TaskSourceConfig, ...] = (TaskSourceConfig(),)
+    cross_policy: CrossPolicyConfig = CrossPolicyConfig()
 
     def __post_init__(self):
+        if not self.tasks:
+            raise ValueError("tasks must name at least one task source")
+        names = [t.name for t in self.tasks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tasks names must be distinct, got {names}")
         if self.agent.temperature != self.learner.temperature and self.agent.temperature > 0:
             raise ValueError(
                 f"learner.temperature ({self.learner.temperature}) must equal agent.temperature "
@@ -151,15 +192,15 @@ def from_dict(cls: type, data: dict[str, Any], *, prefix: str = "") -> Any:
 
 def to_dict(cfg: Any) -> dict[str, Any]:
     """Plain nested dict (tuples as lists) that ``from_dict`` reads back."""
-    out = {}
-    for f in dataclasses.fields(cfg):
-        v = getattr(cfg, f.name)
-        if dataclasses.is_dataclass(v):
-            v = to_dict(v)
-        elif isinstance(v, tuple):
-            v = list(v)
-        out[f.name] = v
-    return out
+    return {f.name: _plain(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return to_dict(value)
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:

@@ -30,7 +30,9 @@ from tunix_agentic.agent.chat import ChatTemplate
 from tunix_agentic.checkpoint import Checkpointer
 from tunix_agentic.config import RunConfig, load_config, save_config
 from tunix_agentic.data.demos import demonstration_batches
+from tunix_agentic.data.mixture import TaskMixture
 from tunix_agentic.data.tasks import heldout_tasks, task_iterator
+from tunix_agentic.inference.cross_policy import CrossPolicyEngine
 from tunix_agentic.inference.engine import JaxEngine
 from tunix_agentic.metrics.recorder import MetricsRecorder
 from tunix_agentic.models.tokenizer import CharTokenizer
@@ -68,7 +70,11 @@ def rollout_stats(groups: list[Group]) -> dict[str, float]:
     if not trajs:
         return {}
     rewards = np.asarray([t.reward for t in trajs])
+    per_task: dict[str, list[float]] = {}
+    for t in trajs:
+        per_task.setdefault(t.task_name, []).append(t.reward)
     return {
+        **{f"rollout/reward_mean/{name}": float(np.mean(r)) for name, r in per_task.items()},
         "rollout/reward_mean": float(rewards.mean()),
         "rollout/success": float((rewards > 0).mean()),
         "rollout/tool_use": float(np.mean([any(s.tool_calls for s in t.steps) for t in trajs])),
@@ -117,22 +123,39 @@ class Trainer:
                 bar.set_postfix(loss=f"{out['loss']:.3f}")
         return trainer.state.model()
 
+    def build_engine(self, learner: GRPOLearner, version: int):
+        """One JAX engine, or a cross-policy pool of them when configured."""
+        engines = [
+            JaxEngine(learner.state.model(), self.cfg.engine, version=version)
+            for _ in range(1 + self.cfg.cross_policy.stale_engines)
+        ]
+        if len(engines) == 1:
+            return engines[0]
+        cp = self.cfg.cross_policy
+        return CrossPolicyEngine(
+            engines,
+            stale_every=cp.stale_every,
+            fresh_fraction=cp.fresh_fraction,
+            seed=self.cfg.seed,
+        )
+
     async def evaluate(self, orchestrator: RolloutOrchestrator, n: int) -> EvalResult:
         agent = dataclasses.replace(self.cfg.agent, temperature=self.cfg.rl.eval_temperature)
         groups = await orchestrator.run_tasks(
             heldout_tasks(n, seed=self.cfg.seed), agent_config=agent
         )
-        trajs = [t for g in groups for t in g.trajectories + g.dropped]
+        trajs = [t for g in groups for t in g.trajectories]
+        lost = sum(g.lost for g in groups)
         statuses: dict[str, int] = {}
-        for t in trajs:
+        for t in trajs + [t for g in groups for t in g.dropped]:
             statuses[t.status] = statuses.get(t.status, 0) + 1
-        rewards = [t.reward for t in trajs]
+        episodes = len(trajs) + lost  # an episode lost to infrastructure counts as a failure here
         return EvalResult(
-            success=float(np.mean(rewards)) if rewards else 0.0,
-            tool_use=float(np.mean([any(s.tool_calls for s in t.steps) for t in trajs]))
-            if trajs
+            success=sum(t.reward for t in trajs) / episodes if episodes else 0.0,
+            tool_use=sum(any(s.tool_calls for s in t.steps) for t in trajs) / episodes
+            if episodes
             else 0.0,
-            episodes=len(trajs),
+            episodes=episodes,
             statuses=statuses,
         )
 
@@ -149,7 +172,13 @@ class Trainer:
         ckpt = Checkpointer(self.run_dir / "checkpoints")
         model = Transformer(cfg.model, rngs=nnx.Rngs(cfg.seed))
         self._log(f"model: {count_params(model):,} parameters; run dir {self.run_dir}")
-        tasks = task_iterator(seed=cfg.seed, split="train")
+        tasks = TaskMixture(
+            {
+                t.name: task_iterator(seed=cfg.seed + t.seed_offset, split="train")
+                for t in cfg.tasks
+            },
+            {t.name: t.weight for t in cfg.tasks},
+        )
         meta: dict[str, Any] = {}
         start_step = 0
         if self.resume and ckpt.latest_step() is not None:
@@ -167,7 +196,7 @@ class Trainer:
                 model = self.warm_start(model, metrics)
             learner = GRPOLearner(model, cfg.learner)
 
-        engine = JaxEngine(learner.state.model(), cfg.engine, version=start_step)
+        engine = self.build_engine(learner, start_step)
         orch = RolloutOrchestrator(
             engine,
             self.env_factory,
@@ -241,7 +270,11 @@ class Trainer:
                 with metrics.span("wait_for_batch"):
                     groups = await orch.get_batch()
                 batch = grpo_batch(
-                    groups, learner.advantage_fn, pad_id=self.tokenizer.pad_id, num_rows=rows
+                    groups,
+                    learner.advantage_fn,
+                    pad_id=self.tokenizer.pad_id,
+                    num_rows=rows,
+                    task_normalize=cfg.learner.task_normalize,
                 )
                 with metrics.span("train"):
                     out = await loop.run_in_executor(train_thread, learner.train_step, batch)

@@ -40,6 +40,10 @@ class RolloutConfig:
     max_staleness: int = 1
     filter_uniform_groups: bool = True  # DAPO dynamic sampling: drop groups with one reward value
     max_filtered_in_a_row: int = 500  # then stop with an error instead of waiting forever
+    infra_retries: int = 1  # re-run an episode that hit an infrastructure fault, with a fresh env
+    # Interaction-budget curriculum (ScalingInter-RL): ((from_version, max_turns), ...), e.g.
+    # ((0, 8), (100, 12), (200, 15)). Empty: agent.max_turns throughout.
+    max_turns_schedule: tuple[tuple[int, int], ...] = ()
     seed: int = 0
 
     def __post_init__(self):
@@ -54,12 +58,35 @@ class RolloutConfig:
             raise ValueError(f"rollout.max_staleness must be >= 0, got {self.max_staleness}")
         if self.episode_timeout_s <= 0:
             raise ValueError(f"rollout.episode_timeout_s must be > 0, got {self.episode_timeout_s}")
+        if self.infra_retries < 0:
+            raise ValueError(f"rollout.infra_retries must be >= 0, got {self.infra_retries}")
+        steps = [entry[0] for entry in self.max_turns_schedule]
+        if any(len(entry) != 2 for entry in self.max_turns_schedule):
+            raise ValueError(
+                "rollout.max_turns_schedule entries must be [from_version, max_turns] pairs"
+            )
+        if steps != sorted(steps) or len(set(steps)) != len(steps) or any(v < 0 for v in steps):
+            raise ValueError(
+                f"rollout.max_turns_schedule versions must be distinct, ascending and >= 0, got {steps}"
+            )
+        if any(turns < 1 for _, turns in self.max_turns_schedule):
+            raise ValueError("rollout.max_turns_schedule turn budgets must be >= 1")
+
+    def max_turns_at(self, version: int, default: int) -> int:
+        """The interaction budget for an episode started under policy ``version``."""
+        turns = default
+        for start, budget in self.max_turns_schedule:
+            if version >= start:
+                turns = budget
+        return turns
 
 
 @dataclasses.dataclass
 class Group:
     """G trajectories of one task. ``trajectories`` holds only scoreable ones;
-    infrastructure failures are kept apart in ``dropped``."""
+    every attempt that ended in an infrastructure fault is kept apart in
+    ``dropped`` (retried ones included), and ``lost`` counts members that never
+    produced a scoreable trajectory."""
 
     group_id: str
     index: int
@@ -67,6 +94,7 @@ class Group:
     admitted_version: int
     trajectories: list[Trajectory]
     dropped: list[Trajectory] = dataclasses.field(default_factory=list)
+    lost: int = 0
 
     @property
     def rewards(self) -> np.ndarray:
@@ -125,6 +153,7 @@ class RolloutOrchestrator:
             "groups_filtered": 0,
             "groups_too_small": 0,
             "infra_failures": 0,
+            "infra_retries": 0,
             "stale_dropped": 0,
         }
 
@@ -252,29 +281,52 @@ class RolloutOrchestrator:
         g = group_size or self.config.group_size
         group_id = f"g{index}-{getattr(task, 'task_id', index)}"
         version = self.version
-        trajs = await asyncio.gather(
-            *(
-                self._episode(task, group_id, index, member, agent_config or self.agent_config)
-                for member in range(g)
-            )
+        if agent_config is None:
+            turns = self.config.max_turns_at(version, self.agent_config.max_turns)
+            agent_config = dataclasses.replace(self.agent_config, max_turns=turns)
+            if self.metrics is not None:
+                self.metrics.gauge("rollout/max_turns", turns)
+        results = await asyncio.gather(
+            *(self._member(task, group_id, index, member, agent_config) for member in range(g))
         )
-        good = [t for t in trajs if not t.is_infra_failure]
-        bad = [t for t in trajs if t.is_infra_failure]
+        good = [traj for traj, _ in results if not traj.is_infra_failure]
+        bad = [failure for _, failures in results for failure in failures]
         if bad:
             self.stats["infra_failures"] += len(bad)
             self._count("rollout/infra_failures", len(bad))
-        return Group(group_id, index, task, version, good, bad)
+        return Group(group_id, index, task, version, good, bad, lost=g - len(good))
+
+    async def _member(
+        self, task: Any, group_id: str, index: int, member: int, agent_config: AgentConfig
+    ) -> tuple[Trajectory, list[Trajectory]]:
+        """One group member, retried on infrastructure faults; returns (final, failed attempts)."""
+        failures: list[Trajectory] = []
+        for attempt in range(self.config.infra_retries + 1):
+            traj = await self._episode(task, group_id, index, member, agent_config, attempt)
+            if not traj.is_infra_failure:
+                return traj, failures
+            failures.append(traj)
+            if attempt < self.config.infra_retries:
+                self.stats["infra_retries"] += 1
+                self._count("rollout/infra_retries")
+        return failures[-1], failures
 
     async def _episode(
-        self, task: Any, group_id: str, index: int, member: int, agent_config: AgentConfig
+        self,
+        task: Any,
+        group_id: str,
+        index: int,
+        member: int,
+        agent_config: AgentConfig,
+        attempt: int = 0,
     ) -> Trajectory:
         traj = Trajectory(
             task_id=str(getattr(task, "task_id", index)),
-            episode_id=f"{group_id}-{member}",
+            episode_id=f"{group_id}-{member}" + (f"-retry{attempt}" if attempt else ""),
             task_name=str(getattr(task, "task_name", "default")),
             group_id=group_id,
         )
-        seed = (self.config.seed * 1_000_003 + index) * 64 + member
+        seed = ((self.config.seed * 1_000_003 + index) * 64 + member) * 8 + attempt
         t0 = time.perf_counter()
         env: Environment | None = None
         try:
