@@ -6,12 +6,16 @@ from tunix_agentic.inference.base import (
     PromptTooLongError,
     TokenOutput,
 )
+from tunix_agentic.inference.cross_policy import CrossPolicyEngine
 from tunix_agentic.inference.engine import EngineConfig, JaxEngine
+from tunix_agentic.inference.pool import EnginePool
 from tunix_agentic.inference.sampling import SamplingParams
 
 __all__ = [
+    "CrossPolicyEngine",
     "EngineConfig",
     "EngineError",
+    "EnginePool",
     "InferenceEngine",
     "JaxEngine",
     "PromptTooLongError",

@@ -1,0 +1,429 @@
+"""An engine pool: one :class:`InferenceEngine` over several backends.
+
+Backends are anything with the engine interface: in-process ``JaxEngine``s or
+HTTP ``SGLangEngine`` clients. The pool adds three things:
+
+* **Least-loaded routing by live load.** Each request goes to the healthy
+  backend with the fewest requests in flight *right now*. The counts sit in a
+  min-heap keyed by ``(in_flight, stamp)`` and go down again when a request
+  ends, however it ends (result, error, timeout or cancellation). Several peer
+  frameworks keep a heap whose counts only ever increment, which degrades to
+  round-robin and piles new work onto a backend stuck with long requests.
+* **Session stickiness.** Requests that carry ``session_id`` go back to the
+  backend that served that session before, while it is healthy, so its
+  prefix/KV cache is reused across an episode's turns.
+* **Failover and recovery.** An infrastructure failure (``EngineError``,
+  ``ConnectionError``, ``OSError``, a timeout) is retried on another backend;
+  ``failures_to_eject`` consecutive failures take a backend out of rotation,
+  and a background task probes ejected backends and puts them back once they
+  answer healthy (pushing the latest weights first if they missed an update).
+  A ``ValueError`` is the caller's fault: it propagates at once, no retry.
+
+All state lives on one asyncio event loop; nothing here blocks it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import heapq
+import itertools
+import logging
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from tunix_agentic.inference.base import EngineError, TokenOutput
+from tunix_agentic.inference.sampling import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+# What counts as the backend's fault: retried elsewhere and counted against it.
+# (asyncio.TimeoutError is TimeoutError, itself an OSError; listed for the reader.)
+FAILOVER_ERRORS: tuple[type[BaseException], ...] = (
+    EngineError,
+    ConnectionError,
+    TimeoutError,
+    OSError,
+)
+# A health probe that hangs longer than this counts as a failed probe.
+_PROBE_TIMEOUT_S = 5.0
+_NO_PARAMS = object()
+
+
+@dataclasses.dataclass
+class _Backend:
+    """The pool's view of one backend."""
+
+    index: int
+    name: str
+    engine: Any
+    healthy: bool = True
+    in_flight: int = 0  # requests this pool has sent it that are still awaiting
+    failures: int = 0  # consecutive infrastructure failures
+    served: int = 0  # successful requests
+    weights_version: int | None = None  # last version it accepted through this pool
+    stamp: int = -1  # id of its one valid heap entry (lazy invalidation)
+
+
+class EnginePool:
+    """Route requests over several engines: least live load, sticky sessions, failover.
+
+    Args:
+      backends: engines with ``generate``, ``update_weights`` and ``health``
+        (and optionally ``async check_health()`` and ``async close()``).
+      names: one display name per backend (default ``backend-{i}``).
+      max_attempts: backends tried per request, the first included.
+      failures_to_eject: consecutive failures after which a backend gets no traffic.
+      health_interval_s: how often ejected backends are probed for recovery.
+      request_timeout_s: per-attempt limit on one backend; ``None`` for none.
+      metrics: an optional ``MetricsRecorder`` (counts ``pool/requests``,
+        ``pool/failovers``, ``pool/ejections``, ``pool/recoveries``; gauge
+        ``pool/in_flight``).
+      max_sessions: session pins kept; the least recently used are forgotten.
+      close_backends: whether :meth:`close` also closes the backends (the
+        pool owns them by default; pass False for engines shared elsewhere).
+
+    Routing is always on the pool's own live count per backend: requests it
+    sent there that are still awaiting. A session's pin wins over load while
+    its backend is in rotation, since a cache hit saves a whole prefill.
+    """
+
+    def __init__(
+        self,
+        backends: Sequence[Any],
+        *,
+        names: Sequence[str] | None = None,
+        max_attempts: int = 3,
+        failures_to_eject: int = 2,
+        health_interval_s: float = 2.0,
+        request_timeout_s: float | None = None,
+        metrics: Any = None,
+        max_sessions: int = 100_000,
+        close_backends: bool = True,
+    ):
+        backends = list(backends)
+        if not backends:
+            raise ValueError("pool.backends must hold at least one engine")
+        if names is None:
+            names = [f"backend-{i}" for i in range(len(backends))]
+        names = [str(n) for n in names]
+        if len(names) != len(backends):
+            raise ValueError(f"pool.names has {len(names)} entries for {len(backends)} backends")
+        if len(set(names)) != len(names):
+            raise ValueError(f"pool.names must be unique, got {names}")
+        if max_attempts < 1:
+            raise ValueError(f"pool.max_attempts must be >= 1, got {max_attempts}")
+        if failures_to_eject < 1:
+            raise ValueError(f"pool.failures_to_eject must be >= 1, got {failures_to_eject}")
+        if not health_interval_s > 0:
+            raise ValueError(f"pool.health_interval_s must be > 0, got {health_interval_s}")
+        if request_timeout_s is not None and not request_timeout_s > 0:
+            raise ValueError(f"pool.request_timeout_s must be > 0 or None, got {request_timeout_s}")
+        if max_sessions < 1:
+            raise ValueError(f"pool.max_sessions must be >= 1, got {max_sessions}")
+        self.max_attempts = max_attempts
+        self.failures_to_eject = failures_to_eject
+        self.health_interval_s = float(health_interval_s)
+        self.request_timeout_s = request_timeout_s
+        self.max_sessions = max_sessions
+        self.close_backends = close_backends
+        self._metrics = metrics
+
+        # Assume the backends start in step; the version is known if they agree on one.
+        versions = {getattr(b, "version", None) for b in backends}
+        self.version: int | None = versions.pop() if len(versions) == 1 else None
+        self._params: Any = _NO_PARAMS  # latest pushed weights, for backends that missed them
+        self._backends = [
+            _Backend(i, name, engine, weights_version=self.version)
+            for i, (name, engine) in enumerate(zip(names, backends, strict=True))
+        ]
+        self._heap: list[tuple[int, int, int]] = []  # (in_flight, stamp, index)
+        self._stamps = itertools.count()
+        for b in self._backends:
+            self._push(b)
+        self._sessions: OrderedDict[str, int] = OrderedDict()  # session id -> backend index
+        self._health_task: asyncio.Task | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------- public API
+    @property
+    def backends(self) -> list[Any]:
+        """The backend engines, in order."""
+        return [b.engine for b in self._backends]
+
+    @property
+    def in_flight(self) -> int:
+        """Requests currently awaiting a backend through this pool."""
+        return sum(b.in_flight for b in self._backends)
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams = SamplingParams(),
+        *,
+        session_id: str | None = None,
+        request_id: str | None = None,
+    ) -> TokenOutput:
+        """Generate on the best backend, failing over to others on infrastructure faults.
+
+        Raises ``ValueError`` (from the backend) for a bad request, and
+        ``EngineError`` when every attempt failed or no healthy backend is left.
+        Cancelling the caller cancels the backend request.
+        """
+        if self._closed:
+            raise EngineError("engine pool is closed")
+        self._ensure_health_task()
+        self._count("pool/requests")
+        tried: set[int] = set()
+        errors: list[str] = []
+        last_error: BaseException | None = None
+        for attempt in range(self.max_attempts):
+            backend = self._choose(session_id, tried)
+            if backend is None:
+                raise EngineError(self._none_left_message(errors)) from last_error
+            if attempt > 0:
+                self._count("pool/failovers")
+            tried.add(backend.index)
+            self._add_in_flight(backend, +1)
+            try:
+                out = await self._call(backend, prompt_ids, sampling, session_id, request_id)
+            except ValueError:
+                raise  # the request is bad, not the backend
+            except FAILOVER_ERRORS as e:
+                last_error = e
+                errors.append(f"{backend.name}: {type(e).__name__}: {e}")
+                self._record_failure(backend, e)
+                continue
+            finally:
+                self._add_in_flight(backend, -1)  # also on cancellation
+            backend.failures = 0
+            backend.served += 1
+            return out
+        raise EngineError(
+            f"request failed on all max_attempts={self.max_attempts} attempts ({'; '.join(errors)})"
+        ) from last_error
+
+    def update_weights(self, params: Any, version: int) -> None:
+        """Hand new weights to every backend, healthy or not.
+
+        A backend that raises is taken out of rotation and marked stale; the
+        health task pushes the latest weights to it before letting it back in,
+        so no backend ever returns with old weights. A ``ValueError`` raised
+        before any backend accepted the update (params that fit no backend)
+        propagates and nothing changes.
+        """
+        version = int(version)
+        accepted = 0
+        for b in self._backends:
+            try:
+                b.engine.update_weights(params, version)
+            except ValueError:
+                if accepted == 0:
+                    raise
+                logger.exception("update_weights v%d failed on %s", version, b.name)
+                self._eject(b, "update_weights failed")
+                continue
+            except Exception:
+                logger.exception("update_weights v%d failed on %s", version, b.name)
+                self._eject(b, "update_weights failed")
+                continue
+            b.weights_version = version
+            accepted += 1
+        self.version = version
+        self._params = params
+        if accepted == 0:
+            logger.error("update_weights v%d reached no backend; all are out of rotation", version)
+
+    def health(self) -> dict[str, Any]:
+        """``ok`` when any backend is in rotation, the pool's version, and per-backend state."""
+        return {
+            "ok": any(b.healthy for b in self._backends),
+            "version": self.version,
+            "in_flight": self.in_flight,
+            "backends": [
+                {
+                    "name": b.name,
+                    "healthy": b.healthy,
+                    "in_flight": b.in_flight,
+                    "failures": b.failures,
+                    "served": b.served,
+                    "version": b.weights_version,
+                }
+                for b in self._backends
+            ],
+        }
+
+    async def check_health(self) -> bool:
+        """Probe every backend now: readmit those that answer, eject those that do not.
+
+        Returns True when any backend is in rotation afterwards.
+        """
+        await self._probe_and_update(self._backends)
+        return any(b.healthy for b in self._backends)
+
+    async def close(self) -> None:
+        """Stop the health task and, if the pool owns them, close the backends."""
+        self._closed = True
+        task, self._health_task = self._health_task, None
+        if task is not None and not task.done() and task.get_loop() is asyncio.get_running_loop():
+            task.cancel()
+            await asyncio.wait({task})
+        if not self.close_backends:
+            return
+        closers = [b.engine.close() for b in self._backends if hasattr(b.engine, "close")]
+        for result in await asyncio.gather(*closers, return_exceptions=True):
+            if isinstance(result, Exception):
+                logger.warning("closing a pool backend failed: %r", result)
+
+    # ---------------------------------------------------------------- routing
+    def _choose(self, session_id: str | None, tried: set[int]) -> _Backend | None:
+        """The session's backend if it can serve, else the least-loaded candidate (re-pinned)."""
+        if session_id is not None:
+            idx = self._sessions.get(session_id)
+            if idx is not None:
+                self._sessions.move_to_end(session_id)
+                pinned = self._backends[idx]
+                if pinned.healthy and idx not in tried:
+                    return pinned
+        backend = self._least_loaded(tried)
+        if backend is not None and session_id is not None:
+            self._sessions[session_id] = backend.index
+            self._sessions.move_to_end(session_id)
+            while len(self._sessions) > self.max_sessions:
+                self._sessions.popitem(last=False)
+        return backend
+
+    def _least_loaded(self, exclude: set[int]) -> _Backend | None:
+        """Peek the healthy, not-excluded backend with the fewest live requests.
+
+        Entries whose stamp is not the backend's current one are stale and
+        dropped; valid entries that do not qualify are pushed back, so each
+        backend keeps exactly one valid entry. Ties go to the backend whose
+        count changed longest ago.
+        """
+        popped: list[tuple[int, int, int]] = []
+        chosen = None
+        while self._heap:
+            entry = heapq.heappop(self._heap)
+            _, stamp, idx = entry
+            b = self._backends[idx]
+            if stamp != b.stamp:
+                continue
+            popped.append(entry)
+            if b.healthy and idx not in exclude:
+                chosen = b
+                break
+        for entry in popped:
+            heapq.heappush(self._heap, entry)
+        return chosen
+
+    def _push(self, b: _Backend) -> None:
+        """Give ``b`` a fresh heap entry for its current count; older ones turn stale."""
+        b.stamp = next(self._stamps)
+        heapq.heappush(self._heap, (b.in_flight, b.stamp, b.index))
+        if len(self._heap) > 4 * len(self._backends) + 32:
+            self._heap = [(x.in_flight, x.stamp, x.index) for x in self._backends]
+            heapq.heapify(self._heap)
+
+    def _add_in_flight(self, b: _Backend, delta: int) -> None:
+        b.in_flight += delta
+        self._push(b)
+        if self._metrics is not None:
+            self._metrics.gauge("pool/in_flight", self.in_flight)
+
+    async def _call(
+        self,
+        b: _Backend,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        session_id: str | None,
+        request_id: str | None,
+    ) -> TokenOutput:
+        if self.request_timeout_s is None:
+            return await b.engine.generate(
+                prompt_ids, sampling, session_id=session_id, request_id=request_id
+            )
+        async with asyncio.timeout(self.request_timeout_s):
+            return await b.engine.generate(
+                prompt_ids, sampling, session_id=session_id, request_id=request_id
+            )
+
+    def _none_left_message(self, errors: list[str]) -> str:
+        down = sum(not b.healthy for b in self._backends)
+        msg = f"no healthy backend left ({down} of {len(self._backends)} out of rotation"
+        if errors:
+            msg += f"; this request failed on {'; '.join(errors)}"
+        return msg + ")"
+
+    # ------------------------------------------------------- health tracking
+    def _record_failure(self, b: _Backend, error: BaseException) -> None:
+        b.failures += 1
+        logger.warning("backend %s failed (%d in a row): %r", b.name, b.failures, error)
+        if b.failures >= self.failures_to_eject:
+            self._eject(b, f"{b.failures} consecutive failures")
+
+    def _eject(self, b: _Backend, reason: str) -> None:
+        if not b.healthy:
+            return
+        b.healthy = False
+        self._count("pool/ejections")
+        logger.warning("backend %s taken out of rotation: %s", b.name, reason)
+
+    def _readmit(self, b: _Backend) -> None:
+        """Put ``b`` back in rotation, first bringing its weights up to date."""
+        if b.healthy:
+            return
+        if self._params is not _NO_PARAMS and b.weights_version != self.version:
+            try:
+                b.engine.update_weights(self._params, self.version)
+            except Exception:
+                logger.exception("backend %s answers but could not take weights", b.name)
+                return
+            b.weights_version = self.version
+        b.healthy = True
+        b.failures = 0
+        self._count("pool/recoveries")
+        logger.info("backend %s back in rotation", b.name)
+
+    async def _probe(self, b: _Backend) -> bool:
+        """Ask one backend whether it can serve; any error or hang means no."""
+        try:
+            async with asyncio.timeout(_PROBE_TIMEOUT_S):
+                check = getattr(b.engine, "check_health", None)
+                if check is not None:
+                    return bool(await check())
+                return bool(b.engine.health().get("ok", False))
+        except Exception as e:
+            logger.debug("health probe of %s failed: %r", b.name, e)
+            return False
+
+    async def _probe_and_update(self, backends: list[_Backend]) -> None:
+        results = await asyncio.gather(*(self._probe(b) for b in backends))
+        for b, ok in zip(backends, results, strict=True):
+            if ok:
+                self._readmit(b)
+            else:
+                self._eject(b, "health probe failed")
+
+    def _ensure_health_task(self) -> None:
+        """Start the recovery task on the running loop unless it already runs there."""
+        loop = asyncio.get_running_loop()
+        task = self._health_task
+        if task is None or task.done() or task.get_loop() is not loop:
+            self._health_task = loop.create_task(self._watch(), name="engine-pool-health")
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            down = [b for b in self._backends if not b.healthy]
+            if not down:
+                continue
+            try:
+                await self._probe_and_update(down)
+            except Exception:
+                logger.exception("engine pool health check failed")
+
+    def _count(self, name: str) -> None:
+        if self._metrics is not None:
+            self._metrics.count(name)
