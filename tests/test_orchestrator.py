@@ -263,3 +263,17 @@ async def test_episode_with_two_tool_calls():
     assert traj.token_ids == ids
     np.testing.assert_array_equal(traj.learner_arrays()["loss_mask"], np.asarray(mask, np.float32))
     await orch.engine.close()
+
+
+async def test_stragglers_older_than_the_bound_never_reach_the_learner(random_model):
+    orch = make_orch(random_model, group_size=2, groups_per_batch=1, max_staleness=1)
+    old = await orch.run_group(TASKS[0])  # sampled by version 0
+    orch.engine.update_weights(nnx.state(random_model, nnx.Param), version=2)
+    orch.set_version(2)
+    fresh = await orch.run_group(TASKS[1])  # sampled by version 2
+    orch._ready.put_nowait(old)
+    orch._ready.put_nowait(fresh)
+    (batch,) = await orch.get_batch()
+    assert batch is fresh and orch.stats["stale_dropped"] == 1
+    assert 2 - batch.min_version <= 1
+    await orch.engine.close()

@@ -249,7 +249,7 @@ class RolloutOrchestrator:
             group = await self._ready.get()
             if group is None:
                 raise self._fatal
-            if self.version - group.min_version > self.config.max_staleness + 1:
+            if self.version - group.min_version > self.config.max_staleness:
                 self.stats["stale_dropped"] += 1  # pacing should make this rare
                 self._count("rollout/stale_dropped")
                 continue
