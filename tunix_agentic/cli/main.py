@@ -1,4 +1,8 @@
-"""Command line: ``tunix-agentic train [--config PATH] [--resume RUN_DIR] [key.path=value ...]``."""
+"""Command line.
+
+``tunix-agentic train [--config PATH] [--resume RUN_DIR] [key.path=value ...]``
+``tunix-agentic serve-engine [--config PATH] [--params DIR] [--host H] [--port P] [key.path=value ...]``
+"""
 
 from __future__ import annotations
 
@@ -32,7 +36,28 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument(
         "overrides", nargs="*", help="dotted overrides, e.g. rl.steps=20 rollout.group_size=4"
     )
+    se = sub.add_parser(
+        "serve-engine", help="serve the JAX engine over HTTP with SGLang's native API"
+    )
+    se.add_argument(
+        "--config",
+        default=None,
+        help=f"YAML run config (default: DIR/config.yaml of a run dir given as --params, "
+        f"else {DEFAULT_CONFIG} if present)",
+    )
+    se.add_argument(
+        "--params",
+        metavar="DIR",
+        default=None,
+        help="parameters written by save_params, or a run dir (its latest checkpoint)",
+    )
+    se.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    se.add_argument("--port", type=int, default=30000, help="port to listen on (0: a free one)")
+    se.add_argument("overrides", nargs="*", help="dotted overrides, e.g. engine.max_slots=16")
     args = parser.parse_args(argv)
+
+    if args.command == "serve-engine":
+        return _serve_engine(args)
 
     if args.command == "train":
         from tunix_agentic.trainer import train
@@ -52,6 +77,32 @@ def main(argv: list[str] | None = None) -> int:
         print(result.summary())
         return 0
     return 2
+
+
+def _serve_engine(args: argparse.Namespace) -> int:
+    from tunix_agentic.config import load_config
+    from tunix_agentic.serving.engine_server import engine_from_config, serve_forever
+
+    config = args.config
+    if config is None and args.params is not None:
+        saved = Path(args.params) / "config.yaml"
+        config = str(saved) if saved.is_file() else None
+    if config is None:
+        config = _default_config()
+    try:
+        cfg = load_config(config, list(args.overrides))
+        engine, info = engine_from_config(cfg, args.params)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"tunix-agentic: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        serve_forever(engine, args.host, args.port, info)
+    except OSError as exc:  # the port is taken, the host is not ours
+        print(
+            f"tunix-agentic: error: cannot serve on {args.host}:{args.port}: {exc}", file=sys.stderr
+        )
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

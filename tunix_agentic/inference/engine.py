@@ -69,6 +69,20 @@ class EngineConfig:
         return out + [self.max_slots]
 
 
+def _commit(params: Any) -> Any:
+    """Place every array explicitly where it already lives (committed arrays)."""
+    return jax.tree.map(
+        lambda x: jax.device_put(x, x.sharding) if isinstance(x, jax.Array) else x, params
+    )
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 def _bucket(n: int, buckets: list[int]) -> int:
     for b in buckets:
         if n <= b:
@@ -114,7 +128,7 @@ class JaxEngine:
         self.config = config
         self.model_config: ModelConfig = model.cfg
         self._graphdef, params = nnx.split(model, nnx.Param)
-        self._params = params
+        self._params = _commit(params)
         self.version = version
         self._pending_params: tuple[Any, int] | None = None
         self._cache = init_cache(self.model_config, config.max_slots, config.max_seq_len)
@@ -246,7 +260,8 @@ class JaxEngine:
             a.shape != b.shape for a, b in zip(leaves_new, leaves_old, strict=True)
         ):
             raise ValueError("update_weights: parameter tree does not match the engine's model")
-        self._pending_params = (params, int(version))
+        # Committed like the current params, so the swap never triggers a silent recompile.
+        self._pending_params = (_commit(params), int(version))
         if self._wakeup is not None:
             self._wakeup.set()
 
@@ -263,6 +278,15 @@ class JaxEngine:
         }
 
     @property
+    def params(self) -> Any:
+        """The parameters in use (or about to be, if an update is pending)."""
+        return self._pending_params[0] if self._pending_params is not None else self._params
+
+    @property
+    def pending_version(self) -> int | None:
+        return self._pending_params[1] if self._pending_params is not None else None
+
+    @property
     def in_flight(self) -> int:
         return len(self._active) + len(self._queue)
 
@@ -270,14 +294,18 @@ class JaxEngine:
         self._closed = True
         for req in list(self._queue) + list(self._active.values()):
             req.aborted = True
-        if self._loop_task is not None:
+        same_loop = self._loop is not None and self._loop is _running_loop()
+        if self._loop_task is not None and same_loop:
             self._wakeup.set()
             try:
                 await asyncio.wait_for(self._loop_task, timeout=30)
             except (TimeoutError, asyncio.CancelledError):
                 self._loop_task.cancel()
-        for req in list(self._queue):
-            self._finish(req, "abort")
+        if same_loop:
+            for req in list(self._queue):
+                self._finish(req, "abort")
+        else:
+            self._reset_slots()  # requests of a loop that is gone have no one waiting
         self._executor.shutdown(wait=False)
 
     # -------------------------------------------------------------- scheduler

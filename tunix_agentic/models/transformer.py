@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-# A cache is one (k, v) pair per layer; each is [slots, max_len, kv_heads, head_dim].
+# A cache is one (k, v) pair per layer; each is [slots, kv_heads, max_len, head_dim].
 KVCache = tuple[tuple[jax.Array, jax.Array], ...]
 
 
@@ -113,23 +113,33 @@ class Attention(nnx.Module):
         q = rope(q, positions, cfg.rope_theta)
         k = rope(k, positions, cfg.rope_theta)
         if cache is None:
-            keys, values, key_pos = k, v, positions  # key_pos: [B, S]
+            keys, values = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, S, D]
+            key_pos = positions  # [B, S]
             new_cache = None
         else:
+            # The cache is kv-head major ([slots, K, S, D]) so attention contracts it
+            # without a transposed copy of the whole cache on every decode step.
             k_cache, v_cache = cache
-            # Positions past the cache (padding) are dropped, never clamped onto real rows.
             r = (jnp.arange(b) if rows is None else rows)[:, None]
-            k_cache = k_cache.at[r, positions].set(k.astype(k_cache.dtype), mode="drop")
-            v_cache = v_cache.at[r, positions].set(v.astype(v_cache.dtype), mode="drop")
+            # Positions past the cache (padding) are dropped, never clamped onto real rows.
+            k_cache = k_cache.at[r, :, positions].set(k.astype(k_cache.dtype), mode="drop")
+            v_cache = v_cache.at[r, :, positions].set(v.astype(v_cache.dtype), mode="drop")
             new_cache = (k_cache, v_cache)
             keys = k_cache if rows is None else k_cache[rows]
             values = v_cache if rows is None else v_cache[rows]
-            key_pos = jnp.broadcast_to(jnp.arange(k_cache.shape[1]), (b, k_cache.shape[1]))
+            key_pos = jnp.broadcast_to(jnp.arange(k_cache.shape[2]), (b, k_cache.shape[2]))
         mask = key_pos[:, None, :] <= positions[:, :, None]  # [B, T, S], causal by position
-        out = jax.nn.dot_product_attention(
-            q, keys.astype(q.dtype), values.astype(q.dtype), mask=mask[:, None]
+        groups = cfg.num_heads // cfg.num_kv_heads
+        qg = q.reshape(b, t, cfg.num_kv_heads, groups, cfg.head_dim).transpose(
+            0, 2, 3, 1, 4
+        )  # [B,K,G,T,D]
+        scores = jnp.einsum("bkgtd,bksd->bkgts", qg, keys.astype(q.dtype)).astype(jnp.float32)
+        scores = jnp.where(
+            mask[:, None, None], scores * cfg.head_dim**-0.5, jnp.finfo(jnp.float32).min
         )
-        out = out.reshape(b, t, -1)
+        probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+        out = jnp.einsum("bkgts,bksd->bkgtd", probs, values.astype(q.dtype))
+        out = out.transpose(0, 3, 1, 2, 4).reshape(b, t, -1)
         return self.o_proj(out), new_cache
 
 
@@ -208,7 +218,7 @@ class Transformer(nnx.Module):
 
 def init_cache(cfg: ModelConfig, slots: int, max_len: int) -> KVCache:
     """Zeroed KV cache for ``slots`` sequences of up to ``max_len`` tokens."""
-    shape = (slots, max_len, cfg.num_kv_heads, cfg.head_dim)
+    shape = (slots, cfg.num_kv_heads, max_len, cfg.head_dim)
     return tuple(
         (jnp.zeros(shape, cfg.jnp_dtype), jnp.zeros(shape, cfg.jnp_dtype))
         for _ in range(cfg.num_layers)

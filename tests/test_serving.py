@@ -1,0 +1,426 @@
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import jax
+import numpy as np
+import pytest
+import pytest_asyncio
+from flax import nnx
+
+from learners.state import make_optimizer
+from tunix_agentic.checkpoint import Checkpointer, save_params
+from tunix_agentic.cli.main import main
+from tunix_agentic.config import load_config
+from tunix_agentic.inference import EngineConfig, EngineError, JaxEngine, SamplingParams
+from tunix_agentic.models.transformer import Transformer
+from tunix_agentic.serving import SGLangEngine, engine_from_config, start_server
+from tunix_agentic.testing import tiny_model
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_CONFIG = str(REPO / "configs" / "calculator_tiny.yaml")
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=9)
+MAX_SEQ = 256
+# The test engine's model dims, so a config-built model reuses its eager kernels.
+TINY_OVERRIDES = [
+    "model.d_model=40",
+    "model.num_heads=4",
+    "model.num_kv_heads=2",
+    "model.head_dim=10",
+    "model.ffn_dim=56",
+    "engine.max_slots=2",
+]
+LONG = {"temperature": 0.0, "max_new_tokens": MAX_SEQ}  # long enough to abort mid-way
+
+
+# Tests that use the shared engine run on one module-wide event loop, the engine's.
+in_module_loop = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def engine():
+    # One engine for the module: its compiled prefill/decode serve every test's server.
+    # decode_steps=2 keeps a long generation many chunks long, so aborts land mid-way.
+    eng = JaxEngine(
+        tiny_model(seed=3), EngineConfig(max_slots=4, max_seq_len=MAX_SEQ, decode_steps=2)
+    )
+    yield eng
+    await eng.close()
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def url(engine):
+    runner, port = await start_server(engine, model_info={"model_path": "tiny-seed-3"})
+    yield f"http://127.0.0.1:{port}"
+    await runner.cleanup()
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def client(url):
+    c = SGLangEngine(url)
+    yield c
+    await c.close()
+
+
+async def call(url: str, path: str, body=None, *, data: bytes | None = None, method="POST"):
+    async with aiohttp.ClientSession() as session:
+        kwargs = {"data": data} if data is not None else {"json": body}
+        async with session.request(method, url + path, **kwargs) as resp:
+            return resp.status, await resp.json()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def wait_until(predicate, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.001)
+
+
+# ---------------------------------------------------------------- generate
+@pytest.mark.parametrize(
+    "sampling",
+    [GREEDY, SamplingParams(temperature=1.0, top_k=20, max_new_tokens=9, seed=5)],
+    ids=["greedy", "seeded-sampling"],
+)
+@in_module_loop
+async def test_http_generate_equals_in_process(engine, client, sampling):
+    prompt = [5, 6, 7, 8]
+    ref = await engine.generate(prompt, sampling)
+    out = await client.generate(prompt, sampling)
+    assert out.token_ids == ref.token_ids
+    np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-5)
+    assert out.finish_reason == ref.finish_reason == "length"
+    assert out.versions == ref.versions == [engine.version] * 9
+    assert out.prompt_tokens == 4 and out.latency_s > 0
+
+
+@in_module_loop
+async def test_generate_response_shape(url):
+    status, free = await call(
+        url, "/generate", {"input_ids": [4, 5, 6], "sampling_params": {"temperature": 0}}
+    )
+    assert status == 200 and len(free["output_ids"]) == 128  # SGLang's default max_new_tokens
+    stop = free["output_ids"][3]
+    first = free["output_ids"].index(stop)
+    body = {
+        "input_ids": [4, 5, 6],
+        "sampling_params": {"temperature": 0, "max_new_tokens": 9, "stop_token_ids": [stop]},
+        "return_logprob": True,
+        "rid": "shape-1",
+    }
+    status, out = await call(url, "/generate", body)
+    assert status == 200
+    assert out["output_ids"] == free["output_ids"][: first + 1]
+    meta = out["meta_info"]
+    assert set(meta) == {
+        "id",
+        "finish_reason",
+        "prompt_tokens",
+        "completion_tokens",
+        "cached_tokens",
+        "weight_version",
+        "output_token_logprobs",
+        "output_token_versions",
+        "e2e_latency",
+    }
+    assert meta["id"] == "shape-1"
+    assert meta["finish_reason"] == {"type": "stop", "matched": stop}
+    assert meta["prompt_tokens"] == 3 and meta["completion_tokens"] == first + 1
+    assert meta["cached_tokens"] == 0 and meta["weight_version"].isdigit()
+    for (logprob, token, text), want in zip(
+        meta["output_token_logprobs"], out["output_ids"], strict=True
+    ):
+        assert isinstance(logprob, float) and logprob <= 0
+        assert token == want and text is None
+
+    status, out = await call(
+        url, "/generate", {"input_ids": [4, 5, 6], "sampling_params": {"max_new_tokens": 5}}
+    )
+    assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
+    assert "output_token_logprobs" not in out["meta_info"]
+
+
+@in_module_loop
+async def test_batched_input_ids_answer_a_list(url):
+    sp = {"temperature": 0, "max_new_tokens": 6}
+    prompts = [[4, 5, 6], [9, 10], [11]]
+    singles = [
+        (await call(url, "/generate", {"input_ids": p, "sampling_params": sp}))[1] for p in prompts
+    ]
+    status, batch = await call(
+        url, "/generate", {"input_ids": prompts, "sampling_params": sp, "rid": ["a", "b", "c"]}
+    )
+    assert status == 200 and isinstance(batch, list)
+    assert [r["output_ids"] for r in batch] == [r["output_ids"] for r in singles]
+    assert [r["meta_info"]["id"] for r in batch] == ["a", "b", "c"]
+
+
+@in_module_loop
+async def test_concurrent_clients_all_succeed(engine, url):
+    prompts = [[i, i + 1, i + 2] for i in range(1, 13)]
+    refs = await asyncio.gather(*(engine.generate(p, GREEDY) for p in prompts))
+    clients = [SGLangEngine(url, name=f"c{i}") for i in range(3)]
+    try:
+        outs = await asyncio.gather(
+            *(clients[i % 3].generate(p, GREEDY) for i, p in enumerate(prompts))
+        )
+        assert all(c.in_flight == 0 for c in clients)
+    finally:
+        for c in clients:
+            await c.close()
+    assert [o.token_ids for o in outs] == [r.token_ids for r in refs]
+
+
+# --------------------------------------------------------------- bad input
+BAD_BODIES = {
+    "bad-json": b"{not json",
+    "not-an-object": b"[1, 2, 3]",
+    "missing-input-ids": {"sampling_params": {}},
+    "text-only": {"text": "hello"},
+    "empty": {"input_ids": []},
+    "empty-in-batch": {"input_ids": [[1, 2], []]},
+    "non-int-id": {"input_ids": [1, "a"]},
+    "float-id": {"input_ids": [1, 2.5]},
+    "bool-id": {"input_ids": [1, True]},
+    "out-of-vocab": {"input_ids": [1, 128]},
+    "negative-id": {"input_ids": [-1, 2]},
+    "too-long": {"input_ids": [1] * MAX_SEQ},
+    "temperature": {"input_ids": [1], "sampling_params": {"temperature": -1}},
+    "temperature-type": {"input_ids": [1], "sampling_params": {"temperature": "hot"}},
+    "top-p": {"input_ids": [1], "sampling_params": {"top_p": 0}},
+    "top-k": {"input_ids": [1], "sampling_params": {"top_k": -2}},
+    "max-new-tokens": {"input_ids": [1], "sampling_params": {"max_new_tokens": 0}},
+    "stop-ids": {"input_ids": [1], "sampling_params": {"stop_token_ids": "x"}},
+    "sampling-not-object": {"input_ids": [1], "sampling_params": 3},
+    "rid-type": {"input_ids": [1], "rid": 5},
+    "return-logprob-type": {"input_ids": [1], "return_logprob": "yes"},
+    "batch-field-count": {"input_ids": [[1], [2]], "rid": ["a"]},
+    "duplicate-rid-in-batch": {"input_ids": [[1], [2]], "rid": ["x", "x"]},
+}
+
+
+@pytest.mark.parametrize("body", BAD_BODIES.values(), ids=BAD_BODIES.keys())
+@in_module_loop
+async def test_malformed_generate_gets_400_and_server_keeps_serving(engine, url, body):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    status, out = await call(url, "/generate", data=data)
+    assert status == 400
+    assert isinstance(out["error"]["message"], str) and out["error"]["message"]
+    status, out = await call(
+        url, "/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}}
+    )
+    assert status == 200 and len(out["output_ids"]) == 2
+    await wait_until(lambda: engine.in_flight == 0)  # nothing of the bad batch left behind
+
+
+@pytest.mark.parametrize(
+    "prompt", [[], [1, 128], [1] * MAX_SEQ], ids=["empty", "out-of-vocab", "too-long"]
+)
+@in_module_loop
+async def test_client_raises_value_error_on_400(client, prompt):
+    with pytest.raises(ValueError):
+        await client.generate(prompt, GREEDY)
+    assert client.health()["ok"]  # a bad request says nothing against the server
+
+
+# ------------------------------------------------------- status and control
+@in_module_loop
+async def test_health_and_model_info(engine, url, client):
+    status, health = await call(url, "/health", method="GET")
+    assert status == 200 and health["status"] == "ok" and health["version"] == engine.version
+    assert await client.check_health()
+    assert client.health()["ok"] and client.health()["status"] == "ok"
+    info = await client.model_info()
+    assert info["model_path"] == "tiny-seed-3"
+    assert (info["vocab_size"], info["max_seq_len"]) == (128, MAX_SEQ)
+    assert info["weight_version"] == str(engine.version)
+
+
+async def test_closed_engine_answers_503_and_client_raises_engine_error():
+    closed = JaxEngine(tiny_model(seed=3), EngineConfig(max_slots=2, max_seq_len=32))
+    await closed.close()
+    runner, port = await start_server(closed)
+    client = SGLangEngine(f"http://127.0.0.1:{port}")
+    try:
+        status, health = await call(f"http://127.0.0.1:{port}", "/health", method="GET")
+        assert status == 503 and health["status"] == "closed"
+        assert not await client.check_health()
+        with pytest.raises(EngineError):
+            await client.generate([1, 2], GREEDY)
+    finally:
+        await client.close()
+        await runner.cleanup()
+
+
+@in_module_loop
+async def test_abort_request_by_rid(engine, url):
+    long = asyncio.create_task(
+        call(url, "/generate", {"input_ids": [1, 2], "sampling_params": LONG, "rid": "long-1"})
+    )
+    await wait_until(lambda: engine.health()["active"] > 0)
+    status, out = await call(url, "/abort_request", {"rid": "long-1"})
+    assert status == 200 and out == {"success": True}
+    status, out = await long
+    assert status == 200
+    assert out["meta_info"]["finish_reason"]["type"] == "abort"
+    assert out["meta_info"]["completion_tokens"] < MAX_SEQ - 2
+    assert (await call(url, "/abort_request", {"rid": "nobody"})) == (200, {"success": False})
+    assert (await call(url, "/abort_request", {}))[0] == 400
+
+
+@in_module_loop
+async def test_cancelled_client_aborts_the_engine_request(engine, client):
+    before = engine.stats["generated_tokens"]
+    task = asyncio.create_task(client.generate([1, 2], SamplingParams(**LONG)))
+    await wait_until(lambda: engine.health()["active"] > 0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await wait_until(lambda: engine.in_flight == 0)
+    assert engine.stats["generated_tokens"] - before < MAX_SEQ - 2
+    assert client.in_flight == 0
+
+
+@in_module_loop
+async def test_client_timeout_raises_engine_error_and_aborts(engine, url):
+    client = SGLangEngine(url, request_timeout_s=0.05)
+    try:
+        with pytest.raises(EngineError, match="timed out"):
+            await client.generate([1, 2], SamplingParams(**LONG))
+    finally:
+        await client.close()
+    await wait_until(lambda: engine.in_flight == 0)
+
+
+async def test_client_against_closed_port_raises_engine_error():
+    client = SGLangEngine(f"http://127.0.0.1:{free_port()}", request_timeout_s=10)
+    try:
+        with pytest.raises(EngineError):
+            await asyncio.wait_for(client.generate([1, 2], GREEDY), timeout=15)
+        assert not client.health()["ok"]
+        assert not await client.check_health()
+    finally:
+        await client.close()
+
+
+# ----------------------------------------------------------------- weights
+@in_module_loop
+async def test_update_weights_from_disk(engine, url, tmp_path):
+    prompt = [3, 1, 4, 1, 5]
+    v0 = engine.version
+    original = engine._params
+    other_params = nnx.state(tiny_model(seed=11), nnx.Param)
+    before = await engine.generate(prompt, GREEDY)
+    # The other model's in-process output, from this engine with its weights swapped in
+    # (a second engine would only cost another compile).
+    engine.update_weights(other_params, v0)
+    want = await engine.generate(prompt, GREEDY)
+    engine.update_weights(original, v0)
+    assert want.token_ids != before.token_ids
+    client = SGLangEngine(url, weights_dir=str(tmp_path / "sync"))
+    try:
+        save_params(tmp_path / "other", other_params)
+        status, out = await call(
+            url, "/update_weights_from_disk", {"model_path": str(tmp_path / "other")}
+        )
+        assert status == 200 and out["success"] and out["weight_version"] == str(v0 + 1)
+        status, out = await call(
+            url,
+            "/generate",
+            {"input_ids": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": 9}},
+        )
+        assert out["output_ids"] == want.token_ids
+        assert out["meta_info"]["weight_version"] == str(v0 + 1)
+        assert out["meta_info"]["output_token_versions"] == [v0 + 1] * 9
+
+        save_params(tmp_path / "foreign", {"w": np.zeros((3, 5), np.float32)})
+        bad = {
+            "missing-path": {"model_path": str(tmp_path / "nothing")},
+            "no-path": {},
+            "mismatched-tree": {"model_path": str(tmp_path / "foreign")},
+            "bad-version": {"model_path": str(tmp_path / "other"), "weight_version": "v3"},
+        }
+        for body in bad.values():
+            status, out = await call(url, "/update_weights_from_disk", body)
+            assert status == 400 and out["success"] is False and out["message"]
+        with pytest.raises(EngineError):
+            await client.update_weights_from_disk(tmp_path / "nothing", v0 + 2)
+
+        # The client's asynchronous path: write the original back, then load it as "v0 + 5".
+        client.update_weights(original, v0 + 5)
+        await client.wait_weights()
+        assert (tmp_path / "sync" / f"v{v0 + 5}").is_dir()
+        out = await client.generate(prompt, GREEDY)
+        assert out.token_ids == before.token_ids and out.versions == [v0 + 5] * 9
+        assert (await client.model_info())["weight_version"] == str(v0 + 5)
+    finally:
+        await client.close()
+        engine.update_weights(original, max(engine.version, v0 + 5))
+
+
+# --------------------------------------------------------------------- CLI
+def test_cli_bad_override_exits_2(capsys):
+    assert main(["serve-engine", "--config", TINY_CONFIG, "bad.key=1"]) == 2
+    assert "'bad'" in capsys.readouterr().err
+    assert main(["serve-engine", "--config", TINY_CONFIG, "--params", "/nonexistent/x"]) == 2
+    assert "/nonexistent/x" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["params-dir", "run-dir"])
+def test_engine_from_config_loads_params(tmp_path, kind):
+    cfg = load_config(TINY_CONFIG, TINY_OVERRIDES)
+    trained = nnx.state(Transformer(cfg.model, rngs=nnx.Rngs(7)), nnx.Param)
+    if kind == "params-dir":
+        path = save_params(tmp_path / "params", trained)
+        version = 0
+    else:
+        path, version = tmp_path / "run", 3
+        ckpt = Checkpointer(path / "checkpoints")
+        opt_state = make_optimizer(cfg.learner.optimizer).init(trained)
+        ckpt.save(version, trained, opt_state, {"version": version})
+        ckpt.close()
+    engine, info = engine_from_config(cfg, str(path))
+    assert engine.version == version and info["model_path"] == str(path)
+    for a, b in zip(jax.tree.leaves(engine._params), jax.tree.leaves(trained), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+async def test_cli_serve_engine_subprocess():
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tunix_agentic",
+        "serve-engine",
+        "--config",
+        TINY_CONFIG,
+        "--port",
+        "0",
+        "engine.max_slots=2",
+        cwd=REPO,
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    try:
+        line = (await asyncio.wait_for(proc.stdout.readline(), timeout=20)).decode()
+        assert line.startswith("serving on http://127.0.0.1:")
+        base = line.split()[-1]
+        status, health = await call(base, "/health", method="GET")
+        assert status == 200 and health["status"] == "ok"
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), timeout=20) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

@@ -1,0 +1,338 @@
+"""``SGLangEngine``: the engine interface over SGLang's native HTTP API.
+
+It talks to a real SGLang server or to ``tunix-agentic serve-engine`` alike
+(``POST /generate`` with ``input_ids``, logprobs on), and maps the answer back
+to a :class:`TokenOutput`, so agents cannot tell it from an in-process engine.
+
+Errors are sorted for a pool: a request the server rejects (HTTP 400) raises
+``ValueError`` (the caller's fault; retrying elsewhere will not help), while a
+refused connection, a timeout or a 5xx raises :class:`EngineError` (fail over).
+
+Weight updates are *asynchronous* here, unlike the in-process engine:
+``update_weights`` returns at once; the parameters are written to disk and the
+server is told to load them in a background task. ``await wait_weights()`` to
+know they landed. The server must see ``weights_dir`` (a shared filesystem).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from tunix_agentic.checkpoint import save_params
+from tunix_agentic.inference.base import EngineError, TokenOutput
+from tunix_agentic.inference.sampling import SamplingParams
+
+_MAX_CONNECTIONS = 1024  # one per in-flight request; aiohttp's default of 100 would queue
+_ABORT_TIMEOUT_S = 5.0
+
+
+def sampling_to_json(sampling: SamplingParams) -> dict[str, Any]:
+    """SGLang ``sampling_params`` with our semantics.
+
+    ``top_k`` off is -1 in SGLang. ``ignore_eos`` and ``no_stop_trim`` make
+    SGLang stop only on ``stop_token_ids`` and keep the stop token in
+    ``output_ids``, as our engines do.
+    """
+    out: dict[str, Any] = {
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k if sampling.top_k > 0 else -1,
+        "max_new_tokens": sampling.max_new_tokens,
+        "stop_token_ids": list(sampling.stop_token_ids),
+        "ignore_eos": True,
+        "no_stop_trim": True,
+    }
+    if sampling.seed is not None:
+        out["sampling_seed"] = sampling.seed
+    return out
+
+
+def _as_int(value: Any, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def parse_generate_response(body: Any, *, default_version: int = 0) -> TokenOutput:
+    """An SGLang ``/generate`` answer -> :class:`TokenOutput`; EngineError if malformed.
+
+    Per-token versions come from our ``output_token_versions`` extension, else
+    every token gets the answer's ``weight_version`` (``default_version`` when
+    that is not an integer, as SGLang's "default" is not).
+    """
+    try:
+        ids = [int(t) for t in body["output_ids"]]
+        meta = body["meta_info"]
+        logprobs = [float(t[0]) for t in meta.get("output_token_logprobs") or []]
+        finish = meta.get("finish_reason") or {}
+        reason = finish.get("type", "length") if isinstance(finish, dict) else str(finish)
+        matched = finish.get("matched") if isinstance(finish, dict) else None
+        versions = meta.get("output_token_versions")
+        if versions is None:
+            versions = [_as_int(meta.get("weight_version"), default_version)] * len(ids)
+        return TokenOutput(
+            token_ids=ids,
+            logprobs=logprobs,
+            finish_reason=reason,
+            matched_stop=int(matched) if reason == "stop" and isinstance(matched, int) else None,
+            versions=[int(v) for v in versions],
+            prompt_tokens=int(meta.get("prompt_tokens", 0)),
+            cached_tokens=int(meta.get("cached_tokens", 0)),
+            latency_s=float(meta.get("e2e_latency", 0.0)),
+        )
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        raise EngineError(f"malformed /generate response: {exc!r}") from exc
+
+
+def _error_message(data: Any, text: str) -> str:
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        if "message" in data:
+            return str(data["message"])
+    return text[:1000]
+
+
+class SGLangEngine:
+    """An :class:`~tunix_agentic.inference.base.InferenceEngine` over HTTP.
+
+    One ``aiohttp.ClientSession`` per event loop, made on first use; ``await
+    close()`` when done. ``health()`` answers from what the last request or
+    :meth:`check_health` saw, without I/O; it starts optimistic (``ok`` True,
+    ``status`` "unchecked") so a pool tries the backend before judging it.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        request_timeout_s: float = 300.0,
+        name: str | None = None,
+        weights_dir: str | None = None,
+        health_timeout_s: float = 5.0,
+    ):
+        self.base_url = base_url.rstrip("/")
+        self.name = name or self.base_url
+        self.request_timeout_s = request_timeout_s
+        self.health_timeout_s = health_timeout_s
+        self._weights_dir = Path(weights_dir) if weights_dir is not None else None
+        self._owns_weights_dir = weights_dir is None
+        self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
+        self._in_flight = 0
+        self._rid_prefix = f"{uuid.uuid4().hex[:12]}"
+        self._rid_counter = itertools.count()
+        self._health: dict[str, Any] = {"ok": True, "status": "unchecked"}
+        self._version = 0
+        self._background: set[asyncio.Task] = set()
+        self._weight_tasks: list[asyncio.Task] = []
+        self._written: Path | None = None  # our last weights directory, removed when replaced
+
+    # ------------------------------------------------------------- plumbing
+    def _session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        session = self._sessions.get(loop)
+        if session is None or session.closed:
+            self._sessions = {k: v for k, v in self._sessions.items() if not k.is_closed()}
+            session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=_MAX_CONNECTIONS),
+                timeout=aiohttp.ClientTimeout(total=self.request_timeout_s),
+            )
+            self._sessions[loop] = session
+        return session
+
+    def _mark(self, ok: bool, **extra: Any) -> None:
+        self._health = {**self._health, "ok": ok, "checked_at": time.time(), **extra}
+        if ok:
+            self._health.pop("error", None)
+
+    async def _request(
+        self, method: str, path: str, payload: Any = None, *, timeout_s: float | None = None
+    ) -> tuple[int, Any, str]:
+        """One HTTP call; returns ``(status, json or None, text)``; EngineError on transport."""
+        timeout = aiohttp.ClientTimeout(total=timeout_s or self.request_timeout_s)
+        try:
+            async with self._session().request(
+                method, self.base_url + path, json=payload, timeout=timeout
+            ) as resp:
+                text = await resp.text()
+                status = resp.status
+        except TimeoutError as exc:
+            self._mark(False, status="timeout", error=f"{path} timed out")
+            raise EngineError(f"{self.name}: {path} timed out after {timeout.total}s") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            self._mark(False, status="unreachable", error=repr(exc))
+            raise EngineError(f"{self.name}: {path} failed: {exc!r}") from exc
+        try:
+            data = json.loads(text) if text else None
+        except ValueError:
+            data = None
+        if status >= 500:
+            message = _error_message(data, text)
+            self._mark(False, status=f"http {status}", error=message)
+            raise EngineError(f"{self.name}: {path} answered HTTP {status}: {message}")
+        self._mark(True, status="ok")
+        return status, data, text
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # ------------------------------------------------------------ generate
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams = SamplingParams(),
+        *,
+        session_id: str | None = None,
+        request_id: str | None = None,
+    ) -> TokenOutput:
+        """POST ``/generate``; cancelling the caller aborts the request on the server."""
+        rid = request_id or f"{self._rid_prefix}-{next(self._rid_counter)}"
+        payload: dict[str, Any] = {
+            "input_ids": [int(t) for t in prompt_ids],
+            "sampling_params": sampling_to_json(sampling),
+            "return_logprob": True,
+            "rid": rid,
+        }
+        if session_id is not None:
+            payload["session_id"] = session_id
+        self._in_flight += 1
+        try:
+            status, data, text = await self._request("POST", "/generate", payload)
+        except (asyncio.CancelledError, EngineError):
+            # The server may still be generating (a timeout, a cancelled caller): stop it.
+            self._spawn(self.abort(rid))
+            raise
+        finally:
+            self._in_flight -= 1
+        if status != 200:
+            message = _error_message(data, text)
+            if 400 <= status < 500 and status not in (404, 405):
+                raise ValueError(message)
+            raise EngineError(f"{self.name}: /generate answered HTTP {status}: {message}")
+        return parse_generate_response(data, default_version=self._version)
+
+    async def abort(self, request_id: str) -> bool:
+        """Best effort ``POST /abort_request``; False on any failure."""
+        try:
+            status, data, _ = await self._request(
+                "POST", "/abort_request", {"rid": request_id}, timeout_s=_ABORT_TIMEOUT_S
+            )
+        except EngineError:
+            return False
+        return status == 200 and (not isinstance(data, dict) or bool(data.get("success", True)))
+
+    @property
+    def in_flight(self) -> int:
+        """Requests sent and not yet answered."""
+        return self._in_flight
+
+    # -------------------------------------------------------------- status
+    def health(self) -> dict[str, Any]:
+        """The last known health (no I/O), with this client's in-flight count."""
+        return {**self._health, "name": self.name, "in_flight": self._in_flight}
+
+    async def check_health(self) -> bool:
+        """``GET /health`` with a short timeout; updates :meth:`health`."""
+        try:
+            status, data, text = await self._request(
+                "GET", "/health", timeout_s=self.health_timeout_s
+            )
+        except EngineError:
+            return False
+        if status != 200:
+            self._mark(False, status=f"http {status}", error=_error_message(data, text))
+            return False
+        info = data if isinstance(data, dict) else {}
+        self._mark(
+            True, **{k: v for k, v in info.items() if k not in ("ok", "status")}, status="ok"
+        )
+        return True
+
+    async def model_info(self) -> dict[str, Any]:
+        """``GET /get_model_info``."""
+        status, data, text = await self._request("GET", "/get_model_info")
+        if status != 200 or not isinstance(data, dict):
+            raise EngineError(f"{self.name}: /get_model_info answered HTTP {status}: {text[:200]}")
+        return data
+
+    # ------------------------------------------------------------- weights
+    async def update_weights_from_disk(self, path: str | Path, version: int) -> None:
+        """Tell the server to load ``path`` (written by ``save_params``) as ``version``."""
+        status, data, text = await self._request(
+            "POST",
+            "/update_weights_from_disk",
+            {"model_path": str(path), "weight_version": str(int(version))},
+        )
+        if status != 200 or not (isinstance(data, dict) and data.get("success")):
+            raise EngineError(
+                f"{self.name}: update_weights_from_disk({path}) failed: {_error_message(data, text)}"
+            )
+        self._version = int(version)
+
+    def update_weights(self, params: Any, version: int) -> None:
+        """Start an asynchronous update: write ``params`` under ``weights_dir/v{version}``
+        (in an executor), then ``update_weights_from_disk``. Returns at once; call
+        from the event loop. Updates run in order; see :meth:`wait_weights`."""
+        # Keep unfinished tasks and failures (for wait_weights); drop the ones that landed.
+        self._weight_tasks = [
+            t for t in self._weight_tasks if not t.done() or t.cancelled() or t.exception()
+        ]
+        previous = self._weight_tasks[-1] if self._weight_tasks else None
+        task = asyncio.get_running_loop().create_task(
+            self._write_and_load(params, int(version), previous)
+        )
+        # Retrieve the exception here so an unawaited failure is not logged as lost.
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        self._weight_tasks.append(task)
+
+    async def _write_and_load(self, params: Any, version: int, previous: asyncio.Task | None):
+        if previous is not None:
+            await asyncio.gather(previous, return_exceptions=True)
+        if self._weights_dir is None:
+            self._weights_dir = Path(tempfile.mkdtemp(prefix="tunix-weights-"))
+        path = self._weights_dir / f"v{version}"
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, save_params, path, params)
+        await self.update_weights_from_disk(path, version)
+        old, self._written = self._written, path
+        if old is not None and old != path:
+            await loop.run_in_executor(None, shutil.rmtree, old, True)
+
+    async def wait_weights(self) -> None:
+        """Await pending weight updates; re-raise the first failure."""
+        tasks, self._weight_tasks = self._weight_tasks, []
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    # --------------------------------------------------------------- close
+    async def close(self) -> None:
+        """Let pending weight updates and aborts finish, then close this loop's session.
+
+        A weights directory this client made itself is removed.
+        """
+        await asyncio.gather(*self._weight_tasks, *self._background, return_exceptions=True)
+        loop = asyncio.get_running_loop()
+        session = self._sessions.pop(loop, None)
+        if session is not None:
+            await session.close()
+        if self._owns_weights_dir and self._weights_dir is not None:
+            shutil.rmtree(self._weights_dir, ignore_errors=True)
+            self._weights_dir, self._written = None, None

@@ -1,0 +1,528 @@
+"""Serve a :class:`JaxEngine` over HTTP with SGLang's native API.
+
+The endpoints are the subset of SGLang's that RL rollout needs, with the same
+wire format, so :class:`~tunix_agentic.serving.client.SGLangEngine` talks to
+this server and to a real SGLang server alike:
+
+- ``POST /generate``: ``input_ids`` (one prompt, or a list of prompts answered
+  by a list of results), ``sampling_params``, ``return_logprob``, ``rid``, and
+  our extension ``session_id`` (per-session KV reuse). The answer carries
+  ``output_ids`` and ``meta_info`` (finish reason, token counts, logprobs as
+  ``[logprob, token_id, null]`` triples, and our extension
+  ``output_token_versions``: the policy version of every token).
+- ``GET /health``, ``GET /get_model_info``, ``POST /abort_request``,
+  ``POST /update_weights_from_disk`` (a directory written by
+  :func:`tunix_agentic.checkpoint.save_params`).
+
+A malformed request gets HTTP 400 with ``{"error": {"message": ...}}``; a closed
+engine gets 503. Run the app with ``handler_cancellation=True`` (as
+:func:`start_server` does) so that a client hanging up aborts its generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from aiohttp import web
+
+from tunix_agentic.checkpoint import load_params
+from tunix_agentic.inference.base import EngineError, PromptTooLongError, TokenOutput
+from tunix_agentic.inference.engine import JaxEngine
+from tunix_agentic.inference.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from tunix_agentic.config import RunConfig
+
+MAX_BODY_BYTES = 64 * 1024 * 1024  # a batch of long prompts is far past aiohttp's 1 MiB default
+_SHUTDOWN_TIMEOUT_S = 5.0
+
+
+# ------------------------------------------------------------------ parsing
+@dataclasses.dataclass(frozen=True)
+class GenerateRequest:
+    """One prompt of a ``/generate`` body, validated."""
+
+    input_ids: list[int]
+    sampling: SamplingParams
+    rid: str
+    session_id: str | None
+    return_logprob: bool
+
+
+def _integer(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    return int(value)
+
+
+def _number(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    return float(value)
+
+
+def parse_sampling_params(raw: Any, *, max_seq_len: int) -> SamplingParams:
+    """SGLang ``sampling_params`` -> :class:`SamplingParams`.
+
+    Missing keys keep the defaults (SGLang's: temperature 1, top_p 1, top_k off,
+    128 new tokens); ``top_k`` -1 or 0 is off; ``max_new_tokens: null`` runs to
+    the context window; ``sampling_seed`` (or ``seed``) seeds the request.
+    Keys we do not implement (``stop`` strings, ``ignore_eos``, ...) are ignored.
+    Bad values raise the ValueError SamplingParams raises.
+    """
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"sampling_params must be an object, got {raw!r}")
+    kw: dict[str, Any] = {}
+    for name in ("temperature", "top_p"):
+        if raw.get(name) is not None:
+            kw[name] = _number(raw[name], name)
+    if raw.get("top_k") is not None:
+        top_k = _integer(raw["top_k"], "top_k")
+        kw["top_k"] = 0 if top_k == -1 else top_k
+    if "max_new_tokens" in raw:
+        value = raw["max_new_tokens"]
+        kw["max_new_tokens"] = max_seq_len if value is None else _integer(value, "max_new_tokens")
+    stops = raw.get("stop_token_ids")
+    if stops is not None:
+        if not isinstance(stops, list):
+            raise ValueError(f"stop_token_ids must be a list of integers, got {stops!r}")
+        kw["stop_token_ids"] = tuple(_integer(t, "stop_token_ids[]") for t in stops)
+    seed = raw.get("sampling_seed", raw.get("seed"))
+    if seed is not None:
+        kw["seed"] = _integer(seed, "sampling_seed")
+    return SamplingParams(**kw)
+
+
+def _prompt(raw: Any, *, vocab_size: int, max_seq_len: int, where: str) -> list[int]:
+    if not isinstance(raw, list) or not raw:
+        raise ValueError(f"{where} must be a non-empty list of token ids")
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
+        raise ValueError(f"{where} must hold integers only")
+    if min(raw) < 0 or max(raw) >= vocab_size:
+        raise ValueError(f"{where}: token ids must be in [0, {vocab_size})")
+    if len(raw) >= max_seq_len:
+        raise PromptTooLongError(
+            f"{where}: prompt of {len(raw)} tokens leaves no room within max_seq_len={max_seq_len}"
+        )
+    return raw
+
+
+def _per_prompt(raw: Any, n: int, name: str) -> list[Any]:
+    """A batch field given once for all prompts or as a list with one per prompt."""
+    if isinstance(raw, list):
+        if len(raw) != n:
+            raise ValueError(f"{name} has {len(raw)} entries for {n} prompts")
+        return raw
+    return [raw] * n
+
+
+def parse_generate(
+    body: Any, *, vocab_size: int, max_seq_len: int, new_rid: Callable[[], str]
+) -> tuple[list[GenerateRequest], bool]:
+    """Validate a ``/generate`` body; returns ``(requests, batched)``.
+
+    Everything is checked before anything runs, so a batch is all or nothing.
+    Raises ValueError (HTTP 400) naming what is wrong.
+    """
+    if not isinstance(body, dict):
+        raise ValueError("request body must be a JSON object")
+    ids = body.get("input_ids")
+    if ids is None:
+        if "text" in body:
+            raise ValueError("this server takes input_ids only (it has no tokenizer)")
+        raise ValueError("input_ids is required")
+    batched = isinstance(ids, list) and bool(ids) and isinstance(ids[0], list)
+    prompts = ids if batched else [ids]
+    n = len(prompts)
+    sampling = _per_prompt(body.get("sampling_params"), n, "sampling_params")
+    rids = body.get("rid")
+    if batched and isinstance(rids, str):
+        rids = [f"{rids}-{i}" for i in range(n)]
+    rids = _per_prompt(rids, n, "rid")
+    sessions = _per_prompt(body.get("session_id"), n, "session_id")
+    logprob_flags = _per_prompt(body.get("return_logprob", False), n, "return_logprob")
+    if not all(isinstance(flag, bool) for flag in logprob_flags):
+        raise ValueError(f"return_logprob must be true or false, got {body['return_logprob']!r}")
+    out = []
+    for i in range(n):
+        where = f"input_ids[{i}]" if batched else "input_ids"
+        rid, session = rids[i], sessions[i]
+        if rid is not None and not isinstance(rid, str):
+            raise ValueError(f"rid must be a string, got {rid!r}")
+        if session is not None and not isinstance(session, str):
+            raise ValueError(f"session_id must be a string, got {session!r}")
+        out.append(
+            GenerateRequest(
+                input_ids=_prompt(
+                    prompts[i], vocab_size=vocab_size, max_seq_len=max_seq_len, where=where
+                ),
+                sampling=parse_sampling_params(sampling[i], max_seq_len=max_seq_len),
+                rid=rid if rid is not None else new_rid(),
+                session_id=session,
+                return_logprob=logprob_flags[i],
+            )
+        )
+    return out, batched
+
+
+def parse_version(raw: Any, *, default: int) -> int:
+    """A weight version: an integer or a string of one (SGLang sends strings)."""
+    if raw is None:
+        return default
+    if isinstance(raw, bool):
+        raise ValueError(f"weight_version must be an integer, got {raw!r}")
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, str):
+        try:
+            return int(raw.strip())
+        except ValueError:
+            pass
+    raise ValueError(f"weight_version must be an integer, got {raw!r}")
+
+
+# ----------------------------------------------------------------- handlers
+class _ServerState:
+    """What the handlers share besides the engine."""
+
+    def __init__(self, engine: JaxEngine, model_info: dict[str, Any]):
+        self.engine = engine
+        self.model_info = model_info
+        self.weights_lock = asyncio.Lock()
+        # The last version handed to the engine: the engine applies it at its next
+        # chunk boundary, so ``engine.version`` may still show the previous one.
+        self.requested_version = engine.version
+        self._rid_prefix = f"srv-{uuid.uuid4().hex[:8]}"  # never a client's rid by accident
+        self._rid_counter = itertools.count()
+
+    def new_rid(self) -> str:
+        return f"{self._rid_prefix}-{next(self._rid_counter)}"
+
+
+_STATE = web.AppKey("state", _ServerState)
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message}}, status=status)
+
+
+async def _read_json(request: web.Request) -> Any:
+    """The request body as JSON; ValueError (a 400) when it is not."""
+    try:
+        return await request.json()
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both are
+        raise ValueError(f"request body is not valid JSON: {exc}") from None
+
+
+def format_output(
+    out: TokenOutput,
+    *,
+    rid: str,
+    return_logprob: bool,
+    weight_version: int,
+    e2e_latency: float,
+) -> dict[str, Any]:
+    """One ``/generate`` result in SGLang's shape (plus ``output_token_versions``)."""
+    n = len(out.token_ids)
+    if out.finish_reason == "stop":
+        finish: dict[str, Any] = {"type": "stop", "matched": out.matched_stop}
+    elif out.finish_reason == "length":
+        finish = {"type": "length", "length": n}
+    else:
+        finish = {"type": "abort", "message": "request aborted"}
+    meta: dict[str, Any] = {
+        "id": rid,
+        "finish_reason": finish,
+        "prompt_tokens": out.prompt_tokens,
+        "completion_tokens": n,
+        "cached_tokens": out.cached_tokens,
+        "weight_version": str(weight_version),
+        "output_token_versions": list(out.versions),
+        "e2e_latency": e2e_latency,
+    }
+    if return_logprob:
+        meta["output_token_logprobs"] = [
+            [lp, tok, None] for lp, tok in zip(out.logprobs, out.token_ids, strict=True)
+        ]
+    return {"output_ids": list(out.token_ids), "meta_info": meta}
+
+
+async def _generate_one(engine: JaxEngine, req: GenerateRequest, t0: float) -> dict[str, Any]:
+    out = await engine.generate(
+        req.input_ids, req.sampling, session_id=req.session_id, request_id=req.rid
+    )
+    return format_output(
+        out,
+        rid=req.rid,
+        return_logprob=req.return_logprob,
+        weight_version=engine.version,
+        e2e_latency=time.perf_counter() - t0,
+    )
+
+
+async def _generate_all(
+    engine: JaxEngine, reqs: list[GenerateRequest], t0: float
+) -> list[dict[str, Any]]:
+    """Run a batch concurrently; the first failure cancels (aborts) the rest."""
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(_generate_one(engine, r, t0)) for r in reqs]
+    except BaseExceptionGroup as group:
+        raise group.exceptions[0] from None
+    return [t.result() for t in tasks]
+
+
+async def handle_generate(request: web.Request) -> web.Response:
+    t0 = time.perf_counter()
+    state = request.app[_STATE]
+    engine = state.engine
+    try:
+        body = await _read_json(request)
+        reqs, batched = parse_generate(
+            body,
+            vocab_size=engine.model_config.vocab_size,
+            max_seq_len=engine.config.max_seq_len,
+            new_rid=state.new_rid,
+        )
+        if batched:
+            result: Any = await _generate_all(engine, reqs, t0)
+        else:
+            result = await _generate_one(engine, reqs[0], t0)
+    except ValueError as exc:  # PromptTooLongError and a duplicate rid included
+        return _error(400, str(exc))
+    except EngineError as exc:
+        return _error(503, str(exc))
+    return web.json_response(result)
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    health = request.app[_STATE].engine.health()
+    if not health.get("ok", False):
+        return web.json_response({"status": "closed", **health}, status=503)
+    return web.json_response({"status": "ok", **health})
+
+
+async def handle_model_info(request: web.Request) -> web.Response:
+    state = request.app[_STATE]
+    return web.json_response({**state.model_info, "weight_version": str(state.engine.version)})
+
+
+async def handle_abort(request: web.Request) -> web.Response:
+    try:
+        body = await _read_json(request)
+        rid = body.get("rid") if isinstance(body, dict) else None
+        if not isinstance(rid, str):
+            raise ValueError("abort_request needs a string 'rid'")
+    except ValueError as exc:
+        return _error(400, str(exc))
+    return web.json_response({"success": request.app[_STATE].engine.abort(rid)})
+
+
+async def handle_update_weights(request: web.Request) -> web.Response:
+    """Load parameters from disk and hand them to the engine between decode chunks."""
+    state = request.app[_STATE]
+    engine = state.engine
+
+    def fail(message: str) -> web.Response:
+        return web.json_response({"success": False, "message": message}, status=400)
+
+    try:
+        body = await _read_json(request)
+        if not isinstance(body, dict):
+            raise ValueError("request body must be a JSON object")
+        path = body.get("model_path")
+        if not isinstance(path, str) or not path:
+            raise ValueError("update_weights_from_disk needs a string 'model_path'")
+    except ValueError as exc:
+        return fail(str(exc))
+    async with state.weights_lock:
+        try:
+            version = parse_version(
+                body.get("weight_version"), default=max(engine.version, state.requested_version) + 1
+            )
+        except ValueError as exc:
+            return fail(str(exc))
+        loop = asyncio.get_running_loop()
+        # The tree to restore into; JaxEngine has no public accessor for it.
+        params_like = engine._params
+        try:
+            params = await loop.run_in_executor(None, _load_like, path, params_like)
+            engine.update_weights(params, version)
+        except Exception as exc:  # a missing path, a mismatched tree, an unreadable checkpoint
+            return fail(f"cannot load weights from {path!r}: {type(exc).__name__}: {exc}")
+        state.requested_version = version
+    return web.json_response(
+        {
+            "success": True,
+            "message": f"loaded {path}; weight version {version} from the next decode chunk",
+            "weight_version": str(version),
+            "num_paused_requests": 0,
+        }
+    )
+
+
+def _load_like(path: str, params_like: Any) -> Any:
+    """``load_params``, placed like the engine's current arrays.
+
+    Orbax hands back arrays committed to a device; the engine's are usually
+    uncommitted (built eagerly), and jit treats the two as different input
+    shardings: swapping one for the other would recompile prefill and decode.
+    """
+    loaded = load_params(path, params_like)
+
+    def place(new: jax.Array, old: Any) -> jax.Array:
+        if getattr(old, "committed", True):
+            return jax.device_put(new, old.sharding)
+        return jnp.asarray(np.asarray(new))
+
+    return jax.tree.map(place, loaded, params_like)
+
+
+def build_app(engine: JaxEngine, *, model_info: dict[str, Any]) -> web.Application:
+    """The aiohttp application serving ``engine``.
+
+    ``model_info`` is answered by ``GET /get_model_info``; ``model_path``,
+    ``vocab_size`` and ``max_seq_len`` are filled in when missing, and
+    ``weight_version`` is always the engine's current one.
+    """
+    info = {
+        "model_path": "",
+        "is_generation": True,
+        "vocab_size": engine.model_config.vocab_size,
+        "max_seq_len": engine.config.max_seq_len,
+        **model_info,
+    }
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app[_STATE] = _ServerState(engine, info)
+    app.router.add_post("/generate", handle_generate)
+    app.router.add_get("/health", handle_health)
+    app.router.add_get("/get_model_info", handle_model_info)
+    app.router.add_post("/abort_request", handle_abort)
+    app.router.add_post("/update_weights_from_disk", handle_update_weights)
+    return app
+
+
+async def start_server(
+    engine: JaxEngine,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    model_info: dict[str, Any] | None = None,
+) -> tuple[web.AppRunner, int]:
+    """Serve ``engine`` on the running loop; returns ``(runner, port)``.
+
+    ``port=0`` picks a free port. Stop with ``await runner.cleanup()``; the
+    engine stays open (close it yourself).
+    """
+    app = build_app(engine, model_info=model_info or {})
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT_S
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner, runner.addresses[0][1]
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+async def _serve(
+    engine: JaxEngine, host: str, port: int, model_info: dict[str, Any] | None
+) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    signals = (signal.SIGINT, signal.SIGTERM)
+    runner = None
+    try:
+        runner, real_port = await start_server(engine, host=host, port=port, model_info=model_info)
+        for sig in signals:
+            loop.add_signal_handler(sig, stop.set)
+        print(f"serving on {_url(host, real_port)}", flush=True)
+        await stop.wait()
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+        await engine.close()  # first, so in-flight requests answer "abort" at once
+        if runner is not None:
+            await runner.cleanup()
+
+
+def serve_forever(
+    engine: JaxEngine,
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    model_info: dict[str, Any] | None = None,
+) -> None:
+    """Serve until SIGINT or SIGTERM, then close the engine (blocking; for the CLI).
+
+    Prints one line, ``serving on http://HOST:PORT``, once the port is open.
+    """
+    asyncio.run(_serve(engine, host, port, model_info))
+
+
+def engine_from_config(
+    cfg: RunConfig, params_path: str | None = None
+) -> tuple[JaxEngine, dict[str, Any]]:
+    """Build the engine ``serve-engine`` serves, and its model info.
+
+    ``params_path`` is a directory written by ``save_params``, or a run
+    directory (one holding ``checkpoints/``), whose latest checkpoint is
+    served with its step as the weight version. Without it the model keeps its
+    random initialisation from ``cfg.seed``. Raises FileNotFoundError or
+    ValueError when the parameters cannot be loaded.
+    """
+    from flax import nnx
+
+    from learners.state import make_optimizer
+    from tunix_agentic.checkpoint import Checkpointer
+    from tunix_agentic.models.transformer import Transformer
+
+    if params_path is not None and not Path(params_path).exists():
+        raise FileNotFoundError(f"--params {params_path!r} does not exist")
+    model = Transformer(cfg.model, rngs=nnx.Rngs(cfg.seed))
+    version = 0
+    model_path = f"random-init(seed={cfg.seed})"
+    if params_path is not None:
+        path = Path(params_path)
+        params = nnx.state(model, nnx.Param)
+        if (path / "checkpoints").is_dir():
+            ckpt = Checkpointer(path / "checkpoints")
+            try:
+                opt_like = make_optimizer(cfg.learner.optimizer).init(params)
+                params, _, meta, step = ckpt.restore(params, opt_like)
+            finally:
+                ckpt.close()
+            version = int(meta.get("version", step))
+        else:
+            params = load_params(path, params)
+        nnx.update(model, params)
+        model_path = str(path.absolute())
+    engine = JaxEngine(model, cfg.engine, version=version)
+    info = {
+        "model_path": model_path,
+        "vocab_size": cfg.model.vocab_size,
+        "max_seq_len": cfg.engine.max_seq_len,
+        "max_slots": cfg.engine.max_slots,
+    }
+    return engine, info
