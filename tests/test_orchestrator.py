@@ -220,7 +220,7 @@ async def test_production_batches_and_admission_pacing(random_model):
     assert len(batch) == 2 and batch[0].index < batch[1].index
     # Staleness 0: nothing new may start until the learner publishes version 1.
     await asyncio.sleep(0.3)
-    assert orch._in_flight_groups == 0 and orch._ready.qsize() == 0
+    assert orch._in_flight_groups == 0 and not orch._ready
     orch.engine.update_weights(nnx.state(random_model, nnx.Param), version=1)
     orch.set_version(1)
     batch2 = await asyncio.wait_for(orch.get_batch(), timeout=120)
@@ -265,14 +265,52 @@ async def test_episode_with_two_tool_calls():
     await orch.engine.close()
 
 
+class GatedEnv(ArithmeticEnv):
+    """Holds every episode at reset until the test opens the gate for its task."""
+
+    gates: dict = {}
+
+    async def reset(self, task):
+        await self.gates.setdefault(task.task_id, asyncio.Event()).wait()
+        return await super().reset(task)
+
+
+async def test_learner_waits_for_a_straggler_instead_of_discarding_it(random_model):
+    tasks = [make_arithmetic_task(i, seed=2, split="train") for i in range(50)]
+    GatedEnv.gates = {t.task_id: asyncio.Event() for t in tasks}
+    orch = make_orch(random_model, group_size=2, groups_per_batch=1, max_staleness=1)
+    orch.env_factory = GatedEnv
+    orch.tasks = iter(tasks)
+    orch.start()
+    await asyncio.sleep(0.2)
+    # Admission paces to (1 + max_staleness) batches: tasks 0 and 1 are running.
+    assert orch._in_flight_groups == 2
+    GatedEnv.gates[tasks[0].task_id].set()
+    (b0,) = await asyncio.wait_for(orch.get_batch(), timeout=60)
+    assert b0.task.task_id == tasks[0].task_id
+    orch.set_version(1)
+    await asyncio.sleep(0.1)
+    # Task 1 (admitted at version 0) is now urgent: a younger group finishing first must not take its slot.
+    for t in tasks[2:]:
+        GatedEnv.gates[t.task_id].set()
+    await asyncio.sleep(0.5)
+    batch_task = asyncio.create_task(orch.get_batch())
+    await asyncio.sleep(0.5)
+    assert not batch_task.done()  # waiting for the straggler, not taking a younger group
+    GatedEnv.gates[tasks[1].task_id].set()
+    (b1,) = await asyncio.wait_for(batch_task, timeout=60)
+    assert b1.task.task_id == tasks[1].task_id and orch.stats["stale_dropped"] == 0
+    await orch.stop()
+    await orch.engine.close()
+
+
 async def test_stragglers_older_than_the_bound_never_reach_the_learner(random_model):
     orch = make_orch(random_model, group_size=2, groups_per_batch=1, max_staleness=1)
     old = await orch.run_group(TASKS[0])  # sampled by version 0
     orch.engine.update_weights(nnx.state(random_model, nnx.Param), version=2)
     orch.set_version(2)
     fresh = await orch.run_group(TASKS[1])  # sampled by version 2
-    orch._ready.put_nowait(old)
-    orch._ready.put_nowait(fresh)
+    orch._ready += [(old.index, old), (fresh.index, fresh)]  # both finished, oldest first
     (batch,) = await orch.get_batch()
     assert batch is fresh and orch.stats["stale_dropped"] == 1
     assert 2 - batch.min_version <= 1

@@ -14,7 +14,9 @@ group is admitted only while the step that will consume it is at most
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
+import heapq
 import itertools
 import time
 from collections.abc import Callable, Iterator
@@ -137,7 +139,9 @@ class RolloutOrchestrator:
         self.version = 0
         self._batches_taken = 0
         self._in_flight_groups = 0
-        self._ready: asyncio.Queue[Group | None] = asyncio.Queue()
+        self._ready: list[tuple[int, Group]] = []  # heap by admission index: oldest first
+        self._ready_changed = asyncio.Event()
+        self._in_flight_versions: collections.Counter[int] = collections.Counter()
         self._partial_batch = 0  # groups already pulled into a get_batch that is still filling
         self._filtered_streak = 0
         self._fatal: Exception | None = None
@@ -181,7 +185,7 @@ class RolloutOrchestrator:
         self._changed.set()
 
     def _may_admit(self) -> bool:
-        queued = self._in_flight_groups + self._ready.qsize() + self._partial_batch
+        queued = self._in_flight_groups + len(self._ready) + self._partial_batch
         ahead = queued // self.config.groups_per_batch
         return self._batches_taken + ahead - self.version <= self.config.max_staleness
 
@@ -199,7 +203,7 @@ class RolloutOrchestrator:
                 self._spawn(self._produce_group(task))
         except Exception as exc:  # surface it to the learner instead of hanging get_batch
             self._fatal = exc
-            self._ready.put_nowait(None)
+            self._ready_changed.set()
             raise
 
     def _spawn(self, coro) -> asyncio.Task:
@@ -209,16 +213,22 @@ class RolloutOrchestrator:
         return t
 
     async def _produce_group(self, task: Any) -> None:
+        admitted = self.version
+        self._in_flight_versions[admitted] += 1
         try:
             group = await self.run_group(task)
             if self._accept(group):
-                self._ready.put_nowait(group)
+                heapq.heappush(self._ready, (group.index, group))
                 self.stats["groups_emitted"] += 1
         finally:
             self._in_flight_groups -= 1
+            self._in_flight_versions[admitted] -= 1
+            if not self._in_flight_versions[admitted]:
+                del self._in_flight_versions[admitted]
             self._changed.set()
+            self._ready_changed.set()
             if self.metrics is not None:
-                self.metrics.gauge("queue/ready_groups", self._ready.qsize())
+                self.metrics.gauge("queue/ready_groups", len(self._ready))
                 self.metrics.gauge("queue/in_flight_groups", self._in_flight_groups)
 
     def _accept(self, group: Group) -> bool:
@@ -237,20 +247,46 @@ class RolloutOrchestrator:
                     "filtered out: the policy never or always succeeds. Check the reward, the warm start, "
                     "or set rollout.filter_uniform_groups=false"
                 )
-                self._ready.put_nowait(None)  # wake the learner so it sees the error
+                self._ready_changed.set()  # wake the learner so it sees the error
             return False
         self._filtered_streak = 0
         return True
 
+    def _urgent_in_flight(self) -> int:
+        """Running groups that go stale unless they make the batch for the current version."""
+        limit = self.version - self.config.max_staleness
+        return sum(n for admitted, n in self._in_flight_versions.items() if admitted <= limit)
+
+    def _next_ready(self, slots_left: int) -> Group | None:
+        """The oldest finished group, unless its slot is needed by a running urgent one."""
+        if not self._ready:
+            return None
+        _, oldest = self._ready[0]
+        urgent = oldest.admitted_version <= self.version - self.config.max_staleness
+        if not urgent and slots_left <= self._urgent_in_flight():
+            return None  # wait: taking a younger group now would strand an older one
+        return heapq.heappop(self._ready)[1]
+
     async def get_batch(self) -> list[Group]:
-        """The next ``groups_per_batch`` groups; waits for them while rollout goes on."""
+        """The next ``groups_per_batch`` groups; waits for them while rollout goes on.
+
+        Finished groups are taken oldest admission first, and slots are held for
+        running groups that would exceed ``max_staleness`` if left for the next
+        step: the learner waits a little for a straggler rather than discard it.
+        A group that is too stale anyway (more stragglers than a batch holds) is
+        dropped and counted.
+        """
         batch: list[Group] = []
         while len(batch) < self.config.groups_per_batch:
-            group = await self._ready.get()
-            if group is None:
+            if self._fatal is not None:
                 raise self._fatal
+            group = self._next_ready(self.config.groups_per_batch - len(batch))
+            if group is None:
+                self._ready_changed.clear()
+                await self._ready_changed.wait()
+                continue
             if self.version - group.min_version > self.config.max_staleness:
-                self.stats["stale_dropped"] += 1  # pacing should make this rare
+                self.stats["stale_dropped"] += 1
                 self._count("rollout/stale_dropped")
                 continue
             batch.append(group)

@@ -1,0 +1,537 @@
+"""Synchronous batch rollout vs the asynchronous staged pipeline, printed, never asserted.
+
+One process, one real :class:`JaxEngine` over the tiny calculator model
+(configs/calculator_tiny.yaml dims), warm-started by SFT on tool-using
+demonstrations so episodes really call the calculator. The environment waits
+as a remote one would (profiling/common.py: sandbox start-up, lognormal tool
+latency, slow verifier).
+
+* sync: a batch of episodes is reset together, then turn by turn every active
+  episode generates (one engine batch) and steps; then all are verified; then
+  the learner trains (``train_s``) and only then the next batch starts.
+* async: :class:`RolloutOrchestrator` produces continuously (INIT/RUN/EVAL
+  pools); a simulated learner takes batches with ``get_batch()``, trains
+  ``train_s``, pushes weights with ``engine.update_weights`` (no drain) and
+  bumps the version (max_staleness 1 by default, no DAPO filter).
+
+Both modes hand the learner the same number of trajectories from the same
+task stream; both walls include the learner's train steps.
+
+    python profiling/bench_rollout.py
+    BENCH_TRAJECTORIES=512 BENCH_TRAIN_S=1.0 python profiling/bench_rollout.py
+    python profiling/bench_rollout.py --set engine.max_slots=32   # any config override
+
+Environment: BENCH_TRAJECTORIES (256), BENCH_GROUP_SIZE (8), BENCH_GROUPS_PER_BATCH (8),
+BENCH_SFT_STEPS (250), BENCH_SFT_BATCH (16), BENCH_TRAIN_S (0.5), BENCH_POOL (64),
+BENCH_MAX_STALENESS (1), BENCH_RESET_S (0.3), BENCH_TOOL_MEAN_S (0.2),
+BENCH_TOOL_SIGMA (0.5), BENCH_EVAL_S (0.5), BENCH_SEED (0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import dataclasses
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from common import (
+    InFlightSampler,
+    Waits,
+    env_float,
+    env_int,
+    percentiles,
+    slow_env_factory,
+    warm_engine,
+)
+from flax import nnx
+
+from envs.calculator import ArithmeticEnv
+from learners.sft import SFTTrainer
+from tunix_agentic.agent.chat import ChatTemplate
+from tunix_agentic.agent.context import get_context_rule
+from tunix_agentic.agent.loop import AgentConfig
+from tunix_agentic.agent.tool_parser import get_parser
+from tunix_agentic.config import RunConfig, load_config
+from tunix_agentic.data.demos import demonstration_batches
+from tunix_agentic.data.tasks import heldout_tasks, task_iterator
+from tunix_agentic.inference import JaxEngine, PromptTooLongError, SamplingParams
+from tunix_agentic.models.tokenizer import CharTokenizer
+from tunix_agentic.models.transformer import Transformer, count_params
+from tunix_agentic.rollout import RolloutConfig, RolloutOrchestrator, Step, Trajectory
+
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "calculator_tiny.yaml"
+AGENT = AgentConfig(max_turns=3, max_new_tokens=48, temperature=1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchParams:
+    trajectories: int = 256
+    group_size: int = 8
+    groups_per_batch: int = 8
+    sft_steps: int = 250
+    sft_batch: int = 16
+    min_tool_use: float = 0.8  # below this after SFT: train sft_steps more, up to 3 times
+    train_s: float = 0.5
+    pool: int = 64
+    max_staleness: int = 1
+    overrides: tuple[str, ...] = ()  # dotted config overrides, e.g. "engine.max_slots=32"
+    warmup: bool = True
+    seed: int = 0
+    waits: Waits = Waits()
+
+    @property
+    def batch_size(self) -> int:
+        return self.group_size * self.groups_per_batch
+
+
+@dataclasses.dataclass
+class ModeResult:
+    """What one mode achieved; every time in seconds."""
+
+    mode: str
+    trajectories: int
+    wall_s: float
+    traj_per_s: float
+    engine_busy: float  # engine busy_s delta / wall
+    trainer_wait_s: float
+    latency_p50_s: float
+    latency_p95_s: float
+    latency_p99_s: float
+    tool_use: float
+    success: float
+    gen_tokens_per_s: float
+    mean_in_flight: float  # engine requests queued or decoding, sampled every 10 ms
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def line(self) -> str:
+        return (
+            f"RESULT {self.mode:5s}: {self.trajectories} traj in {self.wall_s:.1f}s = "
+            f"{self.traj_per_s:.2f} traj/s; engine busy {100 * self.engine_busy:.1f}%; "
+            f"trainer wait {self.trainer_wait_s:.1f}s ({100 * self.trainer_wait_s / self.wall_s:.0f}% of wall); "
+            f"episode latency p50/p95/p99 {self.latency_p50_s:.2f}/{self.latency_p95_s:.2f}/"
+            f"{self.latency_p99_s:.2f}s; tool use {self.tool_use:.2f}, success {self.success:.2f}; "
+            f"{self.gen_tokens_per_s:,.0f} gen tok/s; mean engine in-flight {self.mean_in_flight:.1f}"
+        )
+
+
+def _summarise(
+    mode: str,
+    trajs: list[Trajectory],
+    latencies: list[float],
+    wall: float,
+    busy: float,
+    wait: float,
+    in_flight: float,
+    **extra: Any,
+) -> ModeResult:
+    q = percentiles(latencies)
+    n = len(trajs)
+    return ModeResult(
+        mode=mode,
+        trajectories=n,
+        wall_s=wall,
+        traj_per_s=n / wall,
+        engine_busy=busy / wall,
+        trainer_wait_s=wait,
+        latency_p50_s=q["p50"],
+        latency_p95_s=q["p95"],
+        latency_p99_s=q["p99"],
+        tool_use=float(np.mean([any(s.tool_calls for s in t.steps) for t in trajs])),
+        success=float(np.mean([t.reward > 0 for t in trajs])),
+        gen_tokens_per_s=sum(t.num_generated for t in trajs) / wall,
+        mean_in_flight=in_flight,
+        extra=extra,
+    )
+
+
+# ------------------------------------------------------------------ policy
+async def prepare_policy(
+    p: BenchParams, cfg: RunConfig, template: ChatTemplate
+) -> tuple[JaxEngine, SFTTrainer, Iterator[dict], float]:
+    """An engine serving the config's model, SFT-trained on demonstrations that all use the
+    calculator; returns (engine, trainer, demo batches, warm-up seconds).
+
+    Compiling every engine shape does not depend on the weights, so it runs on the
+    event loop while SFT runs on a worker thread; the trained weights are then swapped in.
+    """
+    trainer = SFTTrainer(Transformer(cfg.model, rngs=nnx.Rngs(p.seed)), cfg.sft.optimizer)
+    engine = JaxEngine(trainer.state.model(), cfg.engine)
+    batches = demonstration_batches(
+        template, seed=p.seed, batch_size=p.sft_batch, tool_fraction=1.0
+    )
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sft") as pool:
+        trained = asyncio.get_running_loop().run_in_executor(
+            pool, sft, trainer, batches, p.sft_steps
+        )
+        warm_s = await warm_engine(engine) if p.warmup else 0.0
+        await trained
+    engine.update_weights(trainer.state.params_copy(), engine.version)
+    return engine, trainer, batches, warm_s
+
+
+def sft(trainer: SFTTrainer, batches, steps: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for _ in range(steps):
+        out = trainer.train_step(next(batches))
+    return out
+
+
+async def tool_use_rate(engine: JaxEngine, template: ChatTemplate, p: BenchParams) -> float:
+    """Tool-use rate on held-out tasks (no waits), sampled as in the benchmark."""
+    orch = RolloutOrchestrator(
+        engine,
+        ArithmeticEnv,
+        template,
+        AGENT,
+        RolloutConfig(filter_uniform_groups=False, run_workers=p.pool, seed=p.seed + 1),
+    )
+    groups = await orch.run_tasks(
+        heldout_tasks(p.groups_per_batch, seed=p.seed), group_size=p.group_size
+    )
+    trajs = [t for g in groups for t in g.trajectories]
+    return float(np.mean([any(s.tool_calls for s in t.steps) for t in trajs])) if trajs else 0.0
+
+
+# -------------------------------------------------------------------- sync
+async def sync_batch(
+    engine: JaxEngine,
+    env_factory,
+    template: ChatTemplate,
+    tasks: list[Any],
+    group_size: int,
+    batch_index: int,
+    seed: int,
+) -> tuple[list[Trajectory], list[float]]:
+    """One lockstep batch: reset all, then per turn generate all / step all, then verify all.
+
+    Same agent pieces as the async loop (template, parser, context rule,
+    Trajectory), so the two produce equivalent token histories.
+    """
+    parse = get_parser(AGENT.parser)
+    context_of = get_context_rule(AGENT.context_rule)
+    episodes = [(t, m) for t in tasks for m in range(group_size)]
+    envs = [env_factory() for _ in episodes]
+    trajs = [
+        Trajectory(
+            task_id=str(task.task_id),
+            episode_id=f"sync-b{batch_index}-{task.task_id}-{member}",
+            task_name=task.task_name,
+            group_id=f"sync-b{batch_index}-{task.task_id}",
+        )
+        for task, member in episodes
+    ]
+    seeds = [
+        (seed * 1_000_003 + batch_index * len(tasks) + i // group_size) * 64 + i % group_size
+        for i in range(len(episodes))
+    ]
+    t0 = time.perf_counter()
+    prompts = await asyncio.gather(
+        *(env.reset(task) for env, (task, _) in zip(envs, episodes, strict=True))
+    )
+    for traj, prompt in zip(trajs, prompts, strict=True):
+        traj.append_prompt(template.prompt_ids(prompt))
+
+    async def generate(i: int, turn: int):
+        sampling = SamplingParams(
+            temperature=AGENT.temperature,
+            top_p=AGENT.top_p,
+            top_k=AGENT.top_k,
+            max_new_tokens=AGENT.max_new_tokens,
+            stop_token_ids=template.stop_ids,
+            seed=seeds[i] * 1009 + turn,
+        )
+        try:
+            return await engine.generate(
+                context_of(trajs[i]), sampling, session_id=trajs[i].episode_id
+            )
+        except PromptTooLongError:
+            return None
+
+    active = list(range(len(episodes)))
+    for turn in range(AGENT.max_turns):
+        outs = await asyncio.gather(*(generate(i, turn) for i in active))
+        stepping = []
+        for i, out in zip(active, outs, strict=True):
+            if out is None:
+                trajs[i].status = "max_tokens"
+                continue
+            text = template.tokenizer.decode(out.token_ids)
+            step = Step(
+                context_len=len(trajs[i].token_ids),
+                action_ids=list(out.token_ids),
+                logprobs=list(out.logprobs),
+                versions=list(out.versions),
+                finish_reason=out.finish_reason,
+                action_text=text,
+            )
+            trajs[i].append_action(step)
+            if out.finish_reason == "length":
+                trajs[i].status = "max_tokens"
+            else:
+                stepping.append((i, step, parse(text)))
+        results = await asyncio.gather(*(envs[i].step(action) for i, _, action in stepping))
+        active = []
+        for (i, step, _), result in zip(stepping, results, strict=True):
+            step.reward, step.done = float(result.reward), bool(result.done)
+            step.tool_calls = list(result.info.get("tool_calls", []))
+            if result.done:
+                trajs[i].status = "ok"
+            else:
+                trajs[i].append_observation(template.observation_ids(result.observation))
+                active.append(i)
+        if not active:
+            break
+    for i in active:
+        trajs[i].status = "max_turns"
+
+    ends = [0.0] * len(episodes)
+
+    async def verify(i: int) -> None:
+        trajs[i].reward = float(await envs[i].evaluate())
+        ends[i] = time.perf_counter()
+
+    await asyncio.gather(*(verify(i) for i in range(len(episodes))))
+    await asyncio.gather(*(env.close() for env in envs))
+    return trajs, [end - t0 for end in ends]
+
+
+async def run_sync(
+    engine: JaxEngine, template: ChatTemplate, p: BenchParams, params: Any, version: int
+) -> ModeResult:
+    env_factory = slow_env_factory(p.waits, p.seed)
+    tasks = task_iterator(seed=p.seed, split="train")
+    trajs: list[Trajectory] = []
+    latencies: list[float] = []
+    wait = 0.0
+    sampler = InFlightSampler(engine)
+    busy0 = engine.stats["busy_s"]
+    sampler.start()
+    t0 = time.perf_counter()
+    batch_index = 0
+    while len(trajs) < p.trajectories:
+        batch_tasks = [next(tasks) for _ in range(p.groups_per_batch)]
+        t = time.perf_counter()
+        got, lat = await sync_batch(
+            engine, env_factory, template, batch_tasks, p.group_size, batch_index, p.seed
+        )
+        wait += time.perf_counter() - t  # the learner idles through the whole rollout
+        trajs += got
+        latencies += lat
+        await asyncio.sleep(p.train_s)  # the train step; rollout stops meanwhile
+        version += 1
+        engine.update_weights(params, version)
+        batch_index += 1
+    wall = time.perf_counter() - t0
+    busy = engine.stats["busy_s"] - busy0
+    in_flight = await sampler.stop()
+    return _summarise(
+        "sync",
+        trajs,
+        latencies,
+        wall,
+        busy,
+        wait,
+        in_flight,
+        rollout_only_traj_per_s=len(trajs) / wait,
+        batches=batch_index,
+    )
+
+
+# ------------------------------------------------------------------- async
+async def run_async(
+    engine: JaxEngine, template: ChatTemplate, p: BenchParams, params: Any, version: int
+) -> ModeResult:
+    config = RolloutConfig(
+        group_size=p.group_size,
+        groups_per_batch=p.groups_per_batch,
+        init_workers=p.pool,
+        run_workers=p.pool,
+        eval_workers=p.pool,
+        max_staleness=p.max_staleness,
+        filter_uniform_groups=False,
+        seed=p.seed,
+    )
+    orch = RolloutOrchestrator(
+        engine,
+        slow_env_factory(p.waits, p.seed),
+        template,
+        AGENT,
+        config,
+        tasks=task_iterator(seed=p.seed, split="train"),
+    )
+    orch.set_version(version)
+    trajs: list[Trajectory] = []
+    lags: list[int] = []
+    waits: list[float] = []
+    sampler = InFlightSampler(engine)
+    busy0 = engine.stats["busy_s"]
+    sampler.start()
+    t0 = time.perf_counter()
+    orch.start()
+    try:
+        while len(trajs) < p.trajectories:
+            t = time.perf_counter()
+            groups = await orch.get_batch()
+            waits.append(time.perf_counter() - t)
+            for g in groups:
+                trajs += g.trajectories
+                lags += [
+                    version - t.min_version for t in g.trajectories if t.min_version is not None
+                ]
+            await asyncio.sleep(p.train_s)  # the train step; rollout goes on meanwhile
+            version += 1
+            engine.update_weights(params, version)  # same arrays: exercises the no-drain swap
+            orch.set_version(version)
+        wall = time.perf_counter() - t0
+        busy = engine.stats["busy_s"] - busy0
+    finally:
+        await orch.stop()
+    in_flight = await sampler.stop()
+    return _summarise(
+        "async",
+        trajs,
+        [t.timings["episode_s"] for t in trajs],
+        wall,
+        busy,
+        sum(waits),
+        in_flight,
+        first_batch_wait_s=waits[0],
+        later_batch_wait_mean_s=float(np.mean(waits[1:])) if len(waits) > 1 else 0.0,
+        staleness_max=max(lags, default=0),
+        orchestrator=dict(orch.stats),
+    )
+
+
+# -------------------------------------------------------------------- main
+async def run(p: BenchParams) -> dict[str, Any]:
+    cfg = load_config(CONFIG, p.overrides)
+    template = ChatTemplate(CharTokenizer(cfg.model.vocab_size))
+    engine_cfg = cfg.engine
+    t = time.perf_counter()
+    engine, trainer, batches, warm_s = await prepare_policy(p, cfg, template)
+    prep_s = time.perf_counter() - t
+    print(
+        f"model: {count_params(trainer.state.model()):,} parameters ({CONFIG.name} dims); "
+        f"engine {engine_cfg.max_slots} slots, max_seq_len {engine_cfg.max_seq_len}, "
+        f"decode_steps {engine_cfg.decode_steps}"
+    )
+    steps = p.sft_steps
+    tool_use = await tool_use_rate(engine, template, p)
+    for _ in range(3):
+        if tool_use >= p.min_tool_use:
+            break
+        sft(trainer, batches, p.sft_steps)
+        steps += p.sft_steps
+        engine.update_weights(trainer.state.params_copy(), engine.version)
+        tool_use = await tool_use_rate(engine, template, p)
+    print(
+        f"warm start: {steps} SFT steps (batch {p.sft_batch}, tool_fraction 1.0) beside the "
+        f"engine warm-up ({warm_s:.0f}s, compiles {engine.compiles}): {prep_s:.0f}s; "
+        f"held-out tool-use rate {tool_use:.2f}"
+    )
+    print(
+        f"waits: {p.waits.describe()}; train step {p.train_s:g}s; {p.trajectories} trajectories "
+        f"per mode, batches of {p.groups_per_batch} tasks x G={p.group_size}; async pools {p.pool}, "
+        f"max_staleness {p.max_staleness}"
+    )
+    params = trainer.state.params_copy()
+    compiles0 = dict(engine.compiles)
+    sync = await run_sync(engine, template, p, params, engine.version)
+    print(sync.line())
+    print(
+        f"       sync rollout alone (train steps excluded): "
+        f"{sync.extra['rollout_only_traj_per_s']:.2f} traj/s"
+    )
+    asyn = await run_async(engine, template, p, params, engine.version)
+    print(asyn.line())
+    o = asyn.extra["orchestrator"]
+    print(
+        f"       async: first batch waited {asyn.extra['first_batch_wait_s']:.2f}s, later batches "
+        f"{asyn.extra['later_batch_wait_mean_s']:.2f}s on average; max staleness taken "
+        f"{asyn.extra['staleness_max']}; {o['stale_dropped']} of {o['groups_emitted']} finished "
+        f"groups dropped as stale ({100 * o['stale_dropped'] / max(o['groups_emitted'], 1):.0f}%)"
+    )
+    print(f"       orchestrator stats: {o}")
+    ratio = asyn.traj_per_s / sync.traj_per_s
+    print(
+        f"RATIO async/sync throughput {ratio:.2f}x (goal >= 3x); engine busy "
+        f"{100 * sync.engine_busy:.1f}% -> {100 * asyn.engine_busy:.1f}% (goal >= 90%); "
+        f"compiles during the runs: {_diff(engine.compiles, compiles0)}"
+    )
+    await engine.close()
+    return {
+        "sync": dataclasses.asdict(sync),
+        "async": dataclasses.asdict(asyn),
+        "ratio": ratio,
+        "tool_use_after_sft": tool_use,
+        "sft_steps": steps,
+    }
+
+
+def _diff(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {k: after[k] - before.get(k, 0) for k in after}
+
+
+def parse_args(argv: list[str] | None) -> BenchParams:
+    d, w = BenchParams(), Waits.from_env()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--trajectories", type=int, default=env_int("BENCH_TRAJECTORIES", d.trajectories)
+    )
+    ap.add_argument("--group-size", type=int, default=env_int("BENCH_GROUP_SIZE", d.group_size))
+    ap.add_argument(
+        "--groups-per-batch",
+        type=int,
+        default=env_int("BENCH_GROUPS_PER_BATCH", d.groups_per_batch),
+    )
+    ap.add_argument("--sft-steps", type=int, default=env_int("BENCH_SFT_STEPS", d.sft_steps))
+    ap.add_argument("--sft-batch", type=int, default=env_int("BENCH_SFT_BATCH", d.sft_batch))
+    ap.add_argument("--min-tool-use", type=float, default=d.min_tool_use)
+    ap.add_argument("--train-s", type=float, default=env_float("BENCH_TRAIN_S", d.train_s))
+    ap.add_argument("--pool", type=int, default=env_int("BENCH_POOL", d.pool))
+    ap.add_argument(
+        "--max-staleness", type=int, default=env_int("BENCH_MAX_STALENESS", d.max_staleness)
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override the config, e.g. --set engine.max_slots=32 (repeatable)",
+    )
+    ap.add_argument("--no-warmup", action="store_true")
+    ap.add_argument("--seed", type=int, default=env_int("BENCH_SEED", d.seed))
+    ap.add_argument("--reset-s", type=float, default=w.reset_s)
+    ap.add_argument("--tool-mean-s", type=float, default=w.tool_mean_s)
+    ap.add_argument("--tool-sigma", type=float, default=w.tool_sigma)
+    ap.add_argument("--eval-s", type=float, default=w.eval_s)
+    a = ap.parse_args(argv)
+    return BenchParams(
+        trajectories=a.trajectories,
+        group_size=a.group_size,
+        groups_per_batch=a.groups_per_batch,
+        sft_steps=a.sft_steps,
+        sft_batch=a.sft_batch,
+        min_tool_use=a.min_tool_use,
+        train_s=a.train_s,
+        pool=a.pool,
+        max_staleness=a.max_staleness,
+        overrides=tuple(a.set),
+        warmup=not a.no_warmup,
+        seed=a.seed,
+        waits=Waits(a.reset_s, a.tool_mean_s, a.tool_sigma, a.eval_s),
+    )
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run both modes; returns the figures it printed."""
+    return asyncio.run(run(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""Smoke tests of the rollout benchmarks at a tiny scale: structure only, never timings."""
+
+import importlib
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+PROFILING = Path(__file__).resolve().parents[1] / "profiling"
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    # The benchmarks are scripts beside their shared helpers (profiling/common.py).
+    monkeypatch.syspath_prepend(str(PROFILING))
+    for name in list(os.environ):
+        if name.startswith("BENCH_"):
+            monkeypatch.delenv(name)
+    return importlib.import_module
+
+
+def _check_latencies(figures: dict) -> None:
+    p50, p95, p99 = (figures[f"latency_p{q}_s"] for q in (50, 95, 99))
+    assert 0 <= p50 <= p95 <= p99
+
+
+def test_bench_rollout_returns_both_modes(bench):
+    mod = bench("bench_rollout")
+    figures = mod.main(
+        [
+            "--trajectories=8",
+            "--group-size=2",
+            "--groups-per-batch=2",
+            "--sft-steps=1",
+            "--sft-batch=2",
+            "--min-tool-use=0",
+            # One slot and one prefill length: the fewest compiles.
+            "--set=engine.max_slots=1",
+            "--set=engine.min_prefill_len=128",
+            "--pool=4",
+            "--no-warmup",
+            "--reset-s=0",
+            "--tool-mean-s=0",
+            "--eval-s=0",
+            "--train-s=0",
+        ]
+    )
+    assert {"sync", "async", "ratio", "tool_use_after_sft", "sft_steps"} <= set(figures)
+    for mode in ("sync", "async"):
+        f = figures[mode]
+        assert f["mode"] == mode
+        assert f["trajectories"] >= 8
+        assert f["wall_s"] > 0 and f["traj_per_s"] > 0
+        assert f["engine_busy"] >= 0 and f["trainer_wait_s"] >= 0
+        assert 0 <= f["tool_use"] <= 1 and 0 <= f["success"] <= 1
+        _check_latencies(f)
+    assert figures["ratio"] > 0 and math.isfinite(figures["ratio"])
+    assert figures["sync"]["extra"]["batches"] == 2
+    assert figures["async"]["extra"]["orchestrator"]["groups_emitted"] >= 4
+
+
+def test_bench_overhead_counts_every_episode(bench):
+    mod = bench("bench_overhead")
+    figures = mod.main(["--episodes=64", "--group-size=4"])
+    assert figures["episodes"] == 64
+    # The instant engine plays a calculator call, then an answer: two steps an episode.
+    assert figures["steps"] == 128 and figures["statuses"] == {"ok": 64}
+    assert figures["wall_s"] > 0 and figures["per_episode_us"] > 0 and figures["per_step_us"] > 0
+    assert figures["retained_bytes_per_trajectory"] > 0
+    assert figures["tracemalloc_peak_mb"] > 0 and figures["rss_peak_mb"] > 0
