@@ -315,3 +315,11 @@ async def test_stragglers_older_than_the_bound_never_reach_the_learner(random_mo
     assert batch is fresh and orch.stats["stale_dropped"] == 1
     assert 2 - batch.min_version <= 1
     await orch.engine.close()
+
+
+def test_resuming_at_a_version_paces_from_that_version(random_model):
+    orch = make_orch(random_model, groups_per_batch=2, max_staleness=1)
+    orch.set_version(5)  # a resumed run: five batches were consumed before
+    assert orch._batches_taken == 5 and orch._may_admit()
+    orch._in_flight_groups = 4  # two batches ahead is the most staleness 1 allows
+    assert not orch._may_admit()

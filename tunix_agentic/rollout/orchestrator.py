@@ -182,6 +182,8 @@ class RolloutOrchestrator:
 
     def set_version(self, version: int) -> None:
         self.version = version
+        # Publishing version v means v batches were consumed (also when resuming at v).
+        self._batches_taken = max(self._batches_taken, version)
         self._changed.set()
 
     def _may_admit(self) -> bool:
