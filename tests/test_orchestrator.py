@@ -323,3 +323,21 @@ def test_resuming_at_a_version_paces_from_that_version(random_model):
     assert orch._batches_taken == 5 and orch._may_admit()
     orch._in_flight_groups = 4  # two batches ahead is the most staleness 1 allows
     assert not orch._may_admit()
+
+
+async def test_low_variance_groups_are_filtered_and_variable_batches_return_early(random_model):
+    orch = make_orch(random_model, min_reward_std=0.3, groups_per_batch=4, min_groups_per_batch=2)
+    low = await orch.run_group(TASKS[0])
+    for t, r in zip(low.trajectories, [1.0, 1.0, 0.0], strict=True):
+        t.reward = r  # std 0.47: kept
+    assert orch._accept(low)
+    for t, r in zip(low.trajectories, [0.0, 0.0, 0.5], strict=True):
+        t.reward = r  # std 0.24: too little signal
+    assert not orch._accept(low) and orch.stats["groups_filtered"] == 1
+    g1, g2 = await orch.run_group(TASKS[1]), await orch.run_group(TASKS[2])
+    orch._ready += [(g1.index, g1), (g2.index, g2)]
+    batch = await asyncio.wait_for(orch.get_batch(), timeout=10)
+    assert [g.index for g in batch] == [g1.index, g2.index]  # 2 of at most 4: returned early
+    with pytest.raises(ValueError, match="min_groups_per_batch"):
+        RolloutConfig(groups_per_batch=2, min_groups_per_batch=3)
+    await orch.engine.close()

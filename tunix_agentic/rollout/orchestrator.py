@@ -41,6 +41,10 @@ class RolloutConfig:
     episode_timeout_s: float = 300.0
     max_staleness: int = 1
     filter_uniform_groups: bool = True  # DAPO dynamic sampling: drop groups with one reward value
+    min_reward_std: float = 0.0  # RAGEN-style: also drop groups whose reward std is at most this
+    min_groups_per_batch: int = (
+        0  # AgentRL variable batch: return early with >= this many (0: fixed size)
+    )
     max_filtered_in_a_row: int = 500  # then stop with an error instead of waiting forever
     infra_retries: int = 1  # re-run an episode that hit an infrastructure fault, with a fresh env
     # Interaction-budget curriculum (ScalingInter-RL): ((from_version, max_turns), ...), e.g.
@@ -60,6 +64,13 @@ class RolloutConfig:
             raise ValueError(f"rollout.max_staleness must be >= 0, got {self.max_staleness}")
         if self.episode_timeout_s <= 0:
             raise ValueError(f"rollout.episode_timeout_s must be > 0, got {self.episode_timeout_s}")
+        if self.min_reward_std < 0:
+            raise ValueError(f"rollout.min_reward_std must be >= 0, got {self.min_reward_std}")
+        if not 0 <= self.min_groups_per_batch <= self.groups_per_batch:
+            raise ValueError(
+                f"rollout.min_groups_per_batch must be in [0, groups_per_batch={self.groups_per_batch}], "
+                f"got {self.min_groups_per_batch}"
+            )
         if self.infra_retries < 0:
             raise ValueError(f"rollout.infra_retries must be >= 0, got {self.infra_retries}")
         steps = [entry[0] for entry in self.max_turns_schedule]
@@ -239,13 +250,19 @@ class RolloutOrchestrator:
             self._count("rollout/groups_too_small")
             return False
         rewards = group.rewards
-        if self.config.filter_uniform_groups and rewards.size and np.all(rewards == rewards[0]):
+        uniform = (
+            self.config.filter_uniform_groups and rewards.size and np.all(rewards == rewards[0])
+        )
+        low_signal = (
+            self.config.min_reward_std > 0 and float(rewards.std()) <= self.config.min_reward_std
+        )
+        if uniform or low_signal:
             self.stats["groups_filtered"] += 1
             self._count("rollout/groups_filtered")
             self._filtered_streak += 1
             if self._filtered_streak >= self.config.max_filtered_in_a_row and self._fatal is None:
                 self._fatal = RuntimeError(
-                    f"{self._filtered_streak} groups in a row had identical rewards (last: {rewards[0]}) and were "
+                    f"{self._filtered_streak} groups in a row had identical or low-variance rewards (last: {rewards.tolist()}) and were "
                     "filtered out: the policy never or always succeeds. Check the reward, the warm start, "
                     "or set rollout.filter_uniform_groups=false"
                 )
@@ -272,6 +289,9 @@ class RolloutOrchestrator:
     async def get_batch(self) -> list[Group]:
         """The next ``groups_per_batch`` groups; waits for them while rollout goes on.
 
+        With ``min_groups_per_batch`` set, returns as soon as that many are in
+        hand and no more are ready (a variable batch, as in AgentRL).
+
         Finished groups are taken oldest admission first, and slots are held for
         running groups that would exceed ``max_staleness`` if left for the next
         step: the learner waits a little for a straggler rather than discard it.
@@ -279,10 +299,13 @@ class RolloutOrchestrator:
         dropped and counted.
         """
         batch: list[Group] = []
+        at_least = self.config.min_groups_per_batch or self.config.groups_per_batch
         while len(batch) < self.config.groups_per_batch:
             if self._fatal is not None:
                 raise self._fatal
             group = self._next_ready(self.config.groups_per_batch - len(batch))
+            if group is None and len(batch) >= at_least and not self._urgent_in_flight():
+                break  # variable batch size: enough to train on, and nothing old is left behind
             if group is None:
                 self._ready_changed.clear()
                 await self._ready_changed.wait()
