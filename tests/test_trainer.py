@@ -53,6 +53,12 @@ def test_tiny_run_writes_events_checkpoints_and_resumes(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["success_after"] == result.success_after
 
+    again = train(CONFIG, [*TINY_RUN, "rl.steps=1", f"run_dir={run_dir}"], progress=False)
+    assert again.run_dir == f"{run_dir}-2"  # a second fresh run never overwrites the first
+    assert (run_dir / "checkpoints" / "2").is_dir() and (
+        tmp_path / "run-2" / "checkpoints" / "1"
+    ).is_dir()
+
     resumed = train(None, ["rl.steps=3"], resume_dir=str(run_dir), progress=False)
     assert len(resumed.history) == 1  # only step 3 was left to do
     assert resumed.success_before == result.success_before  # carried in the checkpoint

@@ -84,6 +84,15 @@ def rollout_stats(groups: list[Group]) -> dict[str, float]:
     }
 
 
+def fresh_run_dir(path: Path) -> Path:
+    """``path``, or ``path-2``, ``path-3``... if a run already lives there: never overwrite one."""
+    candidate, n = path, 1
+    while (candidate / "config.yaml").exists() or (candidate / "checkpoints").exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate
+
+
 class Trainer:
     """One run, from a config. ``run()`` is synchronous and notebook-friendly."""
 
@@ -91,7 +100,9 @@ class Trainer:
         self.cfg = config
         self.resume = resume
         self.progress = progress
-        self.run_dir = Path(config.run_dir)
+        self.run_dir = Path(config.run_dir) if resume else fresh_run_dir(Path(config.run_dir))
+        if self.run_dir != Path(config.run_dir):
+            self.cfg = config = dataclasses.replace(config, run_dir=str(self.run_dir))
         self.tokenizer = CharTokenizer(config.model.vocab_size)
         self.template = ChatTemplate(self.tokenizer)
         self.env_factory = functools.partial(
