@@ -59,7 +59,7 @@ from tunix_agentic.agent.tool_parser import get_parser
 from tunix_agentic.config import RunConfig, load_config
 from tunix_agentic.data.demos import demonstration_batches
 from tunix_agentic.data.tasks import heldout_tasks, task_iterator
-from tunix_agentic.inference import JaxEngine, PromptTooLongError, SamplingParams
+from tunix_agentic.inference import JaxEngine, PromptTooLongError
 from tunix_agentic.models.tokenizer import CharTokenizer
 from tunix_agentic.models.transformer import Transformer, count_params
 from tunix_agentic.rollout import RolloutConfig, RolloutOrchestrator, Step, Trajectory
@@ -237,14 +237,7 @@ async def sync_batch(
         traj.append_prompt(template.prompt_ids(prompt))
 
     async def generate(i: int, turn: int):
-        sampling = SamplingParams(
-            temperature=AGENT.temperature,
-            top_p=AGENT.top_p,
-            top_k=AGENT.top_k,
-            max_new_tokens=AGENT.max_new_tokens,
-            stop_token_ids=template.stop_ids,
-            seed=seeds[i] * 1009 + turn,
-        )
+        sampling = AGENT.sampling(template.stop_ids, seed=seeds[i], turn=turn)
         try:
             return await engine.generate(
                 context_of(trajs[i]), sampling, session_id=trajs[i].episode_id

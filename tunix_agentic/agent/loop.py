@@ -39,6 +39,19 @@ class AgentConfig:
         get_parser(self.parser)
         get_context_rule(self.context_rule)
 
+    def sampling(
+        self, stop_token_ids: tuple[int, ...], *, seed: int | None, turn: int
+    ) -> SamplingParams:
+        """Sampling for one turn; an episode seed gives each turn its own reproducible seed."""
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            max_new_tokens=self.max_new_tokens,
+            stop_token_ids=stop_token_ids,
+            seed=None if seed is None else seed * 1009 + turn,
+        )
+
 
 async def run_agent(
     engine: InferenceEngine,
@@ -62,14 +75,7 @@ async def run_agent(
     turns = max_turns or config.max_turns
     for turn in range(turns):
         context = context_of(traj)
-        sampling = SamplingParams(
-            temperature=config.temperature,
-            top_p=config.top_p,
-            top_k=config.top_k,
-            max_new_tokens=config.max_new_tokens,
-            stop_token_ids=template.stop_ids,
-            seed=None if seed is None else seed * 1009 + turn,
-        )
+        sampling = config.sampling(template.stop_ids, seed=seed, turn=turn)
         t0 = time.perf_counter()
         try:
             out = await engine.generate(context, sampling, session_id=traj.episode_id)
