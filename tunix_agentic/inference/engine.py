@@ -481,9 +481,8 @@ class JaxEngine:
 
     def _collect_chunk(self, out_tokens, out_logprobs, last, pos, keys, version) -> None:
         self._keys[:] = keys
+        # Every active request already holds its first token (from prefill) here.
         for slot, req in list(self._active.items()):
-            if req.slot != slot or len(req.tokens) == 0:
-                continue
             for k in range(out_tokens.shape[0]):
                 if self._append(
                     req, int(out_tokens[k, slot]), float(out_logprobs[k, slot]), version
