@@ -65,3 +65,47 @@ def test_split_keys_advances_each_row():
     assert nxt.shape == use.shape == (3, 2)
     assert not np.array_equal(np.asarray(nxt), np.asarray(keys))
     assert not np.array_equal(np.asarray(nxt), np.asarray(use))
+
+
+def _reference_keep(row: np.ndarray, top_k: int, top_p: float) -> set[int]:
+    """The nucleus by the textbook recipe: sort, cut to k, keep the smallest prefix reaching p."""
+    order = np.argsort(-row, kind="stable")
+    k = top_k if 0 < top_k < row.size else row.size
+    kth = row[order[k - 1]]
+    survivors = order[row[order] >= kth]
+    probs = np.exp(row[survivors] - row[survivors].max())
+    probs /= probs.sum()
+    before = np.cumsum(probs) - probs
+    kept = survivors[before < top_p] if top_p < 1 else survivors
+    return {int(i) for i in np.flatnonzero(row >= row[kept].min()) if i in set(survivors)}
+
+
+@pytest.mark.parametrize("top_k,top_p", [(0, 0.9), (5, 1.0), (17, 0.6), (0, 0.3), (1, 1.0)])
+def test_filter_without_sorting_matches_the_sorted_reference(top_k, top_p):
+    from tunix_agentic.inference.sampling import _filter
+
+    rng = np.random.default_rng(top_k)
+    logits = rng.normal(0, 3, (8, 300)).astype(np.float32)
+    logits[0, :50] = 0.0  # ties
+    logits[1] = -logits[1]  # negative-heavy row
+    out = np.asarray(
+        _filter(jnp.asarray(logits), jnp.full(8, top_k, jnp.int32), jnp.full(8, top_p, jnp.float32))
+    )
+    for i in range(8):
+        assert set(np.flatnonzero(np.isfinite(out[i])).tolist()) == _reference_keep(
+            logits[i], top_k, top_p
+        ), i
+
+
+def test_mixed_batch_keeps_greedy_rows_greedy_and_filters_only_its_own_rows():
+    logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]] * 2000, jnp.float32))
+    keys = jax.vmap(lambda i: jax.random.key_data(jax.random.key(i)))(jnp.arange(2000)).astype(
+        jnp.uint32
+    )
+    temp = jnp.where(jnp.arange(2000) % 2 == 0, 0.0, 1.0)
+    top_k = jnp.where(jnp.arange(2000) % 4 == 1, 2, 0).astype(jnp.int32)
+    tokens, _ = sample(logits, keys, temp, top_k, jnp.ones(2000))
+    tokens = np.asarray(tokens)
+    assert set(tokens[0::2].tolist()) == {0}  # greedy rows
+    assert set(tokens[1::4].tolist()) == {0, 1}  # top-k 2 rows
+    assert set(tokens[3::4].tolist()) == {0, 1, 2, 3}  # unfiltered rows see the whole vocabulary

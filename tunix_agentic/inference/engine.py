@@ -131,7 +131,9 @@ class JaxEngine:
         self._params = _commit(params)
         self.version = version
         self._pending_params: tuple[Any, int] | None = None
-        self._cache = init_cache(self.model_config, config.max_slots, config.max_seq_len)
+        # Committed like every later cache (the outputs of donated calls), so the first
+        # prefill and decode compile once, not once for a fresh cache and again after.
+        self._cache = _commit(init_cache(self.model_config, config.max_slots, config.max_seq_len))
         s = config.max_slots
         self._last_token = np.zeros(s, np.int32)
         self._next_pos = np.full(s, config.max_seq_len, np.int32)
@@ -150,7 +152,7 @@ class JaxEngine:
         self._loop_task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
-        self.compiles = {"prefill": 0, "decode": 0}
+        self._traces = {"prefill": 0, "decode": 0}
         self.stats = {
             "decode_chunks": 0,
             "prefill_calls": 0,
@@ -164,7 +166,7 @@ class JaxEngine:
 
     # ----------------------------------------------------------------- jitted
     def _prefill_impl(self, params, cache, ids, pos, rows, last_idx, keys, temp, top_k, top_p):
-        self.compiles["prefill"] += 1  # runs only while tracing
+        self._traces["prefill"] += 1  # runs only while tracing
         model = nnx.merge(self._graphdef, params)
         logits, cache = model(ids, pos, cache, rows, logits_at=last_idx)
         keys, use = split_keys(keys)
@@ -172,7 +174,7 @@ class JaxEngine:
         return cache, tokens, logprobs, keys
 
     def _decode_impl(self, params, cache, tokens, pos, keys, temp, top_k, top_p):
-        self.compiles["decode"] += 1
+        self._traces["decode"] += 1
         model = nnx.merge(self._graphdef, params)
         limit = self.config.max_seq_len
 
@@ -275,6 +277,21 @@ class JaxEngine:
             "queued": len(self._queue),
             **self.stats,
             "compiles": dict(self.compiles),
+        }
+
+    @property
+    def compiles(self) -> dict[str, int]:
+        """Executables compiled so far for prefill and decode (each shape and placement counts)."""
+
+        def count(fn, name):
+            try:
+                return max(fn._cache_size(), self._traces[name])
+            except AttributeError:  # a JAX without the executable count: traces, a lower bound
+                return self._traces[name]
+
+        return {
+            "prefill": count(self._prefill_fn, "prefill"),
+            "decode": count(self._decode_fn, "decode"),
         }
 
     @property

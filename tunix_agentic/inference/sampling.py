@@ -41,6 +41,47 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
 
 
+def _ordered_bits(x: jax.Array) -> jax.Array:
+    """Map float32 values to uint32 so that unsigned order equals float order."""
+    bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)
+    key = jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)
+    return jax.lax.bitcast_convert_type(key, jnp.uint32) ^ jnp.uint32(0x80000000)
+
+
+def _largest_threshold(u: jax.Array, weight: jax.Array, need: jax.Array) -> jax.Array:
+    """Per row, the largest ``t`` with ``sum(weight[u >= t]) >= need``, built bit by bit.
+
+    ``u`` [B, V] uint32 ordered bits, ``weight`` [B, V], ``need`` [B]. Exact in 32
+    fixed steps of one masked sum each: no sort of the vocabulary.
+    """
+
+    def step(i, t):
+        cand = t | (jnp.uint32(1) << (31 - i).astype(jnp.uint32))
+        mass = jnp.sum(jnp.where(u >= cand[:, None], weight, 0), axis=-1)
+        return jnp.where(mass >= need, cand, t)
+
+    return jax.lax.fori_loop(0, 32, step, jnp.zeros(u.shape[0], jnp.uint32))
+
+
+def _filter(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """Mask (to -inf) everything outside each row's top-k, then outside its top-p nucleus.
+
+    Top-k keeps every value >= the k-th largest (ties with it included). Top-p
+    then keeps, among those, the largest values down to the first one at which
+    the renormalised mass reaches ``top_p``: the smallest such prefix.
+    """
+    vocab = scaled.shape[-1]
+    u = _ordered_bits(scaled)
+    k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab).astype(jnp.float32)
+    kth = _largest_threshold(u, jnp.ones_like(scaled), k)
+    survivors = u >= kth[:, None]
+    probs = jax.nn.softmax(jnp.where(survivors, scaled, -jnp.inf), axis=-1)
+    nucleus = _largest_threshold(u, probs, top_p)
+    nucleus = jnp.where(top_p >= 1, jnp.uint32(0), nucleus)  # p = 1: no rounding-off of the tail
+    keep = survivors & (u >= nucleus[:, None])
+    return jnp.where(keep, scaled, -jnp.inf)
+
+
 def sample(
     logits: jax.Array,  # [B, V] float32
     keys: jax.Array,  # [B, 2] uint32 raw PRNG keys
@@ -53,26 +94,27 @@ def sample(
     The logprob is that of the chosen token under the temperature-scaled,
     *unfiltered* distribution (temperature 1 for greedy rows): the learner
     recomputes exactly this from the same logits, so ratios start at 1.
+
+    Work that no row needs is skipped at run time (``lax.cond``): an all-greedy
+    batch draws no random numbers, and a batch without top-k/top-p rows does
+    not filter. Filtering never sorts the vocabulary (see ``_filter``).
     """
     vocab = logits.shape[-1]
     greedy = temperature <= 0
     t = jnp.where(greedy, 1.0, temperature)[:, None]
     scaled = logits / t
     logp = jax.nn.log_softmax(scaled, axis=-1)
+    filtering = ~greedy & (((top_k > 0) & (top_k < vocab)) | (top_p < 1))
 
-    sorted_logits = jnp.sort(scaled, axis=-1)[:, ::-1]  # descending
-    k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
-    kth = jnp.take_along_axis(sorted_logits, (k - 1)[:, None], axis=-1)
-    # top-p over the top-k survivors: keep the smallest prefix whose mass reaches p.
-    sorted_masked = jnp.where(jnp.arange(vocab)[None] < k[:, None], sorted_logits, -jnp.inf)
-    probs = jax.nn.softmax(sorted_masked, axis=-1)
-    mass_before = jnp.cumsum(probs, axis=-1) - probs
-    keep_sorted = (mass_before < top_p[:, None]) & (jnp.arange(vocab)[None] < k[:, None])
-    cutoff = jnp.min(jnp.where(keep_sorted, sorted_logits, jnp.inf), axis=-1, keepdims=True)
-    threshold = jnp.maximum(kth, cutoff)
-    filtered = jnp.where(scaled >= threshold, scaled, -jnp.inf)
+    def draw(scaled):
+        filtered = jax.lax.cond(
+            jnp.any(filtering), _filter, lambda s, k, p: s, scaled, top_k, top_p
+        )
+        return jax.vmap(jax.random.categorical)(keys, filtered).astype(jnp.int32)
 
-    sampled = jax.vmap(lambda key, row: jax.random.categorical(key, row))(keys, filtered)
+    sampled = jax.lax.cond(
+        jnp.any(~greedy), draw, lambda s: jnp.zeros(s.shape[0], jnp.int32), scaled
+    )
     tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
     logprobs = jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
     return tokens, logprobs
