@@ -26,6 +26,9 @@ class GRPOConfig:
     kl_coef: float = 0.0
     temperature: float = 1.0  # must match the sampling temperature, so ratios start at 1
     task_normalize: bool = False  # AgentRL task advantage normalisation across the batch
+    # Truncated importance sampling: > 0 turns on the decoupled objective (ratio to the
+    # learner's own pre-update policy, per-token weight min(p_prox / p_sampler, tis_cap)).
+    tis_cap: float = 0.0
 
     def __post_init__(self):
         get_advantage_fn(self.advantage)
@@ -35,6 +38,8 @@ class GRPOConfig:
             )
         if not 0 <= self.clip_low < 1 or self.clip_high < 0:
             raise ValueError("learner.clip_low must be in [0, 1) and learner.clip_high >= 0")
+        if self.tis_cap < 0 or 0 < self.tis_cap < 1:
+            raise ValueError(f"learner.tis_cap must be 0 (off) or >= 1, got {self.tis_cap}")
         if self.kl_coef < 0:
             raise ValueError(f"learner.kl_coef must be >= 0, got {self.kl_coef}")
         if not self.temperature > 0:
@@ -73,6 +78,10 @@ class GRPOLearner:
         ref = None
         if ref_params is not None:
             ref = jax.lax.stop_gradient(self._logprobs(ref_params, ids)[1])
+        behaviour = None
+        if cfg.tis_cap > 0:  # the sampler's logprobs weigh; the ratio is to our own policy
+            behaviour = old
+            old = jax.lax.stop_gradient(self._logprobs(params, ids)[1])
 
         def loss_fn(p):
             logits, lp = self._logprobs(p, ids)
@@ -86,6 +95,8 @@ class GRPOLearner:
                 aggregation=cfg.aggregation,
                 ref_logprobs=ref,
                 kl_coef=cfg.kl_coef,
+                behaviour_logprobs=behaviour,
+                tis_cap=cfg.tis_cap,
             )
             probs = jax.nn.softmax(logits, axis=-1)
             entropy = -jnp.sum(probs * jax.nn.log_softmax(logits, axis=-1), axis=-1)

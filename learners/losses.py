@@ -6,6 +6,7 @@ token); ``advantages`` is ``[B]`` (one per sequence, broadcast over tokens).
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
@@ -41,6 +42,8 @@ def grpo_loss(
     aggregation: str = "token_mean",
     ref_logprobs: jnp.ndarray | None = None,
     kl_coef: float = 0.0,
+    behaviour_logprobs: jnp.ndarray | None = None,
+    tis_cap: float = 0.0,
 ) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
     """Clipped-ratio surrogate (PPO, Schulman et al. 2017; GRPO, Shao et al. 2024).
 
@@ -48,6 +51,14 @@ def grpo_loss(
     ``kl_coef > 0`` adds the k3 KL estimator to a reference policy (GRPO eq. 4).
     Returns the scalar loss and diagnostics (clip fraction, approximate KL to
     the sampling policy, mean ratio, KL to the reference).
+
+    Off-policy correction (decoupled PPO with truncated importance sampling,
+    as in AReaL and Yao et al. 2025): pass ``behaviour_logprobs`` (what the
+    engine that sampled the tokens reported) and ``tis_cap > 0``; then
+    ``old_logprobs`` is the proximal policy (the learner's current parameters
+    before the update), the ratio is clipped around it, and each token's term
+    is weighted by ``min(exp(old - behaviour), tis_cap)`` without gradient.
+    That corrects both a stale sampler and a sampler whose numerics differ.
     """
     adv = advantages[:, None]
     log_ratio = logprobs - old_logprobs
@@ -61,6 +72,13 @@ def grpo_loss(
         "approx_kl": jnp.sum(0.5 * log_ratio**2 * mask) / denom,
         "ratio_mean": jnp.sum(ratio * mask) / denom,
     }
+    if behaviour_logprobs is not None and tis_cap > 0:
+        weight = jax.lax.stop_gradient(
+            jnp.minimum(jnp.exp(old_logprobs - behaviour_logprobs), tis_cap)
+        )
+        per_token = per_token * weight
+        aux["tis_weight_mean"] = jnp.sum(weight * mask) / denom
+        aux["tis_capped_fraction"] = jnp.sum((weight >= tis_cap) * mask) / denom
     if ref_logprobs is not None and kl_coef > 0:
         d = ref_logprobs - logprobs
         kl = jnp.exp(d) - d - 1.0

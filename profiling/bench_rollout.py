@@ -12,7 +12,9 @@ latency, slow verifier).
 * async: :class:`RolloutOrchestrator` produces continuously (INIT/RUN/EVAL
   pools); a simulated learner takes batches with ``get_batch()``, trains
   ``train_s``, pushes weights with ``engine.update_weights`` (no drain) and
-  bumps the version (max_staleness 1 by default, no DAPO filter).
+  bumps the version (no DAPO filter). ``--max-staleness 1,2,4`` runs the
+  async mode once per bound, so the throughput each policy lag buys is seen
+  in one run.
 
 Both modes hand the learner the same number of trajectories from the same
 task stream; both walls include the learner's train steps.
@@ -33,6 +35,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import dataclasses
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,7 +81,7 @@ class BenchParams:
     min_tool_use: float = 0.8  # below this after SFT: train sft_steps more, up to 3 times
     train_s: float = 0.5
     pool: int = 64
-    max_staleness: int = 1
+    max_staleness: tuple[int, ...] = (1,)
     overrides: tuple[str, ...] = ()  # dotted config overrides, e.g. "engine.max_slots=32"
     warmup: bool = True
     seed: int = 0
@@ -337,7 +340,12 @@ async def run_sync(
 
 # ------------------------------------------------------------------- async
 async def run_async(
-    engine: JaxEngine, template: ChatTemplate, p: BenchParams, params: Any, version: int
+    engine: JaxEngine,
+    template: ChatTemplate,
+    p: BenchParams,
+    params: Any,
+    version: int,
+    max_staleness: int,
 ) -> ModeResult:
     config = RolloutConfig(
         group_size=p.group_size,
@@ -345,7 +353,7 @@ async def run_async(
         init_workers=p.pool,
         run_workers=p.pool,
         eval_workers=p.pool,
-        max_staleness=p.max_staleness,
+        max_staleness=max_staleness,
         filter_uniform_groups=False,
         seed=p.seed,
     )
@@ -385,8 +393,9 @@ async def run_async(
     finally:
         await orch.stop()
     in_flight = await sampler.stop()
+    first = p.groups_per_batch * p.group_size
     return _summarise(
-        "async",
+        f"async s={max_staleness}",
         trajs,
         [t.timings["episode_s"] for t in trajs],
         wall,
@@ -394,6 +403,9 @@ async def run_async(
         sum(waits),
         in_flight,
         first_batch_wait_s=waits[0],
+        # Past the pipeline's fill-up: trajectories after the first batch / time after it came.
+        steady_traj_per_s=(len(trajs) - first) / max(wall - waits[0], 1e-9),
+        max_staleness=max_staleness,
         later_batch_wait_mean_s=float(np.mean(waits[1:])) if len(waits) > 1 else 0.0,
         staleness_max=max(lags, default=0),
         orchestrator=dict(orch.stats),
@@ -440,26 +452,36 @@ async def run(p: BenchParams) -> dict[str, Any]:
         f"       sync rollout alone (train steps excluded): "
         f"{sync.extra['rollout_only_traj_per_s']:.2f} traj/s"
     )
-    asyn = await run_async(engine, template, p, params, engine.version)
-    print(asyn.line())
-    o = asyn.extra["orchestrator"]
-    print(
-        f"       async: first batch waited {asyn.extra['first_batch_wait_s']:.2f}s, later batches "
-        f"{asyn.extra['later_batch_wait_mean_s']:.2f}s on average; max staleness taken "
-        f"{asyn.extra['staleness_max']}; {o['stale_dropped']} of {o['groups_emitted']} finished "
-        f"groups dropped as stale ({100 * o['stale_dropped'] / max(o['groups_emitted'], 1):.0f}%)"
-    )
-    print(f"       orchestrator stats: {o}")
+    runs = []
+    for bound in p.max_staleness:
+        asyn = await run_async(engine, template, p, params, engine.version, bound)
+        runs.append(asyn)
+        print(asyn.line())
+        o = asyn.extra["orchestrator"]
+        print(
+            f"       first batch waited {asyn.extra['first_batch_wait_s']:.2f}s, later batches "
+            f"{asyn.extra['later_batch_wait_mean_s']:.2f}s on average; steady state (after the "
+            f"first batch) {asyn.extra['steady_traj_per_s']:.2f} traj/s; max staleness taken "
+            f"{asyn.extra['staleness_max']}; {o['stale_dropped']} of {o['groups_emitted']} finished "
+            f"groups dropped as stale ({100 * o['stale_dropped'] / max(o['groups_emitted'], 1):.0f}%)"
+        )
+        print(f"       orchestrator stats: {o}")
+    for asyn in runs:
+        ratio = asyn.traj_per_s / sync.traj_per_s
+        print(
+            f"RATIO async (max_staleness {asyn.extra['max_staleness']}) / sync throughput "
+            f"{ratio:.2f}x, steady state {asyn.extra['steady_traj_per_s'] / sync.traj_per_s:.2f}x "
+            f"(goal >= 3x); engine busy {100 * sync.engine_busy:.1f}% -> "
+            f"{100 * asyn.engine_busy:.1f}% (goal >= 90%)"
+        )
+    print(f"compiles during the runs: {_diff(engine.compiles, compiles0)}")
+    asyn = runs[0]
     ratio = asyn.traj_per_s / sync.traj_per_s
-    print(
-        f"RATIO async/sync throughput {ratio:.2f}x (goal >= 3x); engine busy "
-        f"{100 * sync.engine_busy:.1f}% -> {100 * asyn.engine_busy:.1f}% (goal >= 90%); "
-        f"compiles during the runs: {_diff(engine.compiles, compiles0)}"
-    )
     await engine.close()
     return {
         "sync": dataclasses.asdict(sync),
         "async": dataclasses.asdict(asyn),
+        "sweep": [dataclasses.asdict(r) for r in runs],
         "ratio": ratio,
         "tool_use_after_sft": tool_use,
         "sft_steps": steps,
@@ -488,7 +510,9 @@ def parse_args(argv: list[str] | None) -> BenchParams:
     ap.add_argument("--train-s", type=float, default=env_float("BENCH_TRAIN_S", d.train_s))
     ap.add_argument("--pool", type=int, default=env_int("BENCH_POOL", d.pool))
     ap.add_argument(
-        "--max-staleness", type=int, default=env_int("BENCH_MAX_STALENESS", d.max_staleness)
+        "--max-staleness",
+        default=os.environ.get("BENCH_MAX_STALENESS", ",".join(map(str, d.max_staleness))),
+        help="one bound or a comma list (one async run each), e.g. 1,2,4",
     )
     ap.add_argument(
         "--set",
@@ -513,12 +537,24 @@ def parse_args(argv: list[str] | None) -> BenchParams:
         min_tool_use=a.min_tool_use,
         train_s=a.train_s,
         pool=a.pool,
-        max_staleness=a.max_staleness,
+        max_staleness=_bounds(a.max_staleness),
         overrides=tuple(a.set),
         warmup=not a.no_warmup,
         seed=a.seed,
         waits=Waits(a.reset_s, a.tool_mean_s, a.tool_sigma, a.eval_s),
     )
+
+
+def _bounds(text: str) -> tuple[int, ...]:
+    try:
+        bounds = tuple(int(x) for x in str(text).split(",") if x.strip())
+    except ValueError:
+        raise SystemExit(
+            f"--max-staleness: expected integers like 1 or 1,2,4, got {text!r}"
+        ) from None
+    if not bounds or min(bounds) < 0:
+        raise SystemExit(f"--max-staleness: expected integers >= 0, got {text!r}")
+    return bounds
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -251,3 +251,28 @@ def test_unknown_aggregation_raises():
 def test_masked_cross_entropy(logprobs, mask, expected):
     out = masked_cross_entropy(jnp.asarray(logprobs, jnp.float32), jnp.asarray(mask, jnp.float32))
     np.testing.assert_allclose(float(out), expected, rtol=1e-6, atol=0)
+
+
+def test_truncated_importance_weights_scale_each_token_and_stop_at_the_cap():
+    old = np.array([[-1.0, -1.0, -1.0]], np.float32)
+    lp = old.copy()  # ratio 1 to the proximal policy: the surrogate is -advantage per token
+    # The sampler saw p/2, p, 4p: weights 2, 1, and 1/4.
+    behaviour = old + np.log(np.array([[0.5, 1.0, 4.0]], np.float32))
+    mask = np.ones((1, 3), np.float32)
+    loss, aux = losses.grpo_loss(
+        jnp.asarray(lp),
+        jnp.asarray(old),
+        jnp.asarray([1.0]),
+        jnp.asarray(mask),
+        behaviour_logprobs=jnp.asarray(behaviour),
+        tis_cap=1.5,
+    )
+    # min(2, 1.5) + 1 + 0.25 over 3 tokens
+    np.testing.assert_allclose(float(loss), -(1.5 + 1.0 + 0.25) / 3, rtol=1e-5)
+    np.testing.assert_allclose(float(aux["tis_weight_mean"]), 2.75 / 3, rtol=1e-5)
+    np.testing.assert_allclose(float(aux["tis_capped_fraction"]), 1 / 3, rtol=1e-5)
+    plain, plain_aux = losses.grpo_loss(
+        jnp.asarray(lp), jnp.asarray(old), jnp.asarray([1.0]), jnp.asarray(mask)
+    )
+    np.testing.assert_allclose(float(plain), -1.0, rtol=1e-6)
+    assert "tis_weight_mean" not in plain_aux
