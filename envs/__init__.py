@@ -20,7 +20,7 @@ from envs.calculator import (
     make_arithmetic_task,
     safe_eval,
 )
-from envs.tools import Tool, ToolResult, call_tool
+from envs.tools import Tool, ToolResult, ToolUnavailable, call_tool
 
 __all__ = [
     "Action",
@@ -32,6 +32,7 @@ __all__ = [
     "Tool",
     "ToolCall",
     "ToolResult",
+    "ToolUnavailable",
     "available_envs",
     "call_tool",
     "format_number",

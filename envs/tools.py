@@ -40,6 +40,16 @@ def _json_type_name(value: Any) -> str:
     return type(value).__name__
 
 
+class ToolUnavailable(Exception):
+    """Raised by a tool whose *infrastructure* failed (its sandbox died, its service is down).
+
+    Unlike any other exception, which the agent sees as an ``error:`` observation
+    (a bad call is the policy's fault), this one passes through :func:`call_tool`
+    and ends the episode with status ``tool_error``: an infrastructure fault that
+    the orchestrator retries or drops, never scores as a failure of the policy.
+    """
+
+
 class Tool(abc.ABC):
     """A function the agent can call, described by an OpenAI function schema.
 
@@ -106,6 +116,7 @@ class Tool(abc.ABC):
         """Runs the tool on validated arguments and returns its output text.
 
         Raise an exception for a failed call; :func:`call_tool` reports it to the agent.
+        Raise :class:`ToolUnavailable` when the tool itself could not run (infrastructure).
         """
 
 
@@ -129,7 +140,8 @@ async def call_tool(
 
     An unknown tool name, invalid arguments, an exception inside the tool and a timeout (when
     ``timeout`` seconds is given) all become error results whose output starts with
-    ``"error: "``. ``asyncio.CancelledError`` still propagates, so cancelling a rollout works.
+    ``"error: "``. ``asyncio.CancelledError`` still propagates, so cancelling a rollout works,
+    and so does :class:`ToolUnavailable` (an infrastructure fault, not the agent's).
     """
     start = time.perf_counter()
 
@@ -147,6 +159,8 @@ async def call_tool(
     try:
         async with scope:
             output = await tool.run(**call.arguments)
+    except ToolUnavailable:
+        raise
     except TimeoutError as exc:
         if scope.expired():
             return result(f"{ERROR_PREFIX}tool '{call.name}' timed out after {timeout:g}s", True)

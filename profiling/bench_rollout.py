@@ -25,7 +25,7 @@ task stream; both walls include the learner's train steps.
 
 Environment: BENCH_TRAJECTORIES (256), BENCH_GROUP_SIZE (8), BENCH_GROUPS_PER_BATCH (8),
 BENCH_SFT_STEPS (250), BENCH_SFT_BATCH (16), BENCH_TRAIN_S (0.5), BENCH_POOL (64),
-BENCH_MAX_STALENESS (1), BENCH_RESET_S (0.3), BENCH_TOOL_MEAN_S (0.2),
+BENCH_MAX_STALENESS (1), BENCH_PREFETCH_GROUPS (8), BENCH_RESET_S (0.3), BENCH_TOOL_MEAN_S (0.2),
 BENCH_TOOL_SIGMA (0.5), BENCH_EVAL_S (0.5), BENCH_SEED (0).
 """
 
@@ -82,6 +82,7 @@ class BenchParams:
     train_s: float = 0.5
     pool: int = 64
     max_staleness: tuple[int, ...] = (1,)
+    prefetch_groups: int = 8  # async: groups INIT'ed ahead of admission (rollout.prefetch_groups)
     overrides: tuple[str, ...] = ()  # dotted config overrides, e.g. "engine.max_slots=32"
     warmup: bool = True
     seed: int = 0
@@ -118,6 +119,8 @@ class ModeResult:
             f"trainer wait {self.trainer_wait_s:.1f}s ({100 * self.trainer_wait_s / self.wall_s:.0f}% of wall); "
             f"episode latency p50/p95/p99 {self.latency_p50_s:.2f}/{self.latency_p95_s:.2f}/"
             f"{self.latency_p99_s:.2f}s; tool use {self.tool_use:.2f}, success {self.success:.2f}; "
+            f"engine host gaps {100 * self.extra.get('engine_sched_gap', 0):.1f}%, idle "
+            f"{100 * self.extra.get('engine_idle', 0):.1f}%; "
             f"{self.gen_tokens_per_s:,.0f} gen tok/s; mean engine in-flight {self.mean_in_flight:.1f}"
         )
 
@@ -306,6 +309,7 @@ async def run_sync(
     wait = 0.0
     sampler = InFlightSampler(engine)
     busy0 = engine.stats["busy_s"]
+    other0 = _engine_other(engine)
     sampler.start()
     t0 = time.perf_counter()
     batch_index = 0
@@ -335,6 +339,7 @@ async def run_sync(
         in_flight,
         rollout_only_traj_per_s=len(trajs) / wait,
         batches=batch_index,
+        **_engine_other(engine, other0, wall),
     )
 
 
@@ -354,6 +359,7 @@ async def run_async(
         run_workers=p.pool,
         eval_workers=p.pool,
         max_staleness=max_staleness,
+        prefetch_groups=p.prefetch_groups,
         filter_uniform_groups=False,
         seed=p.seed,
     )
@@ -371,6 +377,7 @@ async def run_async(
     waits: list[float] = []
     sampler = InFlightSampler(engine)
     busy0 = engine.stats["busy_s"]
+    other0 = _engine_other(engine)
     sampler.start()
     t0 = time.perf_counter()
     orch.start()
@@ -379,6 +386,8 @@ async def run_async(
             t = time.perf_counter()
             groups = await orch.get_batch()
             waits.append(time.perf_counter() - t)
+            if len(waits) == 1:  # the pipeline is full from here on
+                steady_from, steady_busy0 = time.perf_counter(), engine.stats["busy_s"]
             for g in groups:
                 trajs += g.trajectories
                 lags += [
@@ -388,8 +397,10 @@ async def run_async(
             version += 1
             engine.update_weights(params, version)  # same arrays: exercises the no-drain swap
             orch.set_version(version)
-        wall = time.perf_counter() - t0
+        end = time.perf_counter()
+        wall = end - t0
         busy = engine.stats["busy_s"] - busy0
+        steady_busy = (engine.stats["busy_s"] - steady_busy0) / max(end - steady_from, 1e-9)
     finally:
         await orch.stop()
     in_flight = await sampler.stop()
@@ -405,6 +416,8 @@ async def run_async(
         first_batch_wait_s=waits[0],
         # Past the pipeline's fill-up: trajectories after the first batch / time after it came.
         steady_traj_per_s=(len(trajs) - first) / max(wall - waits[0], 1e-9),
+        steady_engine_busy=steady_busy,
+        **_engine_other(engine, other0, wall),
         max_staleness=max_staleness,
         later_batch_wait_mean_s=float(np.mean(waits[1:])) if len(waits) > 1 else 0.0,
         staleness_max=max(lags, default=0),
@@ -442,7 +455,7 @@ async def run(p: BenchParams) -> dict[str, Any]:
     print(
         f"waits: {p.waits.describe()}; train step {p.train_s:g}s; {p.trajectories} trajectories "
         f"per mode, batches of {p.groups_per_batch} tasks x G={p.group_size}; async pools {p.pool}, "
-        f"max_staleness {p.max_staleness}"
+        f"max_staleness {p.max_staleness}, prefetch_groups {p.prefetch_groups}"
     )
     params = trainer.state.params_copy()
     compiles0 = dict(engine.compiles)
@@ -461,7 +474,8 @@ async def run(p: BenchParams) -> dict[str, Any]:
         print(
             f"       first batch waited {asyn.extra['first_batch_wait_s']:.2f}s, later batches "
             f"{asyn.extra['later_batch_wait_mean_s']:.2f}s on average; steady state (after the "
-            f"first batch) {asyn.extra['steady_traj_per_s']:.2f} traj/s; max staleness taken "
+            f"first batch) {asyn.extra['steady_traj_per_s']:.2f} traj/s at "
+            f"{100 * asyn.extra['steady_engine_busy']:.1f}% engine busy; max staleness taken "
             f"{asyn.extra['staleness_max']}; {o['stale_dropped']} of {o['groups_emitted']} finished "
             f"groups dropped as stale ({100 * o['stale_dropped'] / max(o['groups_emitted'], 1):.0f}%)"
         )
@@ -472,7 +486,8 @@ async def run(p: BenchParams) -> dict[str, Any]:
             f"RATIO async (max_staleness {asyn.extra['max_staleness']}) / sync throughput "
             f"{ratio:.2f}x, steady state {asyn.extra['steady_traj_per_s'] / sync.traj_per_s:.2f}x "
             f"(goal >= 3x); engine busy {100 * sync.engine_busy:.1f}% -> "
-            f"{100 * asyn.engine_busy:.1f}% (goal >= 90%)"
+            f"{100 * asyn.engine_busy:.1f}%, steady state {100 * asyn.extra['steady_engine_busy']:.1f}% "
+            f"(goal >= 90%)"
         )
     print(f"compiles during the runs: {_diff(engine.compiles, compiles0)}")
     asyn = runs[0]
@@ -486,6 +501,16 @@ async def run(p: BenchParams) -> dict[str, Any]:
         "tool_use_after_sft": tool_use,
         "sft_steps": steps,
     }
+
+
+def _engine_other(
+    engine: JaxEngine, since: dict[str, float] | None = None, wall: float | None = None
+) -> dict[str, float]:
+    """The engine's host-gap and idle seconds (absolute), or their fractions of ``wall`` since."""
+    now = {"engine_sched_gap": engine.stats["sched_gap_s"], "engine_idle": engine.stats["idle_s"]}
+    if since is None:
+        return now
+    return {k: (v - since[k]) / wall for k, v in now.items()}
 
 
 def _diff(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
@@ -521,6 +546,12 @@ def parse_args(argv: list[str] | None) -> BenchParams:
         metavar="KEY=VALUE",
         help="override the config, e.g. --set engine.max_slots=32 (repeatable)",
     )
+    ap.add_argument(
+        "--prefetch-groups",
+        type=int,
+        default=env_int("BENCH_PREFETCH_GROUPS", d.prefetch_groups),
+        help="async: groups whose sandboxes start ahead of admission (0: off)",
+    )
     ap.add_argument("--no-warmup", action="store_true")
     ap.add_argument("--seed", type=int, default=env_int("BENCH_SEED", d.seed))
     ap.add_argument("--reset-s", type=float, default=w.reset_s)
@@ -538,6 +569,7 @@ def parse_args(argv: list[str] | None) -> BenchParams:
         train_s=a.train_s,
         pool=a.pool,
         max_staleness=_bounds(a.max_staleness),
+        prefetch_groups=a.prefetch_groups,
         overrides=tuple(a.set),
         warmup=not a.no_warmup,
         seed=a.seed,

@@ -16,6 +16,7 @@ from envs import (
     StepResult,
     Tool,
     ToolCall,
+    ToolUnavailable,
     available_envs,
     call_tool,
     format_number,
@@ -228,6 +229,8 @@ class FailingTool(Tool):
     async def run(self, kind: str = "value") -> str:  # type: ignore[override]
         if kind == "timeout":
             raise TimeoutError("upstream slow")
+        if kind == "infra":
+            raise ToolUnavailable("sandbox died")
         raise KeyError("boom")
 
 
@@ -283,6 +286,12 @@ def test_tool_validate(arguments: Any, message: str | None) -> None:
         assert error is None
     else:
         assert error is not None and message in error
+
+
+async def test_call_tool_passes_infrastructure_faults_through() -> None:
+    # Not the agent's fault, so not an observation: the episode ends as tool_error.
+    with pytest.raises(ToolUnavailable, match="sandbox died"):
+        await call_tool(TOOLS, ToolCall("fail", {"kind": "infra"}), timeout=0.05)
 
 
 @pytest.mark.parametrize(

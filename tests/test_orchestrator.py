@@ -6,7 +6,8 @@ import pytest
 from flax import nnx
 
 from envs.base import Environment, StepResult
-from envs.calculator import ArithmeticEnv, make_arithmetic_task
+from envs.calculator import ArithmeticEnv, CalculatorTool, make_arithmetic_task
+from envs.tools import ToolUnavailable
 from tunix_agentic.agent.chat import ChatTemplate
 from tunix_agentic.agent.loop import AgentConfig
 from tunix_agentic.data.demos import demonstration
@@ -340,4 +341,140 @@ async def test_low_variance_groups_are_filtered_and_variable_batches_return_earl
     assert [g.index for g in batch] == [g1.index, g2.index]  # 2 of at most 4: returned early
     with pytest.raises(ValueError, match="min_groups_per_batch"):
         RolloutConfig(groups_per_batch=2, min_groups_per_batch=3)
+    await orch.engine.close()
+
+
+class CountingEnv(ArithmeticEnv):
+    """Counts every sandbox created, reset, stepped and closed (class-wide)."""
+
+    created = reset_n = stepped = closed = 0
+    fail_first = 0  # this many resets (the first ones) crash
+
+    def __init__(self):
+        super().__init__()
+        type(self).created += 1
+        self.was_stepped = False
+
+    async def reset(self, task):
+        type(self).reset_n += 1
+        if type(self).reset_n <= type(self).fail_first:
+            raise RuntimeError("sandbox crashed at start")
+        return await super().reset(task)
+
+    async def step(self, action):
+        if not self.was_stepped:
+            self.was_stepped = True
+            type(self).stepped += 1
+        return await super().step(action)
+
+    async def close(self):
+        type(self).closed += 1
+
+
+def _counting_env(fail_first: int = 0) -> type[CountingEnv]:
+    return type("Counted", (CountingEnv,), {"fail_first": fail_first})
+
+
+async def _until(predicate, timeout: float = 60.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
+async def test_prefetch_initialises_groups_ahead_of_the_staleness_gate(random_model):
+    env = _counting_env()
+    orch = make_orch(
+        random_model, max_staleness=0, groups_per_batch=1, group_size=2, prefetch_groups=2
+    )
+    orch.env_factory = env
+    orch.tasks = iter([make_arithmetic_task(i, seed=2, split="train") for i in range(100)])
+    orch.start()
+    (first,) = await asyncio.wait_for(orch.get_batch(), timeout=120)
+    # The gate is shut until version 1, yet the next two groups' sandboxes are up and reset.
+    await _until(lambda: len(orch._prepared) == 2 and all(t.done() for t in orch._prepared))
+    assert orch._in_flight_groups == 0
+    assert env.reset_n == env.created == 2 + 2 * 2
+    assert env.stepped == 2  # only the admitted group's sandboxes were used
+    orch.engine.update_weights(nnx.state(random_model, nnx.Param), version=1)
+    orch.set_version(1)
+    (second,) = await asyncio.wait_for(orch.get_batch(), timeout=120)
+    # Prefetched groups run in task order and are stamped with the version that admitted them.
+    assert second.task.task_id == make_arithmetic_task(1, seed=2, split="train").task_id
+    assert second.admitted_version == 1 and second.min_version == 1
+    await orch.stop()
+    assert env.closed == env.created  # prefetched sandboxes never run are closed too
+    await orch.engine.close()
+
+
+async def test_a_prefetched_sandbox_that_failed_to_start_is_retried_fresh(random_model):
+    env = _counting_env(fail_first=1)
+    orch = make_orch(
+        random_model, groups_per_batch=1, group_size=3, prefetch_groups=1, max_staleness=0
+    )
+    orch.env_factory = env
+    orch.tasks = iter([make_arithmetic_task(i, seed=3, split="train") for i in range(100)])
+    orch.start()
+    (group,) = await asyncio.wait_for(orch.get_batch(), timeout=120)
+    await orch.stop()
+    assert len(group.trajectories) == 3 and group.lost == 0
+    assert [t.status for t in group.dropped] == ["env_error"]
+    assert "sandbox crashed at start" in group.dropped[0].error
+    assert orch.stats["infra_retries"] == 1
+    assert env.closed == env.created
+    await orch.engine.close()
+
+
+async def test_stop_closes_sandboxes_still_starting_in_the_prefetch(random_model):
+    SlowEnv.closed = 0
+    created = []
+
+    def factory():
+        created.append(SlowEnv())
+        return created[-1]
+
+    orch = make_orch(random_model, group_size=2, prefetch_groups=3, max_staleness=0)
+    orch.env_factory = factory
+    orch.tasks = iter(TASKS * 10)
+    orch.start()
+    await _until(lambda: len(created) >= 2 * 3)
+    await orch.stop()
+    assert not orch._prepared and not orch._tasks
+    assert SlowEnv.closed == len(created)
+    await orch.engine.close()
+
+
+def test_prefetch_groups_must_not_be_negative():
+    with pytest.raises(ValueError, match="rollout.prefetch_groups"):
+        RolloutConfig(prefetch_groups=-1)
+
+
+class DeadToolEnv(ArithmeticEnv):
+    """The calculator's backing service is down for the first sandbox only."""
+
+    created = 0
+
+    def __init__(self):
+        super().__init__()
+        type(self).created += 1
+        if type(self).created == 1:
+            self.tools = {"calculator": _DeadCalculator()}
+
+
+class _DeadCalculator(CalculatorTool):
+    async def run(self, expression: str) -> str:  # type: ignore[override]
+        raise ToolUnavailable("calculator service unreachable")
+
+
+async def test_a_tool_whose_infrastructure_fails_ends_the_episode_as_tool_error(tool_user):
+    model, _ = tool_user
+    orch = make_orch(model, group_size=1, infra_retries=1)
+    orch.env_factory = DeadToolEnv
+    orch.agent_config = dataclasses.replace(AGENT, temperature=0.0)
+    group = await orch.run_group(TASKS[0])
+    (failed,) = group.dropped
+    assert failed.status == "tool_error" and "unreachable" in failed.error
+    assert failed.is_infra_failure
+    # Retried with a fresh sandbox whose tool works: the memorised episode succeeds.
+    (traj,) = group.trajectories
+    assert traj.status == "ok" and traj.reward == 1.0
     await orch.engine.close()

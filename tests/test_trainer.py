@@ -44,11 +44,17 @@ def test_tiny_run_writes_events_checkpoints_and_resumes(tmp_path):
         "time/weight_sync_s",
         "time/model_call_s",
         "throughput/generated_tokens_per_s",
+        "engine/busy_fraction",
+        "engine/sched_gap_fraction",
+        "engine/idle_fraction",
         "learner/clip_fraction",
         "eval/success",
         "sft/loss",
     ):
         assert tag in scalars, tag
+    for step in range(2):  # the engine's time this step, split three ways, within the step
+        parts = [scalars[f"engine/{k}_fraction"][step][1] for k in ("busy", "sched_gap", "idle")]
+        assert all(p >= 0 for p in parts) and sum(parts) <= 1.05
     assert (run_dir / "checkpoints" / "2").is_dir()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["success_after"] == result.success_after

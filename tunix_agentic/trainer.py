@@ -93,6 +93,9 @@ def fresh_run_dir(path: Path) -> Path:
     return candidate
 
 
+ENGINE_TIME_KEYS = ("busy_s", "sched_gap_s", "idle_s")
+
+
 class Trainer:
     """One run, from a config. ``run()`` is synchronous and notebook-friendly."""
 
@@ -278,6 +281,7 @@ class Trainer:
         try:
             for step in bar:
                 t_step = time.perf_counter()
+                engine_at_start = {k: engine.stats.get(k, 0.0) for k in ENGINE_TIME_KEYS}
                 with metrics.span("wait_for_batch"):
                     groups = await orch.get_batch()
                 batch = grpo_batch(
@@ -308,6 +312,15 @@ class Trainer:
                     / wall,
                     "throughput/step_s": wall,
                     "engine/busy_s_total": engine.stats["busy_s"],
+                    # Where the engine's wall clock went this step: device calls, host-side
+                    # gaps while work waited, and idle (nothing to generate).
+                    **{
+                        f"engine/{k.removesuffix('_s')}_fraction": (
+                            engine.stats.get(k, 0.0) - engine_at_start[k]
+                        )
+                        / wall
+                        for k in ENGINE_TIME_KEYS
+                    },
                 }
                 history.append(metrics.write_step(step + 1, extra))
                 bar.set_postfix(

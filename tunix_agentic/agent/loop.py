@@ -13,6 +13,7 @@ import dataclasses
 import time
 
 from envs.base import Environment
+from envs.tools import ToolUnavailable
 from tunix_agentic.agent.chat import ChatTemplate
 from tunix_agentic.agent.context import get_context_rule
 from tunix_agentic.agent.tool_parser import get_parser
@@ -113,6 +114,9 @@ async def run_agent(
             result = await env.step(parse(text))
         except asyncio.CancelledError:
             raise
+        except ToolUnavailable as exc:
+            traj.status, traj.error = "tool_error", f"ToolUnavailable: {exc}"
+            return traj
         except Exception as exc:
             traj.status, traj.error = "env_error", f"{type(exc).__name__}: {exc}"
             return traj

@@ -159,8 +159,14 @@ class JaxEngine:
             "prefill_tokens": 0,
             "cached_tokens": 0,
             "generated_tokens": 0,
-            "busy_s": 0.0,
+            # Every second of the scheduler's life falls in one of three buckets:
+            "busy_s": 0.0,  # inside jitted prefill/decode calls
+            "sched_gap_s": 0.0,  # work was waiting, but no call was running (host-side cost)
+            "idle_s": 0.0,  # nothing to do: no request active or queued
         }
+        self._idle_since: float | None = None
+        self._gap_since: float | None = None
+        self._call_started: tuple[float, float] | None = None
         self._prefill_fn = jax.jit(self._prefill_impl, donate_argnums=(1,))
         self._decode_fn = jax.jit(self._decode_impl, donate_argnums=(1,))
 
@@ -234,6 +240,7 @@ class JaxEngine:
         )
         self._by_rid[rid] = req
         self._queue.append(req)
+        self._work_arrived()
         self._wakeup.set()
         try:
             return await asyncio.shield(req.future)
@@ -344,8 +351,34 @@ class JaxEngine:
         self._free = list(range(self.config.max_slots))
         self._next_pos[:] = self.config.max_seq_len
 
+    def _work_arrived(self) -> None:
+        if self._idle_since is not None:
+            now = time.perf_counter()
+            self.stats["idle_s"] += now - self._idle_since
+            self._idle_since, self._gap_since = None, now
+
+    def _call_starts(self) -> None:
+        now = time.perf_counter()
+        if self._gap_since is not None:
+            self.stats["sched_gap_s"] += now - self._gap_since
+            self._gap_since = None
+        self._call_started = (now, self.stats["busy_s"])
+
+    def _call_ended(self) -> None:
+        now = time.perf_counter()
+        if self._call_started is not None:
+            # Handing the call to the worker thread and back, and collecting its tokens.
+            t0, busy0 = self._call_started
+            self.stats["sched_gap_s"] += max(0.0, (now - t0) - (self.stats["busy_s"] - busy0))
+            self._call_started = None
+        if self._active or self._queue:
+            self._gap_since = now
+        else:
+            self._idle_since = now
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
+        self._call_ended()  # the clock starts with the scheduler
         while True:
             if self._closed and not self._active:
                 return
@@ -353,11 +386,15 @@ class JaxEngine:
             self._drop_aborted()
             admitted = self._admit()
             if admitted:
+                self._call_starts()
                 await loop.run_in_executor(self._executor, self._run_prefill, admitted)
                 self._collect_first_tokens(admitted)
+                self._call_ended()
             if self._active:
+                self._call_starts()
                 out = await loop.run_in_executor(self._executor, self._run_decode)
                 self._collect_chunk(*out)
+                self._call_ended()
             elif not self._queue:
                 self._wakeup.clear()
                 if self._pending_params is None and not self._closed:

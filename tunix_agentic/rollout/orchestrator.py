@@ -9,6 +9,12 @@ its last episode ends, in completion order, onto a queue the learner reads.
 Admission pacing bounds staleness without throwing finished work away: a new
 group is admitted only while the step that will consume it is at most
 ``max_staleness`` versions ahead of the policy that starts it.
+
+INIT ahead of admission (``prefetch_groups``): creating and resetting a
+sandbox involves no policy, so during continuous production up to that many
+groups are initialised *before* the staleness gate opens. An admitted group
+then starts RUN at once; the pacing window is spent on generation, tools and
+the verifier only, which buys throughput at the same staleness bound.
 """
 
 from __future__ import annotations
@@ -50,6 +56,9 @@ class RolloutConfig:
     # Interaction-budget curriculum (ScalingInter-RL): ((from_version, max_turns), ...), e.g.
     # ((0, 8), (100, 12), (200, 15)). Empty: agent.max_turns throughout.
     max_turns_schedule: tuple[tuple[int, int], ...] = ()
+    # Groups whose environments are created and reset ahead of admission (a warm pool of
+    # sandboxes; continuous production only). 0: INIT starts when the group is admitted.
+    prefetch_groups: int = 0
     seed: int = 0
 
     def __post_init__(self):
@@ -73,6 +82,8 @@ class RolloutConfig:
             )
         if self.infra_retries < 0:
             raise ValueError(f"rollout.infra_retries must be >= 0, got {self.infra_retries}")
+        if self.prefetch_groups < 0:
+            raise ValueError(f"rollout.prefetch_groups must be >= 0, got {self.prefetch_groups}")
         steps = [entry[0] for entry in self.max_turns_schedule]
         if any(len(entry) != 2 for entry in self.max_turns_schedule):
             raise ValueError(
@@ -163,6 +174,8 @@ class RolloutOrchestrator:
         self._group_counter = itertools.count()
         self._tasks: set[asyncio.Task] = set()
         self._producer: asyncio.Task | None = None
+        # Prefetched groups in task order: each resolves to (task, [(env, prompt, error), ...]).
+        self._prepared: collections.deque[asyncio.Task] = collections.deque()
         self.stats = {
             "groups_emitted": 0,
             "groups_filtered": 0,
@@ -190,6 +203,27 @@ class RolloutOrchestrator:
             t.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         self._producer = None
+        await self._discard_prepared()
+
+    async def _discard_prepared(self) -> None:
+        """Close every environment initialised ahead of admission and never run."""
+        prepared, self._prepared = list(self._prepared), collections.deque()
+        for t in prepared:
+            t.cancel()  # still initialising: the group closes what it made (see _prepare_group)
+        results = await asyncio.gather(*prepared, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                continue
+            _, members = result
+            await asyncio.gather(
+                *(self._close_env(env) for env, _, _ in members if env is not None)
+            )
+
+    async def _close_env(self, env: Environment) -> None:
+        try:
+            await asyncio.shield(env.close())
+        except Exception:  # closing must never mask the episode's own outcome
+            self._count("rollout/env_close_errors")
 
     def set_version(self, version: int) -> None:
         self.version = version
@@ -202,22 +236,76 @@ class RolloutOrchestrator:
         ahead = queued // self.config.groups_per_batch
         return self._batches_taken + ahead - self.version <= self.config.max_staleness
 
+    def _next_task(self) -> Any:
+        try:
+            return next(self.tasks)
+        except StopIteration:
+            raise RuntimeError("the task iterator is exhausted") from None
+
+    def _fill_prefetch(self) -> None:
+        while len(self._prepared) < self.config.prefetch_groups:
+            task = self._next_task()
+            self._prepared.append(asyncio.get_running_loop().create_task(self._prepare_group(task)))
+
     async def _produce(self) -> None:
         try:
             while True:
+                if self.config.prefetch_groups:
+                    self._fill_prefetch()
                 while not self._may_admit():
                     self._changed.clear()
                     await self._changed.wait()
-                try:
-                    task = next(self.tasks)
-                except StopIteration:
-                    raise RuntimeError("the task iterator is exhausted") from None
+                if self.config.prefetch_groups:
+                    task, members = await self._prepared[0]  # in task order
+                    self._prepared.popleft()
+                else:
+                    task, members = self._next_task(), None
                 self._in_flight_groups += 1
-                self._spawn(self._produce_group(task))
+                self._spawn(self._produce_group(task, members))
         except Exception as exc:  # surface it to the learner instead of hanging get_batch
             self._fatal = exc
             self._ready_changed.set()
             raise
+
+    async def _prepare_group(self, task: Any) -> tuple[Any, list[tuple[Any, Any, str | None]]]:
+        """INIT for every member of a group ahead of admission.
+
+        Returns ``(task, [(env, prompt_ids, error), ...])``; a member whose
+        INIT failed carries the error instead (its episode records it, then is
+        retried with a fresh environment like any infrastructure fault). If
+        cancelled, closes what it created.
+        """
+        members = [
+            asyncio.get_running_loop().create_task(self._init_env(task))
+            for _ in range(self.config.group_size)
+        ]
+        try:
+            return task, list(await asyncio.gather(*members))
+        except asyncio.CancelledError:
+            for m in members:
+                m.cancel()
+            for result in await asyncio.gather(*members, return_exceptions=True):
+                if isinstance(result, tuple) and result[0] is not None:
+                    await self._close_env(result[0])
+            raise
+
+    async def _init_env(self, task: Any) -> tuple[Any, Any, str | None]:
+        """Create and reset one environment: ``(env, prompt_ids, None)`` or ``(env|None, None, error)``."""
+        async with self._init_sem:
+            t = time.perf_counter()
+            env = None
+            try:
+                env = self.env_factory()
+                prompt = await env.reset(task)
+                ids = self.template.prompt_ids(prompt)
+            except asyncio.CancelledError:
+                if env is not None:
+                    await self._close_env(env)
+                raise
+            except Exception as exc:
+                return env, None, f"INIT: {type(exc).__name__}: {exc}"
+            self._time("stage/init", time.perf_counter() - t)
+            return env, ids, None
 
     def _spawn(self, coro) -> asyncio.Task:
         t = asyncio.get_running_loop().create_task(coro)
@@ -225,11 +313,11 @@ class RolloutOrchestrator:
         t.add_done_callback(self._tasks.discard)
         return t
 
-    async def _produce_group(self, task: Any) -> None:
+    async def _produce_group(self, task: Any, members: list | None = None) -> None:
         admitted = self.version
         self._in_flight_versions[admitted] += 1
         try:
-            group = await self.run_group(task)
+            group = await self.run_group(task, prepared=members)
             if self._accept(group):
                 heapq.heappush(self._ready, (group.index, group))
                 self.stats["groups_emitted"] += 1
@@ -336,10 +424,16 @@ class RolloutOrchestrator:
         )
 
     async def run_group(
-        self, task: Any, *, group_size: int | None = None, agent_config: AgentConfig | None = None
+        self,
+        task: Any,
+        *,
+        group_size: int | None = None,
+        agent_config: AgentConfig | None = None,
+        prepared: list | None = None,
     ) -> Group:
+        """Run one group of ``task``; ``prepared`` holds environments already INIT'ed."""
         index = next(self._group_counter)
-        g = group_size or self.config.group_size
+        g = len(prepared) if prepared is not None else (group_size or self.config.group_size)
         group_id = f"g{index}-{getattr(task, 'task_id', index)}"
         version = self.version
         if agent_config is None:
@@ -348,7 +442,17 @@ class RolloutOrchestrator:
             if self.metrics is not None:
                 self.metrics.gauge("rollout/max_turns", turns)
         results = await asyncio.gather(
-            *(self._member(task, group_id, index, member, agent_config) for member in range(g))
+            *(
+                self._member(
+                    task,
+                    group_id,
+                    index,
+                    member,
+                    agent_config,
+                    None if prepared is None else prepared[member],
+                )
+                for member in range(g)
+            )
         )
         good = [traj for traj, _ in results if not traj.is_infra_failure]
         bad = [failure for _, failures in results for failure in failures]
@@ -358,12 +462,24 @@ class RolloutOrchestrator:
         return Group(group_id, index, task, version, good, bad, lost=g - len(good))
 
     async def _member(
-        self, task: Any, group_id: str, index: int, member: int, agent_config: AgentConfig
+        self,
+        task: Any,
+        group_id: str,
+        index: int,
+        member: int,
+        agent_config: AgentConfig,
+        prepared: tuple | None = None,
     ) -> tuple[Trajectory, list[Trajectory]]:
-        """One group member, retried on infrastructure faults; returns (final, failed attempts)."""
+        """One group member, retried on infrastructure faults; returns (final, failed attempts).
+
+        A prefetched environment serves the first attempt only; retries start fresh.
+        """
         failures: list[Trajectory] = []
         for attempt in range(self.config.infra_retries + 1):
-            traj = await self._episode(task, group_id, index, member, agent_config, attempt)
+            traj = await self._episode(
+                task, group_id, index, member, agent_config, attempt, prepared
+            )
+            prepared = None
             if not traj.is_infra_failure:
                 return traj, failures
             failures.append(traj)
@@ -380,6 +496,7 @@ class RolloutOrchestrator:
         member: int,
         agent_config: AgentConfig,
         attempt: int = 0,
+        prepared: tuple | None = None,
     ) -> Trajectory:
         traj = Trajectory(
             task_id=str(getattr(task, "task_id", index)),
@@ -389,19 +506,18 @@ class RolloutOrchestrator:
         )
         seed = ((self.config.seed * 1_000_003 + index) * 64 + member) * 8 + attempt
         t0 = time.perf_counter()
-        env: Environment | None = None
+        # A prefetched environment is this episode's to close from here on, whatever happens.
+        env: Environment | None = None if prepared is None else prepared[0]
         try:
             async with asyncio.timeout(self.config.episode_timeout_s):
-                async with self._init_sem:
-                    t = time.perf_counter()
-                    try:
-                        env = self.env_factory()
-                        prompt = await env.reset(task)
-                    except Exception as exc:
-                        traj.status, traj.error = "env_error", f"INIT: {type(exc).__name__}: {exc}"
-                        return traj
-                    traj.append_prompt(self.template.prompt_ids(prompt))
-                    self._time("stage/init", time.perf_counter() - t)
+                if prepared is None:
+                    env, prompt_ids, error = await self._init_env(task)
+                else:
+                    _, prompt_ids, error = prepared
+                if error is not None:
+                    traj.status, traj.error = "env_error", error
+                    return traj
+                traj.append_prompt(prompt_ids)
                 async with self._run_sem:
                     t = time.perf_counter()
                     await run_agent(
@@ -430,10 +546,7 @@ class RolloutOrchestrator:
             )
         finally:
             if env is not None:
-                try:
-                    await asyncio.shield(env.close())
-                except Exception:  # closing must never mask the episode's own outcome
-                    self._count("rollout/env_close_errors")
+                await self._close_env(env)
             traj.timings["episode_s"] = time.perf_counter() - t0
         self._count("rollout/episodes")
         return traj
