@@ -184,3 +184,25 @@ async def test_every_second_is_busy_waiting_for_the_host_or_idle(model):
     assert abs((busy + gap + idle) - wall) < 0.05 * wall + 0.02
     assert engine.health()["idle_s"] == engine.stats["idle_s"]
     await engine.close()
+
+
+async def test_slots_reused_under_a_chunk_queued_ahead_stay_exact(model):
+    """The next chunk is queued before the host sees a request end: its writes into that
+    slot (parked for the session, or handed to the next request) must never leak."""
+    engine = JaxEngine(model, EngineConfig(max_slots=1, max_seq_len=64, decode_steps=4))
+    a_prompt, b_prompt = [7, 8, 9], [40, 41]
+    a_free = greedy_reference(model, a_prompt, 9)
+    stop = a_free[1]  # A ends after two tokens, mid-chunk
+    a_sampling = SamplingParams(temperature=0.0, max_new_tokens=9, stop_token_ids=(stop,))
+    a, b = await asyncio.gather(
+        engine.generate(a_prompt, a_sampling, session_id="a"), engine.generate(b_prompt, GREEDY)
+    )
+    assert a.token_ids == a_free[: a_free.index(stop) + 1]
+    assert b.token_ids == greedy_reference(model, b_prompt, 9)  # B took A's slot at once
+    # The session's next turn reuses a parked cache that a queued-ahead chunk wrote past.
+    c = await engine.generate(a_prompt, a_sampling, session_id="c")
+    turn2 = a_prompt + c.token_ids + [50, 51, 52]
+    d = await engine.generate(turn2, GREEDY, session_id="c")
+    assert d.cached_tokens > 0
+    assert d.token_ids == greedy_reference(model, turn2, 9)
+    await engine.close()

@@ -4,8 +4,17 @@ A fixed set of slots shares one KV cache on device. An asyncio scheduler admits
 waiting requests into free slots between decode chunks, prefills them together
 (shapes bucketed by row count and length, so a new prompt length does not
 recompile), then runs one jitted chunk of ``decode_steps`` decode steps over all
-slots (a ``lax.scan``; no Python per token). Jitted work runs on one executor
-thread, so the event loop keeps serving environments and tools meanwhile.
+slots (a ``lax.scan``; no Python per token).
+
+The device never waits for the host: calls are dispatched asynchronously and
+the next decode chunk is queued *before* the host collects the previous one,
+so collecting tokens, finishing requests and admitting new ones overlap with
+the device's work. The per-slot decode state (last token, position, PRNG key)
+lives on the device and is threaded through prefill and decode calls; the host
+only says which slots stop. A chunk queued ahead still decodes slots whose
+request ended in the chunk before it; those tokens are discarded (their cache
+writes lie beyond anything kept). Waiting for the device happens on one
+executor thread, so the event loop keeps serving environments and tools.
 
 Sessions: a request may carry ``session_id``. When that request ends, its slot
 is *parked* with its cache; if the session's next prompt extends what is
@@ -106,6 +115,25 @@ class _Request:
     logprobs: list[float] = dataclasses.field(default_factory=list)
     versions: list[int] = dataclasses.field(default_factory=list)
     aborted: bool = False
+    pending: int = 0  # tokens dispatched to the device for this request, not yet collected
+
+
+@dataclasses.dataclass
+class _Op:
+    """A prefill or decode call dispatched to the device, waiting to be collected."""
+
+    kind: str  # "prefill" | "decode"
+    outputs: tuple[jax.Array, jax.Array]  # (tokens, logprobs)
+    owners: list[tuple[int, _Request]]  # prefill: (row, request); decode: (slot, request)
+    version: int
+    dispatched: float
+
+
+def _wait(outputs: tuple[jax.Array, ...]) -> tuple[float, tuple[np.ndarray, ...]]:
+    """Block until the device has computed ``outputs``; returns (when, host copies)."""
+    jax.block_until_ready(outputs)
+    done = time.perf_counter()
+    return done, tuple(np.asarray(x) for x in outputs)
 
 
 @dataclasses.dataclass
@@ -135,9 +163,8 @@ class JaxEngine:
         # prefill and decode compile once, not once for a fresh cache and again after.
         self._cache = _commit(init_cache(self.model_config, config.max_slots, config.max_seq_len))
         s = config.max_slots
-        self._last_token = np.zeros(s, np.int32)
-        self._next_pos = np.full(s, config.max_seq_len, np.int32)
-        self._keys = np.zeros((s, 2), np.uint32)
+        self._carry = self._fresh_carry()  # on device: (last token, next position, key) per slot
+        self._stop = np.zeros(s, bool)  # slots to deactivate at the next decode dispatch
         self._temp = np.ones(s, np.float32)
         self._top_k = np.zeros(s, np.int32)
         self._top_p = np.ones(s, np.float32)
@@ -165,24 +192,35 @@ class JaxEngine:
             "idle_s": 0.0,  # nothing to do: no request active or queued
         }
         self._idle_since: float | None = None
-        self._gap_since: float | None = None
-        self._call_started: tuple[float, float] | None = None
-        self._prefill_fn = jax.jit(self._prefill_impl, donate_argnums=(1,))
-        self._decode_fn = jax.jit(self._decode_impl, donate_argnums=(1,))
+        self._idle_spans: list[tuple[float, float]] = []  # idle periods since the last device op
+        self._device_done_at = 0.0  # when the device finished its last op
+        self._prefill_fn = jax.jit(self._prefill_impl, donate_argnums=(1, 2))
+        self._decode_fn = jax.jit(self._decode_impl, donate_argnums=(1, 2))
 
     # ----------------------------------------------------------------- jitted
-    def _prefill_impl(self, params, cache, ids, pos, rows, last_idx, keys, temp, top_k, top_p):
+    def _prefill_impl(
+        self, params, cache, carry, ids, pos, rows, last_idx, next_pos, keys, temp, top_k, top_p
+    ):
         self._traces["prefill"] += 1  # runs only while tracing
         model = nnx.merge(self._graphdef, params)
         logits, cache = model(ids, pos, cache, rows, logits_at=last_idx)
         keys, use = split_keys(keys)
         tokens, logprobs = sample(logits, use, temp, top_k, top_p)
-        return cache, tokens, logprobs, keys
+        # The admitted slots' decode state, set on device: the next chunk continues from it.
+        c_tokens, c_pos, c_keys = carry
+        carry = (
+            c_tokens.at[rows].set(tokens, mode="drop"),
+            c_pos.at[rows].set(next_pos, mode="drop"),
+            c_keys.at[rows].set(keys, mode="drop"),
+        )
+        return cache, carry, tokens, logprobs
 
-    def _decode_impl(self, params, cache, tokens, pos, keys, temp, top_k, top_p):
+    def _decode_impl(self, params, cache, carry, stop, temp, top_k, top_p):
         self._traces["decode"] += 1
         model = nnx.merge(self._graphdef, params)
         limit = self.config.max_seq_len
+        tokens, pos, keys = carry
+        pos = jnp.where(stop, limit, pos)  # a stopped slot's writes fall off the cache
 
         def step(carry, _):
             cache, tokens, pos, keys = carry
@@ -195,7 +233,17 @@ class JaxEngine:
         (cache, tokens, pos, keys), (out_tokens, out_logprobs) = jax.lax.scan(
             step, (cache, tokens, pos, keys), None, length=self.config.decode_steps
         )
-        return cache, out_tokens, out_logprobs, tokens, pos, keys
+        return cache, (tokens, pos, keys), out_tokens, out_logprobs
+
+    def _fresh_carry(self):
+        s = self.config.max_slots
+        return _commit(
+            (
+                jnp.zeros(s, jnp.int32),
+                jnp.full(s, self.config.max_seq_len, jnp.int32),
+                jnp.zeros((s, 2), jnp.uint32),
+            )
+        )
 
     # ------------------------------------------------------------- public API
     async def generate(
@@ -349,56 +397,62 @@ class JaxEngine:
         self._queue.clear()
         self._by_rid.clear()
         self._free = list(range(self.config.max_slots))
-        self._next_pos[:] = self.config.max_seq_len
+        self._carry = self._fresh_carry()
+        self._stop[:] = False
 
+    # ---------------------------------------------------- time accounting
     def _work_arrived(self) -> None:
         if self._idle_since is not None:
             now = time.perf_counter()
             self.stats["idle_s"] += now - self._idle_since
-            self._idle_since, self._gap_since = None, now
+            self._idle_spans.append((self._idle_since, now))
+            self._idle_since = None
 
-    def _call_starts(self) -> None:
-        now = time.perf_counter()
-        if self._gap_since is not None:
-            self.stats["sched_gap_s"] += now - self._gap_since
-            self._gap_since = None
-        self._call_started = (now, self.stats["busy_s"])
+    def _account(self, op: _Op, done: float) -> None:
+        """Split the time up to ``done`` into device busy, host gap and (already counted) idle."""
+        free_from, free_to = self._device_done_at, op.dispatched
+        if free_to > free_from:  # the device had nothing queued in between
+            idle = sum(
+                max(0.0, min(end, free_to) - max(start, free_from))
+                for start, end in self._idle_spans
+            )
+            self.stats["sched_gap_s"] += max(0.0, free_to - free_from - idle)
+        self._idle_spans = [span for span in self._idle_spans if span[1] > free_to]
+        self.stats["busy_s"] += max(0.0, done - max(free_from, free_to))
+        self._device_done_at = done
 
-    def _call_ended(self) -> None:
-        now = time.perf_counter()
-        if self._call_started is not None:
-            # Handing the call to the worker thread and back, and collecting its tokens.
-            t0, busy0 = self._call_started
-            self.stats["sched_gap_s"] += max(0.0, (now - t0) - (self.stats["busy_s"] - busy0))
-            self._call_started = None
-        if self._active or self._queue:
-            self._gap_since = now
-        else:
-            self._idle_since = now
-
+    # -------------------------------------------------------------- scheduler
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        self._call_ended()  # the clock starts with the scheduler
+        outstanding: deque[_Op] = deque()  # dispatched to the device, not yet collected
+        self._device_done_at = time.perf_counter()
         while True:
-            if self._closed and not self._active:
+            if self._closed and not self._active and not outstanding:
                 return
             self._apply_pending_weights()
             self._drop_aborted()
+            dispatched = False
             admitted = self._admit()
             if admitted:
-                self._call_starts()
-                await loop.run_in_executor(self._executor, self._run_prefill, admitted)
-                self._collect_first_tokens(admitted)
-                self._call_ended()
-            if self._active:
-                self._call_starts()
-                out = await loop.run_in_executor(self._executor, self._run_decode)
-                self._collect_chunk(*out)
-                self._call_ended()
-            elif not self._queue:
+                outstanding.extend(self._dispatch_prefill(admitted))
+                dispatched = True
+            if any(len(r.tokens) + r.pending < r.max_new for r in self._active.values()):
+                # (Not when every active request reaches its length limit within what is
+                # already queued: a chunk past that would be thrown away.)
+                outstanding.append(self._dispatch_decode())
+                dispatched = True
+            # Collect all but the newest op, so the device always has the next chunk queued.
+            while len(outstanding) > (1 if dispatched else 0):
+                op = outstanding.popleft()
+                done, arrays = await loop.run_in_executor(self._executor, _wait, op.outputs)
+                self._account(op, done)
+                self._collect(op, arrays)
+            if not outstanding and not self._active and not self._queue:
+                self._idle_since = time.perf_counter()
                 self._wakeup.clear()
                 if self._pending_params is None and not self._closed:
                     await self._wakeup.wait()
+                self._work_arrived()
 
     def _apply_pending_weights(self) -> None:
         if self._pending_params is None:
@@ -433,7 +487,7 @@ class JaxEngine:
             self._temp[slot] = s.temperature
             self._top_k[slot] = s.top_k
             self._top_p[slot] = s.top_p
-            self._keys[slot] = req.key
+            self._stop[slot] = False  # the prefill sets this slot's decode state on device
             admitted.append(req)
         return admitted
 
@@ -454,25 +508,26 @@ class JaxEngine:
             return slot, 0
         return None, 0
 
-    def _run_prefill(self, reqs: list[_Request]) -> None:
-        t0 = time.perf_counter()
+    def _dispatch_prefill(self, reqs: list[_Request]) -> list[_Op]:
         cfg = self.config
         groups: dict[int, list[_Request]] = {}
         for req in reqs:
             n_new = len(req.prompt) - req.cached
             groups.setdefault(_bucket(n_new, cfg.length_buckets()), []).append(req)
-        for length, group in groups.items():
-            for start in range(0, len(group), cfg.max_slots):
-                self._prefill_group(group[start : start + cfg.max_slots], length)
-        self.stats["busy_s"] += time.perf_counter() - t0
+        return [
+            self._prefill_group(group[start : start + cfg.max_slots], length)
+            for length, group in groups.items()
+            for start in range(0, len(group), cfg.max_slots)
+        ]
 
-    def _prefill_group(self, group: list[_Request], length: int) -> None:
+    def _prefill_group(self, group: list[_Request], length: int) -> _Op:
         cfg = self.config
         rows_n = _bucket(len(group), cfg.row_buckets())
         ids = np.zeros((rows_n, length), np.int32)
         pos = np.full((rows_n, length), cfg.max_seq_len, np.int32)  # padding: dropped writes
-        rows = np.full(rows_n, cfg.max_slots, np.int32)
+        rows = np.full(rows_n, cfg.max_slots, np.int32)  # padding rows: dropped
         last_idx = np.zeros(rows_n, np.int32)
+        next_pos = np.zeros(rows_n, np.int32)
         keys = np.zeros((rows_n, 2), np.uint32)
         temp = np.ones(rows_n, np.float32)
         top_k = np.zeros(rows_n, np.int32)
@@ -483,6 +538,7 @@ class JaxEngine:
             pos[i, : len(new)] = np.arange(req.cached, len(req.prompt))
             rows[i] = req.slot
             last_idx[i] = len(new) - 1
+            next_pos[i] = len(req.prompt)
             keys[i], temp[i], top_k[i], top_p[i] = (
                 req.key,
                 req.sampling.temperature,
@@ -491,60 +547,59 @@ class JaxEngine:
             )
             self.stats["prefill_tokens"] += len(new)
             self.stats["cached_tokens"] += req.cached
-        self._cache, tokens, logprobs, keys = self._prefill_fn(
-            self._params, self._cache, ids, pos, rows, last_idx, keys, temp, top_k, top_p
-        )
-        tokens, logprobs, keys = np.asarray(tokens), np.asarray(logprobs), np.asarray(keys)
-        self.stats["prefill_calls"] += 1
-        for i, req in enumerate(group):
-            req._first = (int(tokens[i]), float(logprobs[i]))
-            self._keys[req.slot] = keys[i]
-
-    def _run_decode(self):
-        t0 = time.perf_counter()
-        version = self.version
-        self._cache, out_tokens, out_logprobs, last, pos, keys = self._decode_fn(
+            req.pending += 1
+        dispatched = time.perf_counter()
+        self._cache, self._carry, tokens, logprobs = self._prefill_fn(
             self._params,
             self._cache,
-            self._last_token,
-            self._next_pos,
-            self._keys,
-            self._temp,
-            self._top_k,
-            self._top_p,
+            self._carry,
+            ids,
+            pos,
+            rows,
+            last_idx,
+            next_pos,
+            keys,
+            temp,
+            top_k,
+            top_p,
         )
-        result = (
-            np.asarray(out_tokens),
-            np.asarray(out_logprobs),
-            np.asarray(last),
-            np.asarray(pos),
-            np.asarray(keys),
-            version,
+        self.stats["prefill_calls"] += 1
+        return _Op("prefill", (tokens, logprobs), list(enumerate(group)), self.version, dispatched)
+
+    def _dispatch_decode(self) -> _Op:
+        dispatched = time.perf_counter()
+        self._cache, self._carry, out_tokens, out_logprobs = self._decode_fn(
+            self._params,
+            self._cache,
+            self._carry,
+            self._stop.copy(),
+            self._temp.copy(),
+            self._top_k.copy(),
+            self._top_p.copy(),
         )
-        self.stats["busy_s"] += time.perf_counter() - t0
+        self._stop[:] = False
         self.stats["decode_chunks"] += 1
-        return result
+        owners = list(self._active.items())
+        for _, req in owners:
+            req.pending += self.config.decode_steps
+        return _Op("decode", (out_tokens, out_logprobs), owners, self.version, dispatched)
 
-    def _collect_first_tokens(self, reqs: list[_Request]) -> None:
-        for req in reqs:
-            token, logprob = req._first
-            slot = req.slot
-            self._next_pos[slot] = len(req.prompt)
-            self._last_token[slot] = token
-            self._append(req, token, logprob, self.version)
-
-    def _collect_chunk(self, out_tokens, out_logprobs, last, pos, keys, version) -> None:
-        self._keys[:] = keys
-        # Every active request already holds its first token (from prefill) here.
-        for slot, req in list(self._active.items()):
-            for k in range(out_tokens.shape[0]):
-                if self._append(
-                    req, int(out_tokens[k, slot]), float(out_logprobs[k, slot]), version
-                ):
+    def _collect(self, op: _Op, arrays: tuple[np.ndarray, ...]) -> None:
+        """Hand an op's tokens to the requests that still own their slots."""
+        tokens, logprobs = arrays
+        if op.kind == "prefill":
+            for i, req in op.owners:
+                req.pending -= 1
+                if self._active.get(req.slot) is req:
+                    self._append(req, int(tokens[i]), float(logprobs[i]), op.version)
+            return
+        for slot, req in op.owners:
+            req.pending -= tokens.shape[0]
+            if self._active.get(slot) is not req:
+                continue  # ended (or was aborted) after this chunk was queued: its tokens are void
+            for k in range(tokens.shape[0]):
+                if self._append(req, int(tokens[k, slot]), float(logprobs[k, slot]), op.version):
                     break
-            else:
-                self._last_token[slot] = last[slot]
-                self._next_pos[slot] = pos[slot]
 
     def _append(self, req: _Request, token: int, logprob: float, version: int) -> bool:
         """Add one token; finish the request when it stops. Returns True when finished."""
@@ -565,7 +620,7 @@ class JaxEngine:
 
     def _release(self, slot: int, req: _Request, *, park: bool) -> None:
         self._active.pop(slot, None)
-        self._next_pos[slot] = self.config.max_seq_len
+        self._stop[slot] = True  # its decoding stops at the next chunk
         if park and self.config.session_reuse and req.session_id is not None:
             # The last sampled token was never fed through the model: its KV is not cached.
             ids = req.prompt + req.tokens[:-1]
