@@ -119,7 +119,8 @@ class ModeResult:
             f"trainer wait {self.trainer_wait_s:.1f}s ({100 * self.trainer_wait_s / self.wall_s:.0f}% of wall); "
             f"episode latency p50/p95/p99 {self.latency_p50_s:.2f}/{self.latency_p95_s:.2f}/"
             f"{self.latency_p99_s:.2f}s; tool use {self.tool_use:.2f}, success {self.success:.2f}; "
-            f"engine host gaps {100 * self.extra.get('engine_sched_gap', 0):.1f}%, idle "
+            f"engine busy on void chunks {100 * self.extra.get('engine_void', 0):.1f}%, "
+            f"host gaps {100 * self.extra.get('engine_sched_gap', 0):.1f}%, idle "
             f"{100 * self.extra.get('engine_idle', 0):.1f}%; "
             f"{self.gen_tokens_per_s:,.0f} gen tok/s; mean engine in-flight {self.mean_in_flight:.1f}"
         )
@@ -506,8 +507,12 @@ async def run(p: BenchParams) -> dict[str, Any]:
 def _engine_other(
     engine: JaxEngine, since: dict[str, float] | None = None, wall: float | None = None
 ) -> dict[str, float]:
-    """The engine's host-gap and idle seconds (absolute), or their fractions of ``wall`` since."""
-    now = {"engine_sched_gap": engine.stats["sched_gap_s"], "engine_idle": engine.stats["idle_s"]}
+    """The engine's host-gap, idle and void-chunk seconds, or their fractions of ``wall`` since."""
+    now = {
+        "engine_sched_gap": engine.stats["sched_gap_s"],
+        "engine_idle": engine.stats["idle_s"],
+        "engine_void": engine.stats["void_s"],
+    }
     if since is None:
         return now
     return {k: (v - since[k]) / wall for k, v in now.items()}

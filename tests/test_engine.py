@@ -33,8 +33,11 @@ def greedy_reference(model, prompt, n, width=96):
     return ids[len(prompt) :]
 
 
-async def test_concurrent_requests_are_batched_and_exact(model):
-    engine = JaxEngine(model, EngineConfig(max_slots=4, max_seq_len=48, decode_steps=4))
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "lockstep"])
+async def test_concurrent_requests_are_batched_and_exact(model, overlap):
+    engine = JaxEngine(
+        model, EngineConfig(max_slots=4, max_seq_len=48, decode_steps=4, overlap=overlap)
+    )
     prompts = [[5, 6, 7], [9] * 17, [11, 12], [20, 21, 22, 23, 24], [30], [31, 32, 33]]
     outs = await asyncio.gather(*(engine.generate(p, GREEDY) for p in prompts))
     for prompt, out in zip(prompts, outs, strict=True):
@@ -182,14 +185,19 @@ async def test_every_second_is_busy_waiting_for_the_host_or_idle(model):
     assert idle >= 0.3 and busy > 0 and gap > 0
     # The three buckets cover the wall clock (up to the moments around the two calls above).
     assert abs((busy + gap + idle) - wall) < 0.05 * wall + 0.02
+    # The 6 requests end together (length), so no chunk was queued past them: none is void.
+    assert engine.stats["void_chunks"] == 0
     assert engine.health()["idle_s"] == engine.stats["idle_s"]
     await engine.close()
 
 
-async def test_slots_reused_under_a_chunk_queued_ahead_stay_exact(model):
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "lockstep"])
+async def test_slots_reused_under_a_chunk_queued_ahead_stay_exact(model, overlap):
     """The next chunk is queued before the host sees a request end: its writes into that
     slot (parked for the session, or handed to the next request) must never leak."""
-    engine = JaxEngine(model, EngineConfig(max_slots=1, max_seq_len=64, decode_steps=4))
+    engine = JaxEngine(
+        model, EngineConfig(max_slots=1, max_seq_len=64, decode_steps=4, overlap=overlap)
+    )
     a_prompt, b_prompt = [7, 8, 9], [40, 41]
     a_free = greedy_reference(model, a_prompt, 9)
     stop = a_free[1]  # A ends after two tokens, mid-chunk
@@ -199,6 +207,10 @@ async def test_slots_reused_under_a_chunk_queued_ahead_stay_exact(model):
     )
     assert a.token_ids == a_free[: a_free.index(stop) + 1]
     assert b.token_ids == greedy_reference(model, b_prompt, 9)  # B took A's slot at once
+    if overlap:  # a chunk was queued for A before its stop token was seen: nothing used it
+        assert engine.stats["void_chunks"] >= 1
+    else:
+        assert engine.stats["void_chunks"] == 0
     # The session's next turn reuses a parked cache that a queued-ahead chunk wrote past.
     c = await engine.generate(a_prompt, a_sampling, session_id="c")
     turn2 = a_prompt + c.token_ids + [50, 51, 52]

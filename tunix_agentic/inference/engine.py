@@ -56,6 +56,9 @@ class EngineConfig:
     min_prefill_len: int = 16
     session_reuse: bool = True
     reuse_kv_across_versions: bool = False
+    # Queue the next decode chunk before collecting the last one, so the device never waits
+    # for the host (a queued chunk may decode slots whose request just ended: wasted rows).
+    overlap: bool = True
     seed: int = 0
 
     def __post_init__(self):
@@ -190,6 +193,9 @@ class JaxEngine:
             "busy_s": 0.0,  # inside jitted prefill/decode calls
             "sched_gap_s": 0.0,  # work was waiting, but no call was running (host-side cost)
             "idle_s": 0.0,  # nothing to do: no request active or queued
+            # Of busy_s: decode chunks queued ahead whose every request had ended (overlap).
+            "void_chunks": 0,
+            "void_s": 0.0,
         }
         self._idle_since: float | None = None
         self._idle_spans: list[tuple[float, float]] = []  # idle periods since the last device op
@@ -408,7 +414,7 @@ class JaxEngine:
             self._idle_spans.append((self._idle_since, now))
             self._idle_since = None
 
-    def _account(self, op: _Op, done: float) -> None:
+    def _account(self, op: _Op, done: float) -> float:
         """Split the time up to ``done`` into device busy, host gap and (already counted) idle."""
         free_from, free_to = self._device_done_at, op.dispatched
         if free_to > free_from:  # the device had nothing queued in between
@@ -418,8 +424,10 @@ class JaxEngine:
             )
             self.stats["sched_gap_s"] += max(0.0, free_to - free_from - idle)
         self._idle_spans = [span for span in self._idle_spans if span[1] > free_to]
-        self.stats["busy_s"] += max(0.0, done - max(free_from, free_to))
+        busy = max(0.0, done - max(free_from, free_to))
+        self.stats["busy_s"] += busy
         self._device_done_at = done
+        return busy
 
     # -------------------------------------------------------------- scheduler
     async def _run(self) -> None:
@@ -442,11 +450,10 @@ class JaxEngine:
                 outstanding.append(self._dispatch_decode())
                 dispatched = True
             # Collect all but the newest op, so the device always has the next chunk queued.
-            while len(outstanding) > (1 if dispatched else 0):
+            while len(outstanding) > (1 if dispatched and self.config.overlap else 0):
                 op = outstanding.popleft()
                 done, arrays = await loop.run_in_executor(self._executor, _wait, op.outputs)
-                self._account(op, done)
-                self._collect(op, arrays)
+                self._collect(op, arrays, self._account(op, done))
             if not outstanding and not self._active and not self._queue:
                 self._idle_since = time.perf_counter()
                 self._wakeup.clear()
@@ -584,7 +591,7 @@ class JaxEngine:
             req.pending += self.config.decode_steps
         return _Op("decode", (out_tokens, out_logprobs), owners, self.version, dispatched)
 
-    def _collect(self, op: _Op, arrays: tuple[np.ndarray, ...]) -> None:
+    def _collect(self, op: _Op, arrays: tuple[np.ndarray, ...], busy: float) -> None:
         """Hand an op's tokens to the requests that still own their slots."""
         tokens, logprobs = arrays
         if op.kind == "prefill":
@@ -593,13 +600,18 @@ class JaxEngine:
                 if self._active.get(req.slot) is req:
                     self._append(req, int(tokens[i]), float(logprobs[i]), op.version)
             return
+        used = False
         for slot, req in op.owners:
             req.pending -= tokens.shape[0]
             if self._active.get(slot) is not req:
                 continue  # ended (or was aborted) after this chunk was queued: its tokens are void
+            used = True
             for k in range(tokens.shape[0]):
                 if self._append(req, int(tokens[k, slot]), float(logprobs[k, slot]), op.version):
                     break
+        if not used:
+            self.stats["void_chunks"] += 1
+            self.stats["void_s"] += busy
 
     def _append(self, req: _Request, token: int, logprob: float, version: int) -> bool:
         """Add one token; finish the request when it stops. Returns True when finished."""
