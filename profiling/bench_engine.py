@@ -41,7 +41,15 @@ PROMPT, NEW = 32, 64
 REPEATS = int(os.environ.get("ENGINE_REPEATS", 5))
 BATCHES = [int(b) for b in os.environ.get("ENGINE_BATCHES", "1,16,64").split(",")]
 DECODE_STEPS = int(os.environ.get("ENGINE_DECODE_STEPS", 16))
-GREEDY = SamplingParams(temperature=0.0, max_new_tokens=NEW)
+# ENGINE_SAMPLING=top_p is the peers' sampled mode: temperature 1, top_p 1.0 (nothing cut).
+SAMPLING_MODE = os.environ.get("ENGINE_SAMPLING", "greedy")
+if SAMPLING_MODE not in ("greedy", "top_p"):
+    raise SystemExit(f"ENGINE_SAMPLING must be greedy or top_p, got {SAMPLING_MODE!r}")
+GREEDY = (
+    SamplingParams(temperature=0.0, max_new_tokens=NEW)
+    if SAMPLING_MODE == "greedy"
+    else SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=NEW, seed=0)
+)
 
 
 def prompts(n: int, seed: int = 0) -> list[list[int]]:
@@ -123,7 +131,7 @@ async def main() -> None:
         results[batch] = tps
         frac = tps * flops_per_token / (peak * 1e9)
         print(
-            f"RESULT engine B={batch} P={PROMPT} N={NEW}: {tps:,.0f} gen tok/s (median of {REPEATS}), "
+            f"RESULT engine[{SAMPLING_MODE}] B={batch} P={PROMPT} N={NEW}: {tps:,.0f} gen tok/s (median of {REPEATS}), "
             f"first call {first:.2f}s, {100 * frac:.1f}% of matmul peak"
         )
         await engine.close()

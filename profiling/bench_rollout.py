@@ -508,9 +508,10 @@ def _engine_other(
     engine: JaxEngine, since: dict[str, float] | None = None, wall: float | None = None
 ) -> dict[str, float]:
     """The engine's host-gap, idle and void-chunk seconds, or their fractions of ``wall`` since."""
+    clock = engine.clock()
     now = {
-        "engine_sched_gap": engine.stats["sched_gap_s"],
-        "engine_idle": engine.stats["idle_s"],
+        "engine_sched_gap": clock["sched_gap_s"],
+        "engine_idle": clock["idle_s"],
         "engine_void": engine.stats["void_s"],
     }
     if since is None:

@@ -38,9 +38,18 @@ def figure(text: str, pattern: str) -> float | None:
 
 
 def main() -> None:
+    for mode in ("greedy", "top_p"):
+        compare(mode)
+
+
+def compare(mode: str) -> None:
+    """One sampling mode: greedy, or the peers' top_p mode (temperature 1, top_p 1.0)."""
     figures: dict[str, float] = {}
-    ours = run([sys.executable, str(HERE / "bench_engine.py")], env={"ENGINE_BATCHES": "16"})
-    figures["ours_engine_b16"] = figure(ours, rf"engine B=16 .*?: {NUMBER} gen tok/s")
+    ours = run(
+        [sys.executable, str(HERE / "bench_engine.py")],
+        env={"ENGINE_BATCHES": "16", "ENGINE_SAMPLING": mode},
+    )
+    figures["ours"] = figure(ours, rf"engine\[{mode}\] B=16 .*?: {NUMBER} gen tok/s")
     print(
         next(
             (line for line in ours.splitlines() if "B=16" in line and line.startswith("RESULT")),
@@ -48,33 +57,22 @@ def main() -> None:
         )
     )
     peers = [
-        (
-            "tunix_sampler_b16",
-            JAX_PY,
-            "bench_tunix_sampler.py",
-            {"ANCHOR_SAMPLING": "greedy"},
-            rf"{NUMBER} gen tok/s",
-        ),
-        (
-            "hf_generate_b16",
-            TORCH_PY,
-            "bench_hf_generate.py",
-            {"ANCHOR_SAMPLING": "greedy"},
-            rf"{NUMBER} gen tok/s",
-        ),
+        ("tunix_sampler", JAX_PY, "bench_tunix_sampler.py"),
+        ("hf_generate", TORCH_PY, "bench_hf_generate.py"),
     ]
-    for name, python, script, env, pattern in peers:
+    for name, python, script in peers:
         if not Path(python).exists():
             print(f"skip {name}: {python} not found (bash {PEERS}/setup_venvs.sh builds it)")
             continue
-        out = run([python, str(PEERS / script)], env=env)
-        figures[name] = figure(out, pattern)
+        out = run([python, str(PEERS / script)], env={"ANCHOR_SAMPLING": mode})
+        figures[name] = figure(out, rf"{NUMBER} gen tok/s")
         print(next((line for line in out.splitlines() if line.startswith("RESULT")), out[-500:]))
-    base = figures.get("ours_engine_b16")
-    for name in ("tunix_sampler_b16", "hf_generate_b16"):
+    base = figures.get("ours")
+    for name, _, _ in peers:
         if base and figures.get(name):
             print(
-                f"RATIO ours / {name} (batch 16, P=32, N=64, greedy, same run): {base / figures[name]:.2f}x"
+                f"RATIO ours / {name} ({mode}, batch 16, P=32, N=64, same run): "
+                f"{base / figures[name]:.2f}x"
             )
 
 

@@ -52,7 +52,7 @@ def test_tiny_run_writes_events_checkpoints_and_resumes(tmp_path):
         "sft/loss",
     ):
         assert tag in scalars, tag
-    for step in range(2):  # the engine's time this step, split three ways, within the step
+    for step in range(2):  # the engine's time since RL started, split three ways
         parts = [scalars[f"engine/{k}_fraction"][step][1] for k in ("busy", "sched_gap", "idle")]
         assert all(p >= 0 for p in parts) and sum(parts) <= 1.05
     assert (run_dir / "checkpoints" / "2").is_dir()

@@ -93,9 +93,6 @@ def fresh_run_dir(path: Path) -> Path:
     return candidate
 
 
-ENGINE_TIME_KEYS = ("busy_s", "sched_gap_s", "idle_s")
-
-
 class Trainer:
     """One run, from a config. ``run()`` is synchronous and notebook-friendly."""
 
@@ -278,10 +275,12 @@ class Trainer:
             file=sys.stderr,
         )
         orch.start()
+        # The engine's clock is read at the start of RL: its fractions are over the run so far
+        # (a device call is accounted when collected, so single short steps would be noisy).
+        rl_start, engine_at_start = time.perf_counter(), engine.clock()
         try:
             for step in bar:
                 t_step = time.perf_counter()
-                engine_at_start = {k: engine.stats.get(k, 0.0) for k in ENGINE_TIME_KEYS}
                 with metrics.span("wait_for_batch"):
                     groups = await orch.get_batch()
                 batch = grpo_batch(
@@ -312,14 +311,12 @@ class Trainer:
                     / wall,
                     "throughput/step_s": wall,
                     "engine/busy_s_total": engine.stats["busy_s"],
-                    # Where the engine's wall clock went this step: device calls, host-side
-                    # gaps while work waited, and idle (nothing to generate).
+                    # Where the engine's wall clock went since RL started: device calls,
+                    # host-side gaps while work waited, and idle (nothing to generate).
                     **{
-                        f"engine/{k.removesuffix('_s')}_fraction": (
-                            engine.stats.get(k, 0.0) - engine_at_start[k]
-                        )
-                        / wall
-                        for k in ENGINE_TIME_KEYS
+                        f"engine/{k.removesuffix('_s')}_fraction": (v - engine_at_start[k])
+                        / (time.perf_counter() - rl_start)
+                        for k, v in engine.clock().items()
                     },
                 }
                 history.append(metrics.write_step(step + 1, extra))

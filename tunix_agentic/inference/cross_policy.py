@@ -89,6 +89,14 @@ class CrossPolicyEngine:
                 out[k] = out.get(k, 0) + v
         return out
 
+    def clock(self) -> dict[str, float]:
+        """Busy, host-gap and idle seconds summed over the pool (each engine has its own clock)."""
+        out: dict[str, float] = {}
+        for e in self.engines:
+            for k, v in e.clock().items():
+                out[k] = out.get(k, 0.0) + v
+        return out
+
     def health(self) -> dict[str, Any]:
         parts = [e.health() for e in self.engines]
         return {

@@ -340,6 +340,20 @@ class JaxEngine:
             "compiles": dict(self.compiles),
         }
 
+    def clock(self) -> dict[str, float]:
+        """Busy, host-gap and idle seconds so far, the idle period under way included.
+
+        Differences of two readings split the wall time between them.
+        """
+        idle = self.stats["idle_s"]
+        if self._idle_since is not None:
+            idle += time.perf_counter() - self._idle_since
+        return {
+            "busy_s": self.stats["busy_s"],
+            "sched_gap_s": self.stats["sched_gap_s"],
+            "idle_s": idle,
+        }
+
     @property
     def compiles(self) -> dict[str, int]:
         """Executables compiled so far for prefill and decode (each shape and placement counts)."""
@@ -555,7 +569,6 @@ class JaxEngine:
             self.stats["prefill_tokens"] += len(new)
             self.stats["cached_tokens"] += req.cached
             req.pending += 1
-        dispatched = time.perf_counter()
         self._cache, self._carry, tokens, logprobs = self._prefill_fn(
             self._params,
             self._cache,
@@ -570,11 +583,12 @@ class JaxEngine:
             top_k,
             top_p,
         )
+        # Enqueued (after any compile, which is host time): the device may start from here.
+        dispatched = time.perf_counter()
         self.stats["prefill_calls"] += 1
         return _Op("prefill", (tokens, logprobs), list(enumerate(group)), self.version, dispatched)
 
     def _dispatch_decode(self) -> _Op:
-        dispatched = time.perf_counter()
         self._cache, self._carry, out_tokens, out_logprobs = self._decode_fn(
             self._params,
             self._cache,
@@ -584,6 +598,7 @@ class JaxEngine:
             self._top_k.copy(),
             self._top_p.copy(),
         )
+        dispatched = time.perf_counter()
         self._stop[:] = False
         self.stats["decode_chunks"] += 1
         owners = list(self._active.items())

@@ -82,6 +82,20 @@ def _filter(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
     return jnp.where(keep, scaled, -jnp.inf)
 
 
+def _inverse_cdf(keys: jax.Array, logits: jax.Array) -> jax.Array:
+    """One draw per row from softmax(logits) with a single uniform per row.
+
+    Inverse-CDF sampling: the token is the first index whose cumulative
+    probability exceeds ``u * total``. Exact like the Gumbel-max trick, but it
+    draws one random number per row instead of one per vocabulary entry.
+    Masked (-inf) entries have zero mass and can never be picked.
+    """
+    u = jax.vmap(jax.random.uniform)(keys)
+    cdf = jnp.cumsum(jax.nn.softmax(logits, axis=-1), axis=-1)
+    index = jnp.sum(cdf < (u * cdf[:, -1])[:, None], axis=-1)
+    return jnp.minimum(index, logits.shape[-1] - 1).astype(jnp.int32)
+
+
 def sample(
     logits: jax.Array,  # [B, V] float32
     keys: jax.Array,  # [B, 2] uint32 raw PRNG keys
@@ -110,7 +124,7 @@ def sample(
         filtered = jax.lax.cond(
             jnp.any(filtering), _filter, lambda s, k, p: s, scaled, top_k, top_p
         )
-        return jax.vmap(jax.random.categorical)(keys, filtered).astype(jnp.int32)
+        return _inverse_cdf(keys, filtered)
 
     sampled = jax.lax.cond(
         jnp.any(~greedy), draw, lambda s: jnp.zeros(s.shape[0], jnp.int32), scaled
