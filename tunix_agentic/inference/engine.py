@@ -130,6 +130,7 @@ class _Op:
     owners: list[tuple[int, _Request]]  # prefill: (row, request); decode: (slot, request)
     version: int
     dispatched: float
+    waiter: asyncio.Future | None = None  # (done time, host arrays), from the waiter thread
 
 
 def _wait(outputs: tuple[jax.Array, ...]) -> tuple[float, tuple[np.ndarray, ...]]:
@@ -453,20 +454,23 @@ class JaxEngine:
                 return
             self._apply_pending_weights()
             self._drop_aborted()
-            dispatched = False
+            new: list[_Op] = []
             admitted = self._admit()
             if admitted:
-                outstanding.extend(self._dispatch_prefill(admitted))
-                dispatched = True
+                new += self._dispatch_prefill(admitted)
             if any(len(r.tokens) + r.pending < r.max_new for r in self._active.values()):
                 # (Not when every active request reaches its length limit within what is
                 # already queued: a chunk past that would be thrown away.)
-                outstanding.append(self._dispatch_decode())
-                dispatched = True
+                new.append(self._dispatch_decode())
+            for op in new:
+                # One waiter thread blocks on the ops in order, so each completion time is
+                # taken when it happens, not when the host gets round to collecting it.
+                op.waiter = loop.run_in_executor(self._executor, _wait, op.outputs)
+            outstanding.extend(new)
             # Collect all but the newest op, so the device always has the next chunk queued.
-            while len(outstanding) > (1 if dispatched and self.config.overlap else 0):
+            while len(outstanding) > (1 if new and self.config.overlap else 0):
                 op = outstanding.popleft()
-                done, arrays = await loop.run_in_executor(self._executor, _wait, op.outputs)
+                done, arrays = await op.waiter
                 self._collect(op, arrays, self._account(op, done))
             if not outstanding and not self._active and not self._queue:
                 self._idle_since = time.perf_counter()
