@@ -6,8 +6,8 @@ waiting requests into free slots between decode chunks, prefills them together
 recompile), then runs one jitted chunk of ``decode_steps`` decode steps over all
 slots (a ``lax.scan``; no Python per token).
 
-The device never waits for the host: calls are dispatched asynchronously and
-the next decode chunk is queued *before* the host collects the previous one,
+Host work overlaps device work: calls are dispatched asynchronously and the
+next decode chunk is queued *before* the host collects the previous one,
 so collecting tokens, finishing requests and admitting new ones overlap with
 the device's work. The per-slot decode state (last token, position, PRNG key)
 lives on the device and is threaded through prefill and decode calls; the host
@@ -56,8 +56,8 @@ class EngineConfig:
     min_prefill_len: int = 16
     session_reuse: bool = True
     reuse_kv_across_versions: bool = False
-    # Queue the next decode chunk before collecting the last one, so the device never waits
-    # for the host (a queued chunk may decode slots whose request just ended: wasted rows).
+    # Queue the next decode chunk before collecting the last one, so host work overlaps the
+    # device's (a queued chunk may decode slots whose request just ended: wasted rows).
     overlap: bool = True
     seed: int = 0
 
