@@ -93,6 +93,16 @@ def fresh_run_dir(path: Path) -> Path:
     return candidate
 
 
+def engine_fractions(
+    clock: dict[str, float], start: dict[str, float], since: float
+) -> dict[str, float]:
+    """``engine/<part>_fraction``: each part's share of the wall time since ``since``."""
+    wall = time.perf_counter() - since
+    return {
+        f"engine/{k.removesuffix('_s')}_fraction": (v - start[k]) / wall for k, v in clock.items()
+    }
+
+
 class Trainer:
     """One run, from a config. ``run()`` is synchronous and notebook-friendly."""
 
@@ -313,11 +323,7 @@ class Trainer:
                     "engine/busy_s_total": engine.stats["busy_s"],
                     # Where the engine's wall clock went since RL started: device calls,
                     # host-side gaps while work waited, and idle (nothing to generate).
-                    **{
-                        f"engine/{k.removesuffix('_s')}_fraction": (v - engine_at_start[k])
-                        / (time.perf_counter() - rl_start)
-                        for k, v in engine.clock().items()
-                    },
+                    **engine_fractions(engine.clock(), engine_at_start, rl_start),
                 }
                 history.append(metrics.write_step(step + 1, extra))
                 bar.set_postfix(

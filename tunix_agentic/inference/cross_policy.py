@@ -10,7 +10,7 @@ that sampled it, so the learner sees exactly how off-policy it is.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tunix_agentic.inference.base import InferenceEngine, TokenOutput
@@ -83,19 +83,11 @@ class CrossPolicyEngine:
     @property
     def stats(self) -> dict[str, float]:
         """Engine counters summed over the pool (busy time, tokens, ...)."""
-        out: dict[str, float] = {}
-        for e in self.engines:
-            for k, v in getattr(e, "stats", {}).items():
-                out[k] = out.get(k, 0) + v
-        return out
+        return _summed(getattr(e, "stats", {}) for e in self.engines)
 
     def clock(self) -> dict[str, float]:
         """Busy, host-gap and idle seconds summed over the pool (each engine has its own clock)."""
-        out: dict[str, float] = {}
-        for e in self.engines:
-            for k, v in e.clock().items():
-                out[k] = out.get(k, 0.0) + v
-        return out
+        return _summed(e.clock() for e in self.engines)
 
     def health(self) -> dict[str, Any]:
         parts = [e.health() for e in self.engines]
@@ -111,3 +103,12 @@ class CrossPolicyEngine:
             close = getattr(e, "close", None)
             if close is not None:
                 await close()
+
+
+def _summed(parts: Iterable[dict[str, float]]) -> dict[str, float]:
+    """Key-wise sum of the engines' counters."""
+    out: dict[str, float] = {}
+    for part in parts:
+        for k, v in part.items():
+            out[k] = out.get(k, 0) + v
+    return out

@@ -210,14 +210,15 @@ class RolloutOrchestrator:
         prepared, self._prepared = list(self._prepared), collections.deque()
         for t in prepared:
             t.cancel()  # still initialising: the group closes what it made (see _prepare_group)
-        results = await asyncio.gather(*prepared, return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException):
-                continue
-            _, members = result
-            await asyncio.gather(
-                *(self._close_env(env) for env, _, _ in members if env is not None)
-            )
+        for result in await asyncio.gather(*prepared, return_exceptions=True):
+            if not isinstance(result, BaseException):
+                await self._close_members(result[1])
+
+    async def _close_members(self, members: list) -> None:
+        """Close the environment of every INIT result in ``members`` (exceptions skipped)."""
+        await asyncio.gather(
+            *(self._close_env(m[0]) for m in members if isinstance(m, tuple) and m[0] is not None)
+        )
 
     async def _close_env(self, env: Environment) -> None:
         try:
@@ -284,9 +285,7 @@ class RolloutOrchestrator:
         except asyncio.CancelledError:
             for m in members:
                 m.cancel()
-            for result in await asyncio.gather(*members, return_exceptions=True):
-                if isinstance(result, tuple) and result[0] is not None:
-                    await self._close_env(result[0])
+            await self._close_members(await asyncio.gather(*members, return_exceptions=True))
             raise
 
     async def _init_env(self, task: Any) -> tuple[Any, Any, str | None]:
