@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 from common import (
+    HandoffProbe,
     InFlightSampler,
     Waits,
     env_float,
@@ -123,6 +124,9 @@ class ModeResult:
             f"host gaps {100 * self.extra.get('engine_sched_gap', 0):.1f}%, idle "
             f"{100 * self.extra.get('engine_idle', 0):.1f}%; "
             f"{self.gen_tokens_per_s:,.0f} gen tok/s; mean engine in-flight {self.mean_in_flight:.1f}"
+            f"\n       thread hand-off p50/p95 {self.extra.get('handoff_p50_ms', 0):.2f}/"
+            f"{self.extra.get('handoff_p95_ms', 0):.2f} ms (how late a completion time may be "
+            f"taken: the error bar on busy vs host gaps)"
         )
 
 
@@ -308,10 +312,11 @@ async def run_sync(
     trajs: list[Trajectory] = []
     latencies: list[float] = []
     wait = 0.0
-    sampler = InFlightSampler(engine)
+    sampler, probe = InFlightSampler(engine), HandoffProbe()
     busy0 = engine.stats["busy_s"]
     other0 = _engine_other(engine)
     sampler.start()
+    probe.start()
     t0 = time.perf_counter()
     batch_index = 0
     while len(trajs) < p.trajectories:
@@ -330,6 +335,7 @@ async def run_sync(
     wall = time.perf_counter() - t0
     busy = engine.stats["busy_s"] - busy0
     in_flight = await sampler.stop()
+    handoff = probe.stop()
     return _summarise(
         "sync",
         trajs,
@@ -341,6 +347,7 @@ async def run_sync(
         rollout_only_traj_per_s=len(trajs) / wait,
         batches=batch_index,
         **_engine_other(engine, other0, wall),
+        **handoff,
     )
 
 
@@ -376,10 +383,11 @@ async def run_async(
     trajs: list[Trajectory] = []
     lags: list[int] = []
     waits: list[float] = []
-    sampler = InFlightSampler(engine)
+    sampler, probe = InFlightSampler(engine), HandoffProbe()
     busy0 = engine.stats["busy_s"]
     other0 = _engine_other(engine)
     sampler.start()
+    probe.start()
     t0 = time.perf_counter()
     orch.start()
     try:
@@ -388,7 +396,7 @@ async def run_async(
             groups = await orch.get_batch()
             waits.append(time.perf_counter() - t)
             if len(waits) == 1:  # the pipeline is full from here on
-                steady_from, steady_busy0 = time.perf_counter(), engine.stats["busy_s"]
+                steady_clock0 = engine.clock()
             for g in groups:
                 trajs += g.trajectories
                 lags += [
@@ -401,9 +409,13 @@ async def run_async(
         end = time.perf_counter()
         wall = end - t0
         busy = engine.stats["busy_s"] - busy0
-        steady_busy = (engine.stats["busy_s"] - steady_busy0) / max(end - steady_from, 1e-9)
+        # Busy share of the engine time accounted since then (busy accrues when an op is
+        # collected, so a plain busy/wall ratio may count an op begun before the window).
+        steady = {k: v - steady_clock0[k] for k, v in engine.clock().items()}
+        steady_busy = steady["busy_s"] / max(sum(steady.values()), 1e-9)
     finally:
         await orch.stop()
+        handoff = probe.stop()
     in_flight = await sampler.stop()
     first = p.groups_per_batch * p.group_size
     return _summarise(
@@ -419,6 +431,7 @@ async def run_async(
         steady_traj_per_s=(len(trajs) - first) / max(wall - waits[0], 1e-9),
         steady_engine_busy=steady_busy,
         **_engine_other(engine, other0, wall),
+        **handoff,
         max_staleness=max_staleness,
         later_batch_wait_mean_s=float(np.mean(waits[1:])) if len(waits) > 1 else 0.0,
         staleness_max=max(lags, default=0),

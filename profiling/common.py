@@ -12,6 +12,7 @@ import dataclasses
 import math
 import os
 import resource
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -214,6 +215,45 @@ def percentiles(values: Iterable[float], qs: tuple[int, ...] = (50, 95, 99)) -> 
 def max_rss_mb() -> float:
     """This process's peak resident set size so far (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class HandoffProbe:
+    """How late a thread waking from a blocking call gets to run Python again.
+
+    A background thread sleeps ``period_s`` over and over and records by how much
+    each sleep overran. That is the delay the engine's waiter thread suffers
+    between a device call completing and its timestamp (it must take the GIL
+    back from the agents' Python first): the error bar on the engine's busy /
+    host-gap split. Waking 1/period_s times a second, it perturbs little.
+    """
+
+    def __init__(self, period_s: float = 0.005):
+        self.period_s = period_s
+        self.late_s: list[float] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t = time.perf_counter()
+            time.sleep(self.period_s)
+            self.late_s.append(time.perf_counter() - t - self.period_s)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="handoff-probe", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> dict[str, float]:
+        """p50 / p95 / mean lateness in milliseconds."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        late = np.asarray(self.late_s or [0.0]) * 1e3
+        return {
+            "handoff_p50_ms": float(np.percentile(late, 50)),
+            "handoff_p95_ms": float(np.percentile(late, 95)),
+            "handoff_mean_ms": float(late.mean()),
+        }
 
 
 class InFlightSampler:

@@ -1,6 +1,6 @@
 """The in-process JAX inference engine: token-in/token-out with continuous batching.
 
-A fixed set of slots shares one KV cache on device. An asyncio scheduler admits
+A fixed set of slots shares one KV cache on device. A scheduler thread admits
 waiting requests into free slots between decode chunks, prefills them together
 (shapes bucketed by row count and length, so a new prompt length does not
 recompile), then runs one jitted chunk of ``decode_steps`` decode steps over all
@@ -13,8 +13,13 @@ the device's work. The per-slot decode state (last token, position, PRNG key)
 lives on the device and is threaded through prefill and decode calls; the host
 only says which slots stop. A chunk queued ahead still decodes slots whose
 request ended in the chunk before it; those tokens are discarded (their cache
-writes lie beyond anything kept). Waiting for the device happens on one
-executor thread, so the event loop keeps serving environments and tools.
+writes lie beyond anything kept).
+
+The scheduler runs on its own thread, not on the callers' event loop: when a
+chunk completes it dispatches the next at once, whatever the agents' coroutines
+are doing (a busy event loop used to delay it by a whole chunk or more). Callers
+on any event loop submit through a queue; finished requests are handed back to
+each caller's loop in one batch per scheduler iteration.
 
 Sessions: a request may carry ``session_id``. When that request ends, its slot
 is *parked* with its cache; if the session's next prompt extends what is
@@ -28,10 +33,14 @@ every token is sampled from one coherent policy per chunk.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import dataclasses
 import itertools
+import logging
+import threading
 import time
+import weakref
 import zlib
 from collections import OrderedDict, deque
 from typing import Any
@@ -44,6 +53,8 @@ from flax import nnx
 from tunix_agentic.inference.base import EngineError, PromptTooLongError, TokenOutput
 from tunix_agentic.inference.sampling import SamplingParams, sample, split_keys
 from tunix_agentic.models.transformer import ModelConfig, Transformer, init_cache
+
+_log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,13 +99,6 @@ def _commit(params: Any) -> Any:
     )
 
 
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-
-
 def _bucket(n: int, buckets: list[int]) -> int:
     for b in buckets:
         if n <= b:
@@ -109,6 +113,7 @@ class _Request:
     sampling: SamplingParams
     session_id: str | None
     future: asyncio.Future
+    loop: asyncio.AbstractEventLoop  # the caller's: the result is handed over there
     submitted: float
     key: np.ndarray
     max_new: int = 0
@@ -130,7 +135,9 @@ class _Op:
     owners: list[tuple[int, _Request]]  # prefill: (row, request); decode: (slot, request)
     version: int
     dispatched: float
-    waiter: asyncio.Future | None = None  # (done time, host arrays), from the waiter thread
+    # (done time, host arrays): a waiter thread blocks on each op as soon as it is dispatched,
+    # so completion times are taken when they happen, not when the scheduler gets round to it.
+    waiter: concurrent.futures.Future | None = None
 
 
 def _wait(outputs: tuple[jax.Array, ...]) -> tuple[float, tuple[np.ndarray, ...]]:
@@ -178,11 +185,19 @@ class JaxEngine:
         self._queue: deque[_Request] = deque()
         self._by_rid: dict[str, _Request] = {}
         self._rid_counter = itertools.count()
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jax-engine")
-        self._wakeup: asyncio.Event | None = None
-        self._loop_task: asyncio.Task | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        # Callers (any event loop) hand requests to the scheduler thread through the inbox;
+        # results go back to each caller's loop in one batch per scheduler iteration.
+        self._staged: dict[asyncio.AbstractEventLoop, list[_Request]] = {}
+        self._inbox: deque[_Request] = deque()
+        self._waiter = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="jax-engine-wait"
+        )
+        self._outbox: list[tuple[_Request, TokenOutput | BaseException]] = []
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._thread_lock = threading.Lock()
         self._closed = False
+        self._failure: str | None = None
         self._traces = {"prefill": 0, "decode": 0}
         self.stats = {
             "decode_chunks": 0,
@@ -263,7 +278,7 @@ class JaxEngine:
     ) -> TokenOutput:
         """Generate from ``prompt_ids``; cancelling the caller aborts the request."""
         if self._closed:
-            raise EngineError("engine is closed")
+            raise EngineError(f"engine is closed{self._failure_note()}")
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise ValueError("prompt_ids must not be empty")
@@ -274,7 +289,6 @@ class JaxEngine:
             raise PromptTooLongError(
                 f"prompt of {len(prompt)} tokens leaves no room within max_seq_len={self.config.max_seq_len}"
             )
-        self._ensure_loop()
         rid = request_id or f"req-{next(self._rid_counter)}"
         if rid in self._by_rid:
             raise ValueError(f"request id {rid!r} is already in flight")
@@ -283,20 +297,20 @@ class JaxEngine:
             if sampling.seed is not None
             else zlib.crc32(f"{self.config.seed}/{rid}".encode())
         )
+        loop = asyncio.get_running_loop()
         req = _Request(
             rid=rid,
             prompt=prompt,
             sampling=sampling,
             session_id=session_id,
-            future=asyncio.get_running_loop().create_future(),
+            future=loop.create_future(),
+            loop=loop,
             submitted=time.perf_counter(),
             key=np.asarray(jax.random.key_data(jax.random.key(seed)), np.uint32),
             max_new=min(sampling.max_new_tokens, self.config.max_seq_len - len(prompt)),
         )
         self._by_rid[rid] = req
-        self._queue.append(req)
-        self._work_arrived()
-        self._wakeup.set()
+        self._stage(req)
         try:
             return await asyncio.shield(req.future)
         except asyncio.CancelledError:
@@ -308,12 +322,8 @@ class JaxEngine:
         req = self._by_rid.get(request_id)
         if req is None:
             return False
-        req.aborted = True
-        if req in self._queue:
-            self._queue.remove(req)
-            self._finish(req, "abort")
-        elif self._wakeup is not None:
-            self._wakeup.set()
+        req.aborted = True  # the scheduler finishes it at its next iteration
+        self._wake.set()
         return True
 
     def update_weights(self, params: Any, version: int) -> None:
@@ -326,8 +336,7 @@ class JaxEngine:
             raise ValueError("update_weights: parameter tree does not match the engine's model")
         # Committed like the current params, so the swap never triggers a silent recompile.
         self._pending_params = (_commit(params), int(version))
-        if self._wakeup is not None:
-            self._wakeup.set()
+        self._wake.set()
 
     def health(self) -> dict[str, Any]:
         return {
@@ -336,9 +345,10 @@ class JaxEngine:
             "slots": self.config.max_slots,
             "active": len(self._active),
             "parked": len(self._parked),
-            "queued": len(self._queue),
+            "queued": len(self._queue) + len(self._inbox),
             **self.stats,
             "compiles": dict(self.compiles),
+            **({"error": self._failure} if self._failure else {}),
         }
 
     def clock(self) -> dict[str, float]:
@@ -347,8 +357,9 @@ class JaxEngine:
         Differences of two readings split the wall time between them.
         """
         idle = self.stats["idle_s"]
-        if self._idle_since is not None:
-            idle += time.perf_counter() - self._idle_since
+        since = self._idle_since
+        if since is not None:
+            idle += time.perf_counter() - since
         return {
             "busy_s": self.stats["busy_s"],
             "sched_gap_s": self.stats["sched_gap_s"],
@@ -373,60 +384,80 @@ class JaxEngine:
     @property
     def params(self) -> Any:
         """The parameters in use (or about to be, if an update is pending)."""
-        return self._pending_params[0] if self._pending_params is not None else self._params
+        pending = self._pending_params
+        return pending[0] if pending is not None else self._params
 
     @property
     def pending_version(self) -> int | None:
-        return self._pending_params[1] if self._pending_params is not None else None
+        pending = self._pending_params
+        return pending[1] if pending is not None else None
 
     @property
     def in_flight(self) -> int:
-        return len(self._active) + len(self._queue)
+        """Requests submitted and not yet finished (queued or decoding)."""
+        return len(self._by_rid)
 
     async def close(self) -> None:
+        """Abort what is in flight (callers get finish_reason 'abort') and stop the scheduler."""
+        self._shutdown()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            await asyncio.to_thread(thread.join, 30)
+
+    def _stage(self, req: _Request) -> None:
+        # Requests made in one pass of the caller's loop (a gather of many episodes) reach the
+        # scheduler together, so they are admitted and prefilled as one batch.
+        staged = self._staged.get(req.loop)
+        if staged is None:
+            staged = self._staged[req.loop] = []
+            req.loop.call_soon(self._submit_staged, req.loop)
+        staged.append(req)
+
+    def _submit_staged(self, loop: asyncio.AbstractEventLoop) -> None:
+        reqs = self._staged.pop(loop, [])
+        self._inbox.extend(reqs)
+        if self._closed:  # close() ran meanwhile: take them back unless the scheduler has them
+            error = EngineError(f"engine is closed{self._failure_note()}")
+            for req in reqs:
+                try:
+                    self._inbox.remove(req)
+                except ValueError:
+                    continue  # the scheduler took it and aborts it
+                self._by_rid.pop(req.rid, None)
+                if not req.future.done():
+                    req.future.set_exception(error)
+            return
+        self._ensure_thread()
+        self._wake.set()
+
+    def _shutdown(self) -> None:
         self._closed = True
-        for req in list(self._queue) + list(self._active.values()):
+        for req in list(self._by_rid.values()):
             req.aborted = True
-        same_loop = self._loop is not None and self._loop is _running_loop()
-        if self._loop_task is not None and same_loop:
-            self._wakeup.set()
-            try:
-                await asyncio.wait_for(self._loop_task, timeout=30)
-            except (TimeoutError, asyncio.CancelledError):
-                self._loop_task.cancel()
-        if same_loop:
-            for req in list(self._queue):
-                self._finish(req, "abort")
-        else:
-            self._reset_slots()  # requests of a loop that is gone have no one waiting
-        self._executor.shutdown(wait=False)
+        self._wake.set()
 
     # -------------------------------------------------------------- scheduler
-    def _ensure_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        if self._loop_task is None or self._loop is not loop or self._loop_task.done():
-            if self._loop is not loop:
-                # A new event loop (e.g. a fresh asyncio.run): nothing of the old one is alive.
-                self._reset_slots()
-            self._loop = loop
-            self._wakeup = asyncio.Event()
-            self._loop_task = loop.create_task(self._run(), name="jax-engine-scheduler")
+    def _ensure_thread(self) -> None:
+        with self._thread_lock:
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(
+                target=self._run, name="jax-engine-scheduler", daemon=True
+            )
+            self._thread.start()
+            # An engine never closed must not leave its thread mid-call when the process exits.
+            atexit.register(_stop_at_exit, weakref.ref(self))
 
-    def _reset_slots(self) -> None:
-        self._active.clear()
-        self._parked.clear()
-        self._queue.clear()
-        self._by_rid.clear()
-        self._free = list(range(self.config.max_slots))
-        self._carry = self._fresh_carry()
-        self._stop[:] = False
+    def _failure_note(self) -> str:
+        return f" (scheduler failed: {self._failure})" if self._failure else ""
 
     # ---------------------------------------------------- time accounting
-    def _work_arrived(self) -> None:
-        if self._idle_since is not None:
-            now = time.perf_counter()
-            self.stats["idle_s"] += now - self._idle_since
-            self._idle_spans.append((self._idle_since, now))
+    def _work_arrived(self, at: float) -> None:
+        since = self._idle_since
+        if since is not None:
+            at = max(at, since)
+            self.stats["idle_s"] += at - since
+            self._idle_spans.append((since, at))
             self._idle_since = None
 
     def _account(self, op: _Op, done: float) -> float:
@@ -445,39 +476,65 @@ class JaxEngine:
         return busy
 
     # -------------------------------------------------------------- scheduler
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
+    def _run(self) -> None:
+        """The scheduler thread: admit, dispatch, collect, until closed and drained."""
+        try:
+            self._schedule()
+        except BaseException as exc:  # a failed device call must not strand any caller
+            self._failure = f"{type(exc).__name__}: {exc}"
+            self._closed = True
+            error = EngineError(f"engine scheduler failed: {self._failure}")
+            for req in list(self._by_rid.values()):
+                self._by_rid.pop(req.rid, None)
+                self._deliver(req, error)
+            self._flush()
+            _log.exception("engine scheduler failed; every open request got an EngineError")
+        finally:
+            self._waiter.shutdown(wait=False)
+
+    def _schedule(self) -> None:
         outstanding: deque[_Op] = deque()  # dispatched to the device, not yet collected
+        # Decode chunks the device may hold at once: one running and one queued behind it, so
+        # the host collects one chunk while the next computes (1 = lockstep).
+        depth = 2 if self.config.overlap else 1
         self._device_done_at = time.perf_counter()
         while True:
-            if self._closed and not self._active and not outstanding:
-                return
+            self._wake.clear()  # before looking for work: a later set() is never missed
+            self._take_inbox()
             self._apply_pending_weights()
             self._drop_aborted()
-            new: list[_Op] = []
+            if self._closed and not self._active and not outstanding:
+                self._flush()
+                return
             admitted = self._admit()
-            if admitted:
-                new += self._dispatch_prefill(admitted)
-            if any(len(r.tokens) + r.pending < r.max_new for r in self._active.values()):
+            new = self._dispatch_prefill(admitted) if admitted else []
+            decodes = sum(op.kind == "decode" for op in outstanding)
+            if decodes < depth and any(
+                len(r.tokens) + r.pending < r.max_new for r in self._active.values()
+            ):
                 # (Not when every active request reaches its length limit within what is
                 # already queued: a chunk past that would be thrown away.)
                 new.append(self._dispatch_decode())
             for op in new:
-                # One waiter thread blocks on the ops in order, so each completion time is
-                # taken when it happens, not when the host gets round to collecting it.
-                op.waiter = loop.run_in_executor(self._executor, _wait, op.outputs)
+                op.waiter = self._waiter.submit(_wait, op.outputs)
             outstanding.extend(new)
-            # Collect all but the newest op, so the device always has the next chunk queued.
-            while len(outstanding) > (1 if new and self.config.overlap else 0):
-                op = outstanding.popleft()
-                done, arrays = await op.waiter
-                self._collect(op, arrays, self._account(op, done))
-            if not outstanding and not self._active and not self._queue:
+            self._flush()
+            if outstanding:
+                # Collect the oldest op; lockstep collects all before dispatching again.
+                for _ in range(len(outstanding) if depth == 1 else 1):
+                    op = outstanding.popleft()
+                    done, arrays = op.waiter.result()
+                    self._collect(op, arrays, self._account(op, done))
+                continue
+            if not self._active and not self._queue and self._pending_params is None:
                 self._idle_since = time.perf_counter()
-                self._wakeup.clear()
-                if self._pending_params is None and not self._closed:
-                    await self._wakeup.wait()
-                self._work_arrived()
+                self._wake.wait()
+                first = self._inbox[0].submitted if self._inbox else time.perf_counter()
+                self._work_arrived(first)
+
+    def _take_inbox(self) -> None:
+        while self._inbox:
+            self._queue.append(self._inbox.popleft())
 
     def _apply_pending_weights(self) -> None:
         if self._pending_params is None:
@@ -493,9 +550,14 @@ class JaxEngine:
                     self._free.append(slot)
 
     def _drop_aborted(self) -> None:
+        closing = self._closed  # a request that raced with close() is aborted too
         for slot, req in list(self._active.items()):
-            if req.aborted:
+            if req.aborted or closing:
                 self._release(slot, req, park=False)
+                self._finish(req, "abort")
+        if closing or any(req.aborted for req in self._queue):
+            for req in [r for r in self._queue if r.aborted or closing]:
+                self._queue.remove(req)
                 self._finish(req, "abort")
 
     def _admit(self) -> list[_Request]:
@@ -663,10 +725,9 @@ class JaxEngine:
 
     def _finish(self, req: _Request, reason: str) -> None:
         self._by_rid.pop(req.rid, None)
-        if req.future.done():
-            return
         matched = req.tokens[-1] if reason == "stop" else None
-        req.future.set_result(
+        self._deliver(
+            req,
             TokenOutput(
                 token_ids=list(req.tokens),
                 logprobs=list(req.logprobs),
@@ -676,5 +737,39 @@ class JaxEngine:
                 prompt_tokens=len(req.prompt),
                 cached_tokens=req.cached,
                 latency_s=time.perf_counter() - req.submitted,
-            )
+            ),
         )
+
+    def _deliver(self, req: _Request, result: TokenOutput | BaseException) -> None:
+        self._outbox.append((req, result))
+
+    def _flush(self) -> None:
+        """Hand finished requests to their callers: one call into each caller's loop."""
+        if not self._outbox:
+            return
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for req, result in self._outbox:
+            by_loop.setdefault(req.loop, []).append((req.future, result))
+        self._outbox = []
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_resolve, items)
+            except RuntimeError:  # that loop is closed: no one is waiting for these
+                pass
+
+
+def _resolve(items: list[tuple[asyncio.Future, TokenOutput | BaseException]]) -> None:
+    for future, result in items:
+        if future.done():  # the caller was cancelled
+            continue
+        if isinstance(result, BaseException):
+            future.set_exception(result)
+        else:
+            future.set_result(result)
+
+
+def _stop_at_exit(ref: weakref.ref) -> None:
+    engine = ref()
+    if engine is not None and engine._thread is not None:
+        engine._shutdown()
+        engine._thread.join(timeout=10)
