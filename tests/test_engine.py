@@ -6,7 +6,13 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from tunix_agentic.inference import EngineConfig, JaxEngine, PromptTooLongError, SamplingParams
+from tunix_agentic.inference import (
+    EngineConfig,
+    EngineError,
+    JaxEngine,
+    PromptTooLongError,
+    SamplingParams,
+)
 from tunix_agentic.testing import tiny_model
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=9)
@@ -217,3 +223,92 @@ async def test_slots_reused_under_a_chunk_queued_ahead_stay_exact(model, overlap
     assert d.cached_tokens > 0
     assert d.token_ids == greedy_reference(model, turn2, 9)
     await engine.close()
+
+
+async def test_decoding_goes_on_while_the_callers_loop_is_busy(model):
+    """The scheduler has its own thread: agent code hogging the event loop (here a
+    busy-wait, pure Python) does not stop the engine from decoding."""
+    engine = JaxEngine(model, EngineConfig(max_slots=2, max_seq_len=200, decode_steps=2))
+    task = asyncio.create_task(engine.generate([1, 2], SamplingParams(max_new_tokens=150)))
+    while engine.stats["generated_tokens"] < 2:
+        await asyncio.sleep(0.001)
+    before = engine.stats["generated_tokens"]
+    end = time.perf_counter() + 1.0
+    while time.perf_counter() < end:  # the loop runs nothing else meanwhile
+        pass
+    assert engine.stats["generated_tokens"] > before + 2
+    out = await task
+    assert len(out.token_ids) == 150
+    await engine.close()
+
+
+def test_one_engine_serves_successive_event_loops_and_can_be_collected(model, monkeypatch):
+    import gc
+    import weakref
+
+    from tunix_agentic.inference import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "_IDLE_EXIT_S", 0.05)
+    engine = JaxEngine(model, EngineConfig(max_slots=2, max_seq_len=48, decode_steps=4))
+    first = asyncio.run(engine.generate([5, 6, 7], GREEDY))
+    time.sleep(0.3)  # the scheduler thread ends when idle; the next request starts another
+    assert engine._thread is None
+    second = asyncio.run(engine.generate([5, 6, 7], GREEDY))
+    assert first.token_ids == second.token_ids == greedy_reference(model, [5, 6, 7], 9)
+    time.sleep(0.3)
+    ref = weakref.ref(engine)
+    del engine
+    gc.collect()
+    assert ref() is None  # no thread keeps an engine no one closed alive
+
+
+async def test_close_aborts_what_is_in_flight(model):
+    engine = JaxEngine(model, EngineConfig(max_slots=2, max_seq_len=200, decode_steps=2))
+    tasks = [
+        asyncio.create_task(engine.generate([i, i + 1], SamplingParams(max_new_tokens=190)))
+        for i in range(1, 5)  # 2 decoding, 2 queued
+    ]
+    while engine.stats["generated_tokens"] < 4:
+        await asyncio.sleep(0.001)
+    await engine.close()
+    outs = await asyncio.gather(*tasks)
+    assert [o.finish_reason for o in outs] == ["abort"] * 4
+    assert any(o.token_ids for o in outs)  # what was generated comes back
+    assert engine.in_flight == 0
+    with pytest.raises(EngineError, match="closed"):
+        await engine.generate([1, 2], GREEDY)
+
+
+async def test_a_failed_device_call_fails_every_open_request(model):
+    """Fault injection (a device cannot be made to fail on demand here): the decode call
+    raises. Every caller gets an EngineError, none hangs, and the engine reports it."""
+    engine = JaxEngine(model, EngineConfig(max_slots=2, max_seq_len=64, decode_steps=2))
+    await engine.generate([1, 2], GREEDY)  # compiled and working
+
+    def lost(*args, **kwargs):
+        raise RuntimeError("device lost")
+
+    engine._decode_fn = lost
+    outs = await asyncio.wait_for(
+        asyncio.gather(
+            *(engine.generate([i], GREEDY) for i in range(1, 4)), return_exceptions=True
+        ),
+        timeout=60,
+    )
+    assert all(isinstance(o, EngineError) and "device lost" in str(o) for o in outs)
+    health = engine.health()
+    assert health["ok"] is False and "device lost" in health["error"]
+    with pytest.raises(EngineError, match="device lost"):
+        await engine.generate([1, 2], GREEDY)
+    assert engine.in_flight == 0
+
+
+async def test_update_weights_names_the_mismatched_array(model):
+    from flax import nnx
+
+    engine = JaxEngine(model, EngineConfig(max_slots=1, max_seq_len=32))
+    params = nnx.state(model, nnx.Param)
+    wrong = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+    with pytest.raises(ValueError, match="bfloat16"):
+        engine.update_weights(wrong, version=1)
+    assert engine.pending_version is None

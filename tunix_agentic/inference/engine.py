@@ -55,6 +55,7 @@ from tunix_agentic.inference.sampling import SamplingParams, sample, split_keys
 from tunix_agentic.models.transformer import ModelConfig, Transformer, init_cache
 
 _log = logging.getLogger(__name__)
+_IDLE_EXIT_S = 2.0  # the scheduler thread ends after this long with nothing to do
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,13 +190,11 @@ class JaxEngine:
         # results go back to each caller's loop in one batch per scheduler iteration.
         self._staged: dict[asyncio.AbstractEventLoop, list[_Request]] = {}
         self._inbox: deque[_Request] = deque()
-        self._waiter = concurrent.futures.ThreadPoolExecutor(
-            1, thread_name_prefix="jax-engine-wait"
-        )
         self._outbox: list[tuple[_Request, TokenOutput | BaseException]] = []
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._thread_lock = threading.Lock()
+        self._exit_hook = False
         self._closed = False
         self._failure: str | None = None
         self._traces = {"prefill": 0, "decode": 0}
@@ -330,12 +329,23 @@ class JaxEngine:
         """Swap in new parameters at the next chunk boundary; in-flight requests continue."""
         leaves_new = jax.tree.leaves(params)
         leaves_old = jax.tree.leaves(self._params)
-        if len(leaves_new) != len(leaves_old) or any(
-            a.shape != b.shape for a, b in zip(leaves_new, leaves_old, strict=True)
+        if len(leaves_new) != len(leaves_old):
+            raise ValueError(
+                f"update_weights: parameter tree does not match the engine's model "
+                f"({len(leaves_new)} arrays, the model has {len(leaves_old)})"
+            )
+        for (path, a), b in zip(
+            jax.tree_util.tree_leaves_with_path(params), leaves_old, strict=True
         ):
-            raise ValueError("update_weights: parameter tree does not match the engine's model")
+            if a.shape != b.shape or a.dtype != b.dtype:
+                raise ValueError(
+                    f"update_weights: parameter tree does not match the engine's model at "
+                    f"{jax.tree_util.keystr(path)}: {a.dtype}{list(a.shape)}, the model has "
+                    f"{b.dtype}{list(b.shape)}"
+                )
         # Committed like the current params, so the swap never triggers a silent recompile.
         self._pending_params = (_commit(params), int(version))
+        self._ensure_thread()  # applied at once when idle, at the next chunk boundary if not
         self._wake.set()
 
     def health(self) -> dict[str, Any]:
@@ -439,14 +449,27 @@ class JaxEngine:
     # -------------------------------------------------------------- scheduler
     def _ensure_thread(self) -> None:
         with self._thread_lock:
-            if self._thread is not None:
+            if self._thread is not None or self._closed and not self._by_rid:
                 return
+            # One waiter thread per scheduler thread: it blocks on each dispatched op in turn.
+            waiter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jax-engine-wait")
             self._thread = threading.Thread(
-                target=self._run, name="jax-engine-scheduler", daemon=True
+                target=self._run, args=(waiter,), name="jax-engine-scheduler", daemon=True
             )
             self._thread.start()
-            # An engine never closed must not leave its thread mid-call when the process exits.
-            atexit.register(_stop_at_exit, weakref.ref(self))
+            if not self._exit_hook:
+                # An engine never closed must not leave its thread mid-call at process exit.
+                atexit.register(_stop_at_exit, weakref.ref(self))
+                self._exit_hook = True
+
+    def _exit_if_idle(self) -> bool:
+        """After a while with nothing to do the scheduler thread ends (a later request starts
+        another), so an engine no one closed can still be garbage-collected."""
+        with self._thread_lock:
+            if self._inbox or self._wake.is_set():
+                return False
+            self._thread = None
+            return True
 
     def _failure_note(self) -> str:
         return f" (scheduler failed: {self._failure})" if self._failure else ""
@@ -476,10 +499,10 @@ class JaxEngine:
         return busy
 
     # -------------------------------------------------------------- scheduler
-    def _run(self) -> None:
-        """The scheduler thread: admit, dispatch, collect, until closed and drained."""
+    def _run(self, waiter: concurrent.futures.ThreadPoolExecutor) -> None:
+        """The scheduler thread: admit, dispatch, collect, until closed (or idle a while)."""
         try:
-            self._schedule()
+            self._schedule(waiter)
         except BaseException as exc:  # a failed device call must not strand any caller
             self._failure = f"{type(exc).__name__}: {exc}"
             self._closed = True
@@ -490,9 +513,11 @@ class JaxEngine:
             self._flush()
             _log.exception("engine scheduler failed; every open request got an EngineError")
         finally:
-            self._waiter.shutdown(wait=False)
+            waiter.shutdown(wait=False)
 
-    def _schedule(self) -> None:
+    def _schedule(self, waiter: concurrent.futures.ThreadPoolExecutor) -> None:
+        if self._idle_since is not None:  # a new thread for requests after an idle period
+            self._work_arrived(self._inbox[0].submitted if self._inbox else time.perf_counter())
         outstanding: deque[_Op] = deque()  # dispatched to the device, not yet collected
         # Decode chunks the device may hold at once: one running and one queued behind it, so
         # the host collects one chunk while the next computes (1 = lockstep).
@@ -516,7 +541,7 @@ class JaxEngine:
                 # already queued: a chunk past that would be thrown away.)
                 new.append(self._dispatch_decode())
             for op in new:
-                op.waiter = self._waiter.submit(_wait, op.outputs)
+                op.waiter = waiter.submit(_wait, op.outputs)
             outstanding.extend(new)
             self._flush()
             if outstanding:
@@ -528,7 +553,8 @@ class JaxEngine:
                 continue
             if not self._active and not self._queue and self._pending_params is None:
                 self._idle_since = time.perf_counter()
-                self._wake.wait()
+                if not self._wake.wait(_IDLE_EXIT_S) and self._exit_if_idle():
+                    return
                 first = self._inbox[0].submitted if self._inbox else time.perf_counter()
                 self._work_arrived(first)
 
