@@ -240,3 +240,12 @@ def test_shipped_calculator_tiny_loads():
 def test_exponent_floats_without_a_dot_are_numbers():
     cfg = load_config(None, ["learner.optimizer.learning_rate=1e-3"])
     assert cfg.learner.optimizer.learning_rate == pytest.approx(1e-3)
+
+
+def test_cli_finds_the_default_config_outside_the_repository(tmp_path, monkeypatch):
+    from tunix_agentic.cli.main import _default_config
+
+    monkeypatch.chdir(tmp_path)  # no configs/ here: the checkout's copy is the default
+    found = _default_config()
+    assert found is not None and Path(found).name == "calculator_tiny.yaml"
+    assert load_config(found) == load_config(SHIPPED)

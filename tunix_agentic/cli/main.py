@@ -14,8 +14,20 @@ DEFAULT_CONFIG = "configs/calculator_tiny.yaml"
 
 
 def _default_config() -> str | None:
-    path = Path(DEFAULT_CONFIG)
-    return str(path) if path.is_file() else None
+    """configs/calculator_tiny.yaml of the working directory, else of this checkout.
+
+    Outside the repository (an editable install run from elsewhere) the default run
+    must still be the documented one, not the library's bare dataclass defaults.
+    """
+    for path in (Path(DEFAULT_CONFIG), Path(__file__).resolve().parents[2] / DEFAULT_CONFIG):
+        if path.is_file():
+            return str(path)
+    print(
+        f"tunix-agentic: no {DEFAULT_CONFIG} here or beside the package; "
+        "using the built-in defaults (pass --config PATH)",
+        file=sys.stderr,
+    )
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
