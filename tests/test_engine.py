@@ -312,3 +312,33 @@ async def test_update_weights_names_the_mismatched_array(model):
     with pytest.raises(ValueError, match="bfloat16"):
         engine.update_weights(wrong, version=1)
     assert engine.pending_version is None
+
+
+async def test_warmup_compiles_every_shape_ahead_of_the_requests(model):
+    """After warmup() (run on another thread, as the trainer does beside SFT), requests
+    of every prefill shape and the decode chunk start without any XLA compile."""
+    cfg = EngineConfig(max_slots=4, max_seq_len=48, decode_steps=4, min_prefill_len=16)
+    engine = JaxEngine(model, cfg)
+    out = await asyncio.to_thread(engine.warmup)
+    assert out["shapes"] == len(cfg.length_buckets()) * len(cfg.row_buckets()) + 1
+    compiled: list[str] = []
+
+    def listener(event, seconds, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(event)
+
+    served = []
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        for length in (3, 20, 40):  # one per length bucket (16, 32, 48)
+            for rows in cfg.row_buckets():
+                prompts = [[(length + r + i) % 60 + 1 for i in range(length)] for r in range(rows)]
+                outs = await asyncio.gather(*(engine.generate(p, GREEDY) for p in prompts))
+                served.append((prompts[-1], outs[-1]))
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert compiled == []
+    assert engine.stats["prefill_calls"] >= len(served) and engine.stats["decode_chunks"] > 0
+    for prompt, out in served:  # the warmed-up executables compute what they should
+        assert out.token_ids == greedy_reference(model, prompt, len(out.token_ids))
+    await engine.close()

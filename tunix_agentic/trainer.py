@@ -144,10 +144,10 @@ class Trainer:
                 bar.set_postfix(loss=f"{out['loss']:.3f}")
         return trainer.state.model()
 
-    def build_engine(self, learner: GRPOLearner, version: int):
+    def build_engine(self, model: Transformer, version: int):
         """One JAX engine, or a cross-policy pool of them when configured."""
         engines = [
-            JaxEngine(learner.state.model(), self.cfg.engine, version=version)
+            JaxEngine(model, self.cfg.engine, version=version)
             for _ in range(1 + self.cfg.cross_policy.stale_engines)
         ]
         if len(engines) == 1:
@@ -202,6 +202,7 @@ class Trainer:
         )
         meta: dict[str, Any] = {}
         start_step = 0
+        loop = asyncio.get_running_loop()
         if self.resume and ckpt.latest_step() is not None:
             learner = GRPOLearner(model, cfg.learner)
             params, opt_state, meta, start_step = ckpt.restore(
@@ -210,14 +211,28 @@ class Trainer:
             learner.state.load(params, opt_state, start_step)
             tasks.set_state(meta["task_iterator"])
             self._log(f"resumed from step {start_step}")
+            engine = self.build_engine(learner.state.model(), start_step)
+            warm = loop.run_in_executor(None, _warm_up, engine, cfg.engine.warmup)
         else:
             if self.resume:
                 self._log(f"no checkpoint under {ckpt.directory}: starting fresh")
+            # The engine compiles its shapes on another thread while SFT trains; it gets
+            # the SFT weights afterwards (shapes do not depend on the values).
+            engine = self.build_engine(model, start_step)
+            warm = loop.run_in_executor(None, _warm_up, engine, cfg.engine.warmup)
             with metrics.span("sft"):
                 model = self.warm_start(model, metrics)
             learner = GRPOLearner(model, cfg.learner)
-
-        engine = self.build_engine(learner, start_step)
+            params = learner.params_for_engine()
+            for member in getattr(engine, "engines", [engine]):
+                member.update_weights(params, start_step)
+        with metrics.span("engine_warmup_wait"):
+            warmed = await warm
+        if warmed:
+            self._log(
+                f"engine warm-up: {warmed['shapes']:.0f} shapes compiled in "
+                f"{warmed['seconds']:.0f}s on a second thread"
+            )
         orch = RolloutOrchestrator(
             engine,
             self.env_factory,
@@ -348,6 +363,15 @@ class Trainer:
     def _log(self, msg: str) -> None:
         if self.progress:
             tqdm.write(msg, file=sys.stderr)
+
+
+def _warm_up(engine: Any, enabled: bool) -> dict[str, float] | None:
+    """Compile every engine's shapes ahead of the first request (``engine.warmup: false``
+    leaves each to compile when first met)."""
+    if not enabled:
+        return None
+    done = [member.warmup() for member in getattr(engine, "engines", [engine])]
+    return {"shapes": sum(d["shapes"] for d in done), "seconds": sum(d["seconds"] for d in done)}
 
 
 def train(

@@ -71,6 +71,9 @@ class EngineConfig:
     # Queue the next decode chunk before collecting the last one, so host work overlaps the
     # device's (a queued chunk may decode slots whose request just ended: wasted rows).
     overlap: bool = True
+    # Trainer: compile every prefill shape and the decode chunk on a second thread at start
+    # (beside the SFT warm start) instead of when each shape is first met mid-rollout.
+    warmup: bool = True
     seed: int = 0
 
     def __post_init__(self):
@@ -217,6 +220,12 @@ class JaxEngine:
         self._device_done_at = 0.0  # when the device finished its last op
         self._prefill_fn = jax.jit(self._prefill_impl, donate_argnums=(1, 2))
         self._decode_fn = jax.jit(self._decode_impl, donate_argnums=(1, 2))
+        # What the device-side arguments look like (shapes, dtypes, placement): all warmup()
+        # needs, taken now so it never touches arrays the scheduler may be donating.
+        self._device_specs = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+            (self._params, self._cache, self._carry),
+        )
 
     # ----------------------------------------------------------------- jitted
     def _prefill_impl(
@@ -267,6 +276,42 @@ class JaxEngine:
         )
 
     # ------------------------------------------------------------- public API
+    def warmup(self) -> dict[str, float]:
+        """Compile every prefill shape (row bucket x length bucket) and the decode chunk now.
+
+        Ahead-of-time, from shapes alone: it reads no engine state, so it may run on
+        another thread while the engine serves, or while the caller does other work (the
+        trainer runs it beside the SFT warm start). A request whose shape was compiled
+        here starts without a compile pause. Returns the shapes compiled and the seconds.
+        """
+        t = time.perf_counter()
+        cfg = self.config
+        n = 0
+        for length in cfg.length_buckets():
+            for rows in cfg.row_buckets():
+                i32 = np.zeros(rows, np.int32)
+                self._prefill_fn.lower(
+                    *self._device_specs,
+                    np.zeros((rows, length), np.int32),  # ids
+                    np.zeros((rows, length), np.int32),  # positions
+                    i32,  # rows
+                    i32,  # last index
+                    i32,  # next position
+                    np.zeros((rows, 2), np.uint32),  # keys
+                    np.ones(rows, np.float32),  # temperature
+                    i32,  # top_k
+                    np.ones(rows, np.float32),  # top_p
+                ).compile()
+                n += 1
+        self._decode_fn.lower(
+            *self._device_specs,
+            self._stop.copy(),
+            self._temp.copy(),
+            self._top_k.copy(),
+            self._top_p.copy(),
+        ).compile()
+        return {"shapes": n + 1, "seconds": time.perf_counter() - t}
+
     async def generate(
         self,
         prompt_ids: list[int],
