@@ -78,6 +78,7 @@ def test_multi_task_cross_policy_run(tmp_path):
         f"run_dir={tmp_path / 'mt'}",
         "tasks=[{name: short, weight: 1.0}, {name: long, weight: 1.0, seed_offset: 1}]",
         "cross_policy.stale_engines=1",
+        "engine.warmup=true",  # both engines compile beside SFT, then get its weights
         "learner.task_normalize=true",
         "rollout.max_turns_schedule=[[0, 2], [1, 3]]",
         "sft.steps=5",
