@@ -202,7 +202,7 @@ class Trainer:
         )
         meta: dict[str, Any] = {}
         start_step = 0
-        loop = asyncio.get_running_loop()
+        learner: GRPOLearner | None = None
         if self.resume and ckpt.latest_step() is not None:
             learner = GRPOLearner(model, cfg.learner)
             params, opt_state, meta, start_step = ckpt.restore(
@@ -211,20 +211,22 @@ class Trainer:
             learner.state.load(params, opt_state, start_step)
             tasks.set_state(meta["task_iterator"])
             self._log(f"resumed from step {start_step}")
-            engine = self.build_engine(learner.state.model(), start_step)
-            warm = loop.run_in_executor(None, _warm_up, engine, cfg.engine.warmup)
-        else:
-            if self.resume:
-                self._log(f"no checkpoint under {ckpt.directory}: starting fresh")
-            # The engine compiles its shapes on another thread while SFT trains; it gets
-            # the SFT weights afterwards (shapes do not depend on the values).
-            engine = self.build_engine(model, start_step)
-            warm = loop.run_in_executor(None, _warm_up, engine, cfg.engine.warmup)
+            model = learner.state.model()
+        elif self.resume:
+            self._log(f"no checkpoint under {ckpt.directory}: starting fresh")
+        engine = self.build_engine(model, start_step)
+        members = getattr(engine, "engines", [engine])  # a cross-policy pool, or the engine
+        # The engine compiles its shapes on another thread, beside SFT on a fresh run; it
+        # gets the SFT weights afterwards (shapes do not depend on the values).
+        warm = asyncio.get_running_loop().run_in_executor(
+            None, _warm_up, members, cfg.engine.warmup
+        )
+        if learner is None:
             with metrics.span("sft"):
                 model = self.warm_start(model, metrics)
             learner = GRPOLearner(model, cfg.learner)
             params = learner.params_for_engine()
-            for member in getattr(engine, "engines", [engine]):
+            for member in members:
                 member.update_weights(params, start_step)
         with metrics.span("engine_warmup_wait"):
             warmed = await warm
@@ -365,12 +367,12 @@ class Trainer:
             tqdm.write(msg, file=sys.stderr)
 
 
-def _warm_up(engine: Any, enabled: bool) -> dict[str, float] | None:
+def _warm_up(engines: list[JaxEngine], enabled: bool) -> dict[str, float] | None:
     """Compile every engine's shapes ahead of the first request (``engine.warmup: false``
     leaves each to compile when first met)."""
     if not enabled:
         return None
-    done = [member.warmup() for member in getattr(engine, "engines", [engine])]
+    done = [engine.warmup() for engine in engines]
     return {"shapes": sum(d["shapes"] for d in done), "seconds": sum(d["seconds"] for d in done)}
 
 

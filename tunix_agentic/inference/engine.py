@@ -303,12 +303,13 @@ class JaxEngine:
                     np.ones(rows, np.float32),  # top_p
                 ).compile()
                 n += 1
+        s = cfg.max_slots
         self._decode_fn.lower(
             *self._device_specs,
-            self._stop.copy(),
-            self._temp.copy(),
-            self._top_k.copy(),
-            self._top_p.copy(),
+            np.zeros(s, bool),  # stop
+            np.ones(s, np.float32),  # temperature
+            np.zeros(s, np.int32),  # top_k
+            np.ones(s, np.float32),  # top_p
         ).compile()
         return {"shapes": n + 1, "seconds": time.perf_counter() - t}
 
@@ -322,7 +323,7 @@ class JaxEngine:
     ) -> TokenOutput:
         """Generate from ``prompt_ids``; cancelling the caller aborts the request."""
         if self._closed:
-            raise EngineError(f"engine is closed{self._failure_note()}")
+            raise self._closed_error()
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise ValueError("prompt_ids must not be empty")
@@ -372,16 +373,14 @@ class JaxEngine:
 
     def update_weights(self, params: Any, version: int) -> None:
         """Swap in new parameters at the next chunk boundary; in-flight requests continue."""
-        leaves_new = jax.tree.leaves(params)
+        leaves_new = jax.tree_util.tree_leaves_with_path(params)
         leaves_old = jax.tree.leaves(self._params)
         if len(leaves_new) != len(leaves_old):
             raise ValueError(
                 f"update_weights: parameter tree does not match the engine's model "
                 f"({len(leaves_new)} arrays, the model has {len(leaves_old)})"
             )
-        for (path, a), b in zip(
-            jax.tree_util.tree_leaves_with_path(params), leaves_old, strict=True
-        ):
+        for (path, a), b in zip(leaves_new, leaves_old, strict=True):
             if a.shape != b.shape or a.dtype != b.dtype:
                 raise ValueError(
                     f"update_weights: parameter tree does not match the engine's model at "
@@ -472,7 +471,7 @@ class JaxEngine:
         reqs = self._staged.pop(loop, [])
         self._inbox.extend(reqs)
         if self._closed:  # close() ran meanwhile: take them back unless the scheduler has them
-            error = EngineError(f"engine is closed{self._failure_note()}")
+            error = self._closed_error()
             for req in reqs:
                 try:
                     self._inbox.remove(req)
@@ -494,7 +493,7 @@ class JaxEngine:
     # -------------------------------------------------------------- scheduler
     def _ensure_thread(self) -> None:
         with self._thread_lock:
-            if self._thread is not None or self._closed and not self._by_rid:
+            if self._thread is not None or (self._closed and not self._by_rid):
                 return
             # One waiter thread per scheduler thread: it blocks on each dispatched op in turn.
             waiter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jax-engine-wait")
@@ -516,14 +515,19 @@ class JaxEngine:
             self._thread = None
             return True
 
-    def _failure_note(self) -> str:
-        return f" (scheduler failed: {self._failure})" if self._failure else ""
+    def _closed_error(self) -> EngineError:
+        failed = f" (scheduler failed: {self._failure})" if self._failure else ""
+        return EngineError(f"engine is closed{failed}")
 
     # ---------------------------------------------------- time accounting
-    def _work_arrived(self, at: float) -> None:
+    def _work_arrived(self) -> None:
+        """End the idle period when the first waiting request was submitted (or now)."""
         since = self._idle_since
         if since is not None:
-            at = max(at, since)
+            try:
+                at = max(self._inbox[0].submitted, since)
+            except IndexError:  # woken by a weight update or close(), not a request
+                at = time.perf_counter()
             self.stats["idle_s"] += at - since
             self._idle_spans.append((since, at))
             self._idle_since = None
@@ -561,8 +565,7 @@ class JaxEngine:
             waiter.shutdown(wait=False)
 
     def _schedule(self, waiter: concurrent.futures.ThreadPoolExecutor) -> None:
-        if self._idle_since is not None:  # a new thread for requests after an idle period
-            self._work_arrived(self._inbox[0].submitted if self._inbox else time.perf_counter())
+        self._work_arrived()  # a new thread (after an idle exit) ends that idle period
         outstanding: deque[_Op] = deque()  # dispatched to the device, not yet collected
         # Decode chunks the device may hold at once: one running and one queued behind it, so
         # the host collects one chunk while the next computes (1 = lockstep).
@@ -600,8 +603,7 @@ class JaxEngine:
                 self._idle_since = time.perf_counter()
                 if not self._wake.wait(_IDLE_EXIT_S) and self._exit_if_idle():
                     return
-                first = self._inbox[0].submitted if self._inbox else time.perf_counter()
-                self._work_arrived(first)
+                self._work_arrived()
 
     def _take_inbox(self) -> None:
         while self._inbox:
@@ -626,10 +628,9 @@ class JaxEngine:
             if req.aborted or closing:
                 self._release(slot, req, park=False)
                 self._finish(req, "abort")
-        if closing or any(req.aborted for req in self._queue):
-            for req in [r for r in self._queue if r.aborted or closing]:
-                self._queue.remove(req)
-                self._finish(req, "abort")
+        for req in [r for r in self._queue if r.aborted or closing]:
+            self._queue.remove(req)
+            self._finish(req, "abort")
 
     def _admit(self) -> list[_Request]:
         admitted = []

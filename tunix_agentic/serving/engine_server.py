@@ -358,8 +358,7 @@ async def handle_update_weights(request: web.Request) -> web.Response:
         except ValueError as exc:
             return fail(str(exc))
         loop = asyncio.get_running_loop()
-        # The tree to restore into; JaxEngine has no public accessor for it.
-        params_like = engine._params
+        params_like = engine.params  # the tree to restore into
         try:
             params = await loop.run_in_executor(None, _load_like, path, params_like)
             engine.update_weights(params, version)
