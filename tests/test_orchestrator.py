@@ -394,7 +394,7 @@ async def test_prefetch_initialises_groups_ahead_of_the_staleness_gate(random_mo
     await _until(lambda: len(orch._prepared) == 2 and all(t.done() for t in orch._prepared))
     assert orch._in_flight_groups == 0
     assert env.reset_n == env.created == 2 + 2 * 2
-    prefetched = [m for t in orch._prepared for m in t.result()[1]]
+    prefetched = [m for t in orch._prepared for m in t.result()[2]]
     assert len(prefetched) == 4 and all(ids and error is None for _, ids, error in prefetched)
     assert not any(e.was_stepped for e, _, _ in prefetched)  # reset, never run
     orch.engine.update_weights(nnx.state(random_model, nnx.Param), version=1)

@@ -11,31 +11,54 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 
 class Checkpointer:
-    """Saves and restores ``{"params", "opt_state"}`` plus JSON metadata by step."""
+    """Saves and restores ``{"params", "opt_state"}`` plus JSON metadata by step.
 
-    def __init__(self, directory: str | Path, *, max_to_keep: int = 2):
+    Saves are asynchronous (orbax's ``CheckpointManager``): :meth:`save`
+    returns once the arrays are copied, the files are written on a background
+    thread while training goes on, and a checkpoint becomes visible to
+    :meth:`latest_step` only when it is complete, so a process killed mid-write
+    leaves the previous one as the latest. The newest ``max_to_keep`` are kept.
+    """
+
+    def __init__(self, directory: str | Path, *, max_to_keep: int = 3):
+        if max_to_keep < 1:
+            raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}")
         self.directory = Path(directory).absolute()
         self._manager = ocp.CheckpointManager(
             self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=max_to_keep, create=True, enable_async_checkpointing=True
+            ),
         )
 
     def save(self, step: int, params: Any, opt_state: Any, meta: dict[str, Any]) -> None:
+        """Start writing checkpoint ``step``; returns before the files are written.
+
+        The arrays are copied first: a donating train step may delete the
+        caller's buffers while the write is still under way.
+        """
+        state = jax.tree.map(jnp.copy, {"params": params, "opt_state": opt_state})
         self._manager.save(
             step,
             args=ocp.args.Composite(
-                state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
-                meta=ocp.args.JsonSave(meta),
+                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
             ),
         )
+
+    def wait(self) -> None:
+        """Block until every save started so far is on disk."""
         self._manager.wait_until_finished()
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return sorted(self._manager.all_steps())
 
     def restore(
         self, params_like: Any, opt_state_like: Any, step: int | None = None
@@ -55,7 +78,17 @@ class Checkpointer:
         )
         return out["state"]["params"], out["state"]["opt_state"], dict(out["meta"]), step
 
+    def read_meta(self, step: int | None = None) -> dict[str, Any]:
+        """The JSON metadata of checkpoint ``step`` (default: the latest) alone."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint under {self.directory}")
+        out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return dict(out["meta"])
+
     def close(self) -> None:
+        """Finish pending writes, then release the manager (idempotent)."""
+        self._manager.wait_until_finished()
         self._manager.close()
 
 

@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+import envs  # noqa: F401  (registers the built-in environments, validated by name below)
+from envs.base import available_envs
 from learners.grpo import GRPOConfig
 from learners.state import OptimizerConfig
 from tunix_agentic.agent.loop import AgentConfig
@@ -24,12 +26,22 @@ from tunix_agentic.models.transformer import ModelConfig
 from tunix_agentic.rollout.orchestrator import RolloutConfig
 
 
+class ConfigError(ValueError):
+    """A config (file, override or resumed run) that cannot be run; the message names the key."""
+
+
 @dataclasses.dataclass(frozen=True)
 class EnvConfig:
     name: str = "arithmetic"
     tool_timeout_s: float = 5.0
 
     def __post_init__(self):
+        if self.name not in available_envs():
+            raise ValueError(
+                f"env.name: unknown environment {self.name!r}; registered: "
+                f"{', '.join(available_envs())} (register yours with envs.register_env "
+                "before loading the config)"
+            )
         if self.tool_timeout_s <= 0:
             raise ValueError(f"env.tool_timeout_s must be > 0, got {self.tool_timeout_s}")
 
@@ -55,13 +67,20 @@ class RLConfig:
     steps: int = 60
     eval_tasks: int = 200
     eval_temperature: float = 0.0
-    checkpoint_every: int = 0  # 0: only at the end
+    # Every this many RL steps (and after the warm start, and at the end) a checkpoint is
+    # written in the background; 0: only after the warm start and at the end.
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 3  # the newest this many are kept
 
     def __post_init__(self):
         if self.steps < 0 or self.eval_tasks < 0 or self.checkpoint_every < 0:
             raise ValueError("rl.steps, rl.eval_tasks and rl.checkpoint_every must be >= 0")
-        if self.eval_temperature < 0:
-            raise ValueError(f"rl.eval_temperature must be >= 0, got {self.eval_temperature}")
+        if self.keep_checkpoints < 1:
+            raise ValueError(f"rl.keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
+        if not 0 <= self.eval_temperature < float("inf"):
+            raise ValueError(
+                f"rl.eval_temperature must be finite and >= 0, got {self.eval_temperature}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +138,13 @@ class RunConfig:
         names = [t.name for t in self.tasks]
         if len(set(names)) != len(names):
             raise ValueError(f"tasks names must be distinct, got {names}")
+        if not 0 <= self.seed < 2**32:
+            raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
+        if self.agent.top_k > self.model.vocab_size:
+            raise ValueError(
+                f"agent.top_k ({self.agent.top_k}) must be at most model.vocab_size "
+                f"({self.model.vocab_size})"
+            )
         if self.agent.temperature != self.learner.temperature and self.agent.temperature > 0:
             raise ValueError(
                 f"learner.temperature ({self.learner.temperature}) must equal agent.temperature "
@@ -224,17 +250,28 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
-    """Read YAML (or start from defaults when ``path`` is None) and apply overrides."""
+    """Read YAML (or start from defaults when ``path`` is None) and apply overrides.
+
+    Raises :class:`ConfigError` (a ValueError) naming the key that is wrong.
+    """
     data: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ValueError(f"config file {str(path)!r} does not exist")
-        loaded = yaml.safe_load(path.read_text())
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ValueError(f"config file {str(path)!r} must hold a mapping at the top level")
-        data = loaded or {}
-    return from_dict(RunConfig, apply_overrides(data, overrides))
+    try:
+        if path is not None:
+            path = Path(path)
+            if not path.is_file():
+                raise ValueError(f"config file {str(path)!r} does not exist")
+            try:
+                loaded = yaml.safe_load(path.read_text())
+            except yaml.YAMLError as exc:
+                raise ValueError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
+            if loaded is not None and not isinstance(loaded, dict):
+                raise ValueError(f"config file {str(path)!r} must hold a mapping at the top level")
+            data = loaded or {}
+        return from_dict(RunConfig, apply_overrides(data, overrides))
+    except ConfigError:
+        raise
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def save_config(cfg: RunConfig, path: str | Path) -> None:

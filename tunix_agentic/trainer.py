@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import json
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,13 +31,13 @@ from learners.grpo import GRPOLearner
 from learners.sft import SFTTrainer
 from tunix_agentic.agent.chat import ChatTemplate
 from tunix_agentic.checkpoint import Checkpointer
-from tunix_agentic.config import RunConfig, load_config, save_config
+from tunix_agentic.config import ConfigError, RunConfig, load_config, save_config, to_dict
 from tunix_agentic.data.demos import demonstration_batches
 from tunix_agentic.data.mixture import TaskMixture
 from tunix_agentic.data.tasks import heldout_tasks, task_iterator
 from tunix_agentic.inference.cross_policy import CrossPolicyEngine
 from tunix_agentic.inference.engine import JaxEngine
-from tunix_agentic.metrics.recorder import MetricsRecorder
+from tunix_agentic.metrics.recorder import MetricsRecorder, drop_records_after
 from tunix_agentic.models.tokenizer import CharTokenizer
 from tunix_agentic.models.transformer import Transformer, count_params
 from tunix_agentic.rollout.orchestrator import Group, RolloutOrchestrator
@@ -103,8 +106,92 @@ def engine_fractions(
     }
 
 
+class RunInterrupted(Exception):
+    """SIGINT or SIGTERM stopped the run; what was finished is checkpointed.
+
+    ``step`` is the last finished RL step (None before RL began) and
+    ``exit_code`` the shell's convention (130 for SIGINT, 143 for SIGTERM).
+    """
+
+    def __init__(self, signum: int, step: int | None, run_dir: Path):
+        self.signum, self.step, self.run_dir = signum, step, run_dir
+        self.exit_code = 128 + signum
+        where = "before the first RL step" if step is None else f"at step {step}"
+        super().__init__(
+            f"interrupted {where}; resume with: tunix-agentic train --resume {run_dir}"
+        )
+
+
+class _Stopped(Exception):
+    """Internal: a stop signal arrived while the run waited on something."""
+
+
+class StopSignals:
+    """SIGINT and SIGTERM request a clean stop instead of killing the run.
+
+    The first signal sets :attr:`signum` and wakes the event loop; a second one
+    falls through to Python's default behaviour (KeyboardInterrupt / exit), so a
+    user can still force the way out. Installed only on the main thread.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.signum: int | None = None
+        self.event = asyncio.Event()
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is None:
+            self.signum = signum
+            self.loop.call_soon_threadsafe(self.event.set)
+        for sig, handler in self._previous.items():  # a second signal is not ours to soften
+            signal.signal(sig, handler)
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    async def race(self, aw: Any) -> Any:
+        """Await ``aw`` unless a stop is requested first (then cancel it, raise _Stopped)."""
+        if self.requested:
+            raise _Stopped
+        task = asyncio.ensure_future(aw)
+        stop = asyncio.ensure_future(self.event.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise _Stopped
+
+
 class Trainer:
-    """One run, from a config. ``run()`` is synchronous and notebook-friendly."""
+    """One run, from a config. ``run()`` is synchronous and notebook-friendly.
+
+    Fault tolerance: a checkpoint (orbax, written in the background) follows the
+    warm start, every ``rl.checkpoint_every`` RL steps and the last step; a
+    ``resume`` continues from the newest one at that step, with the task stream,
+    the metrics logs and the run's clock as they were there. SIGINT/SIGTERM stop
+    admitting, checkpoint the last finished step, close everything and raise
+    :class:`RunInterrupted`. Engine, checkpointer and event writer are closed on
+    every path.
+    """
 
     def __init__(self, config: RunConfig, *, resume: bool = False, progress: bool = True):
         self.cfg = config
@@ -118,6 +205,9 @@ class Trainer:
         self.env_factory = functools.partial(
             make_env, config.env.name, tool_timeout=config.env.tool_timeout_s
         )
+        self._signals: StopSignals | None = None
+        self._done_step: int | None = None  # the last finished RL step (0: warm start done)
+        self._saved_step: int | None = None
 
     # ------------------------------------------------------------- pieces
     def warm_start(self, model: Transformer, metrics: MetricsRecorder) -> Transformer:
@@ -135,6 +225,8 @@ class Trainer:
             range(cfg.steps), desc="SFT warm start", disable=not self.progress, file=sys.stderr
         )
         for step in bar:
+            if self._signals is not None and self._signals.requested:
+                raise _Stopped
             with metrics.span("sft_step"):
                 out = trainer.train_step(next(batches))
             if step % 50 == 0 or step == cfg.steps - 1:
@@ -185,43 +277,99 @@ class Trainer:
         return asyncio.run(self._run())
 
     async def _run(self) -> TrainResult:
+        loop = asyncio.get_running_loop()
+        with StopSignals(loop) as signals:
+            self._signals = signals
+            try:
+                async with contextlib.AsyncExitStack() as stack:
+                    return await self._run_in(stack)
+            except _Stopped:
+                pass  # the stack has closed everything, the last step's checkpoint included
+            raise RunInterrupted(signals.signum or signal.SIGINT, self._done_step, self.run_dir)
+
+    def _restore(self, model: Transformer) -> tuple[GRPOLearner, dict[str, Any], int] | None:
+        """Read the newest checkpoint of a resumed run, or None if it has none.
+
+        Writes nothing: a resume that cannot go on fails here with a ConfigError
+        naming what does not match, and leaves the run directory as it was.
+        """
+        directory = self.run_dir / "checkpoints"
+        if not directory.is_dir():
+            return None
+        ckpt = Checkpointer(directory, max_to_keep=self.cfg.rl.keep_checkpoints)
+        try:
+            step = ckpt.latest_step()
+            if step is None:
+                return None
+            meta = ckpt.read_meta(step)
+            _check_same_model(meta.get("model"), self.cfg.model)
+            learner = GRPOLearner(model, self.cfg.learner)
+            try:
+                params, opt_state, meta, step = ckpt.restore(
+                    learner.state.params, learner.state.opt_state, step
+                )
+            except Exception as exc:
+                raise ConfigError(
+                    f"cannot restore checkpoint {step} of {self.run_dir} with this config "
+                    f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+                ) from None
+            learner.state.load(params, opt_state, step)
+            probe = self._task_mixture()
+            try:
+                probe.set_state(_rollout_state(meta)["task_iterator"])
+            except (ValueError, KeyError) as exc:
+                raise ConfigError(f"tasks do not match the checkpoint: {exc}") from None
+            return learner, meta, step
+        finally:
+            ckpt.close()
+
+    def _task_mixture(self) -> TaskMixture:
         cfg = self.cfg
-        t_start = time.perf_counter()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, self.run_dir / "config.yaml")
-        metrics = MetricsRecorder(self.run_dir / "tensorboard")
-        ckpt = Checkpointer(self.run_dir / "checkpoints")
-        model = Transformer(cfg.model, rngs=nnx.Rngs(cfg.seed))
-        self._log(f"model: {count_params(model):,} parameters; run dir {self.run_dir}")
-        tasks = TaskMixture(
+        return TaskMixture(
             {
                 t.name: task_iterator(seed=cfg.seed + t.seed_offset, split="train")
                 for t in cfg.tasks
             },
             {t.name: t.weight for t in cfg.tasks},
         )
-        meta: dict[str, Any] = {}
-        start_step = 0
-        learner: GRPOLearner | None = None
-        if self.resume and ckpt.latest_step() is not None:
-            learner = GRPOLearner(model, cfg.learner)
-            params, opt_state, meta, start_step = ckpt.restore(
-                learner.state.params, learner.state.opt_state
-            )
-            learner.state.load(params, opt_state, start_step)
-            tasks.set_state(meta["task_iterator"])
-            self._log(f"resumed from step {start_step}")
+
+    async def _run_in(self, stack: contextlib.AsyncExitStack) -> TrainResult:
+        cfg = self.cfg
+        model = Transformer(cfg.model, rngs=nnx.Rngs(cfg.seed))
+        restored = self._restore(model) if self.resume else None
+        # Nothing was written before this line: a resume that failed above changed nothing.
+        meta: dict[str, Any] = restored[1] if restored else {}
+        start_step = restored[2] if restored else 0
+        t_start = time.perf_counter() - float(meta.get("elapsed_s", 0.0))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, self.run_dir / "config.yaml")
+        if self.resume:
+            # What was logged after the checkpoint is redone below: drop it (all of it when
+            # there was no checkpoint and the run starts over).
+            drop_records_after(self.run_dir / "tensorboard", float(meta.get("wall_time", -1.0)))
+        metrics = MetricsRecorder(self.run_dir / "tensorboard")
+        stack.callback(metrics.close)
+        ckpt = Checkpointer(self.run_dir / "checkpoints", max_to_keep=cfg.rl.keep_checkpoints)
+        stack.callback(ckpt.close)  # runs before metrics.close: pending writes finish first
+        self._log(f"model: {count_params(model):,} parameters; run dir {self.run_dir}")
+        if restored:
+            learner = restored[0]
             model = learner.state.model()
+            self._saved_step = self._done_step = start_step
+            self._log(f"resumed from step {start_step}")
         elif self.resume:
             self._log(f"no checkpoint under {ckpt.directory}: starting fresh")
+        tasks = self._task_mixture()
         engine = self.build_engine(model, start_step)
+        stack.push_async_callback(engine.close)
         members = getattr(engine, "engines", [engine])  # a cross-policy pool, or the engine
         # The engine compiles its shapes on another thread, beside SFT on a fresh run; it
         # gets the SFT weights afterwards (shapes do not depend on the values).
         warm = asyncio.get_running_loop().run_in_executor(
             None, _warm_up, members, cfg.engine.warmup
         )
-        if learner is None:
+        stack.push_async_callback(_settle, warm)  # never leave the compile thread behind
+        if not restored:
             with metrics.span("sft"):
                 model = self.warm_start(model, metrics)
             learner = GRPOLearner(model, cfg.learner)
@@ -229,7 +377,7 @@ class Trainer:
             for member in members:
                 member.update_weights(params, start_step)
         with metrics.span("engine_warmup_wait"):
-            warmed = await warm
+            warmed = await self._signals.race(asyncio.shield(warm))
         if warmed:
             self._log(
                 f"engine warm-up: {warmed['shapes']:.0f} shapes compiled in "
@@ -245,25 +393,30 @@ class Trainer:
             metrics=metrics,
         )
         orch.set_version(start_step)
+        if restored:
+            orch.restore_state(_rollout_state(meta))
+        ctx = _RunContext(learner, orch, ckpt, metrics, t_start)
+        # From here on a stop signal saves the last finished step before the stack closes.
+        stack.callback(self._save_on_stop, ctx)
         if "success_before" in meta:
             before = float(meta["success_before"])
         else:
             with metrics.span("eval"):
-                before = (await self.evaluate(orch, cfg.rl.eval_tasks)).success
+                before = (await self._signals.race(self.evaluate(orch, cfg.rl.eval_tasks))).success
             metrics.scalar("eval/success", before, start_step)
+            ctx.before = before
+            self._done_step = 0
+            self._save(ctx, 0)  # the warm start is never redone
+        ctx.before = before
         self._log(f"held-out success before RL: {before:.3f}")
 
-        history = await self._rl_loop(
-            learner, engine, orch, metrics, ckpt, tasks, start_step, before
-        )
+        history = await self._rl_loop(ctx, engine, start_step)
+        final_step = max(cfg.rl.steps, start_step)
+        self._save(ctx, final_step)
         with metrics.span("eval"):
-            after_eval = await self.evaluate(orch, cfg.rl.eval_tasks)
-        metrics.scalar("eval/success", after_eval.success, max(cfg.rl.steps, start_step))
-        metrics.scalar("eval/tool_use", after_eval.tool_use, max(cfg.rl.steps, start_step))
-        await engine.close()
-        self._save(ckpt, learner, tasks, before, max(cfg.rl.steps, start_step))
-        ckpt.close()
-        metrics.close()
+            after_eval = await self._signals.race(self.evaluate(orch, cfg.rl.eval_tasks))
+        metrics.scalar("eval/success", after_eval.success, final_step)
+        metrics.scalar("eval/tool_use", after_eval.tool_use, final_step)
         result = TrainResult(
             run_dir=str(self.run_dir),
             success_before=before,
@@ -284,10 +437,9 @@ class Trainer:
         )
         return result
 
-    async def _rl_loop(
-        self, learner, engine, orch, metrics, ckpt, tasks, start_step, before
-    ) -> list[dict]:
+    async def _rl_loop(self, ctx: _RunContext, engine, start_step: int) -> list[dict]:
         cfg = self.cfg
+        learner, orch, metrics = ctx.learner, ctx.orch, ctx.metrics
         history: list[dict[str, float]] = []
         if start_step >= cfg.rl.steps:
             return history
@@ -295,9 +447,9 @@ class Trainer:
         train_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="learner")
         rows = cfg.rollout.groups_per_batch * cfg.rollout.group_size
         bar = tqdm(
-            range(start_step, cfg.rl.steps),
+            total=cfg.rl.steps,
+            initial=start_step,
             desc="GRPO",
-            initial=0,
             disable=not self.progress,
             file=sys.stderr,
         )
@@ -306,10 +458,10 @@ class Trainer:
         # (a device call is accounted when collected, so single short steps would be noisy).
         rl_start, engine_at_start = time.perf_counter(), engine.clock()
         try:
-            for step in bar:
+            for step in range(start_step, cfg.rl.steps):
                 t_step = time.perf_counter()
                 with metrics.span("wait_for_batch"):
-                    groups = await orch.get_batch()
+                    groups = await self._signals.race(orch.get_batch())
                 batch = grpo_batch(
                     groups,
                     learner.advantage_fn,
@@ -318,6 +470,7 @@ class Trainer:
                     task_normalize=cfg.learner.task_normalize,
                 )
                 with metrics.span("train"):
+                    # Not raced: a step under way finishes (and is kept) even after a signal.
                     out = await loop.run_in_executor(train_thread, learner.train_step, batch)
                 with metrics.span("weight_sync"):
                     engine.update_weights(learner.params_for_engine(), step + 1)
@@ -343,28 +496,81 @@ class Trainer:
                     **engine_fractions(engine.clock(), engine_at_start, rl_start),
                 }
                 history.append(metrics.write_step(step + 1, extra))
+                self._done_step = step + 1
+                bar.update(1)
                 bar.set_postfix(
                     reward=f"{stats.get('rollout/reward_mean', 0):.2f}", loss=f"{out['loss']:.3f}"
                 )
                 every = cfg.rl.checkpoint_every
-                if every and (step + 1) % every == 0 and step + 1 < cfg.rl.steps:
-                    self._save(ckpt, learner, tasks, before, step + 1)
+                if every and (step + 1) % every == 0:
+                    self._save(ctx, step + 1)
+                if self._signals.requested:
+                    raise _Stopped
         finally:
+            bar.close()
             await orch.stop()
             train_thread.shutdown(wait=True)
         return history
 
-    def _save(
-        self, ckpt: Checkpointer, learner: GRPOLearner, tasks, before: float, step: int
-    ) -> None:
-        if ckpt.latest_step() == step:
-            return  # a resumed run with nothing left to do: that step is already saved
-        meta = {"success_before": before, "task_iterator": tasks.get_state(), "version": step}
-        ckpt.save(step, learner.state.params, learner.state.opt_state, meta)
+    def _save(self, ctx: _RunContext, step: int) -> None:
+        """Checkpoint ``step`` in the background (once per step; skipped if already saved)."""
+        if self._saved_step == step:
+            return
+        ctx.metrics.flush()  # every scalar up to this step is on disk before the checkpoint
+        meta = {
+            "success_before": ctx.before,
+            "rollout": ctx.orch.checkpoint_state(),
+            "version": step,
+            "elapsed_s": time.perf_counter() - ctx.t_start,
+            "wall_time": time.time(),  # a resume drops what was logged after this
+            "model": to_dict(self.cfg.model),
+        }
+        ctx.ckpt.save(step, ctx.learner.state.params, ctx.learner.state.opt_state, meta)
+        self._saved_step = step
+
+    def _save_on_stop(self, ctx: _RunContext) -> None:
+        """On a stop signal, checkpoint the last finished step (exit-stack callback)."""
+        if self._signals.requested and self._done_step is not None and ctx.before is not None:
+            self._save(ctx, self._done_step)
 
     def _log(self, msg: str) -> None:
         if self.progress:
             tqdm.write(msg, file=sys.stderr)
+
+
+@dataclasses.dataclass
+class _RunContext:
+    """What a checkpoint is made of, gathered once the run is built."""
+
+    learner: GRPOLearner
+    orch: RolloutOrchestrator
+    ckpt: Checkpointer
+    metrics: MetricsRecorder
+    t_start: float
+    before: float | None = None
+
+
+def _rollout_state(meta: dict[str, Any]) -> dict[str, Any]:
+    """The orchestrator's saved task stream (older checkpoints kept the iterator alone)."""
+    return meta.get("rollout") or {"task_iterator": meta["task_iterator"]}
+
+
+def _check_same_model(saved: dict[str, Any] | None, model: Any) -> None:
+    """ConfigError naming the first ``model.*`` key that differs from the checkpoint's."""
+    if saved is None:
+        return
+    now = to_dict(model)
+    for key, value in now.items():
+        if key in saved and saved[key] != value:
+            raise ConfigError(
+                f"model.{key}={value} does not match the checkpoint ({saved[key]}); "
+                "a resumed run keeps its model"
+            )
+
+
+async def _settle(fut: asyncio.Future) -> None:
+    """Wait for a background future, ignoring its outcome (cleanup only)."""
+    await asyncio.gather(fut, return_exceptions=True)
 
 
 def _warm_up(engines: list[JaxEngine], enabled: bool) -> dict[str, float] | None:
@@ -383,11 +589,17 @@ def train(
     resume_dir: str | None = None,
     progress: bool = True,
 ) -> TrainResult:
-    """Load a config (or a run dir's saved one when resuming) and run it."""
+    """Load a config (or a run dir's saved one when resuming) and run it.
+
+    Raises :class:`~tunix_agentic.config.ConfigError` for a config that cannot
+    run and :class:`RunInterrupted` when SIGINT/SIGTERM stopped the run.
+    """
     if resume_dir is not None:
         saved = Path(resume_dir) / "config.yaml"
         if not saved.is_file():
-            raise ValueError(f"--resume {resume_dir!r}: no config.yaml there (not a run directory)")
+            raise ConfigError(
+                f"--resume {resume_dir!r}: no config.yaml there (not a run directory)"
+            )
         cfg = load_config(saved, [*overrides, f"run_dir={resume_dir}"])
     else:
         cfg = load_config(config_path, overrides)

@@ -39,6 +39,10 @@ class AgentConfig:
             raise ValueError(f"agent.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         get_parser(self.parser)
         get_context_rule(self.context_rule)
+        try:  # the values an engine must honour, checked once here instead of per request
+            SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+        except ValueError as exc:
+            raise ValueError(f"agent.{exc}") from None
 
     def sampling(
         self, stop_token_ids: tuple[int, ...], *, seed: int | None, turn: int
@@ -50,7 +54,7 @@ class AgentConfig:
             top_k=self.top_k,
             max_new_tokens=self.max_new_tokens,
             stop_token_ids=stop_token_ids,
-            seed=None if seed is None else seed * 1009 + turn,
+            seed=None if seed is None else (seed * 1009 + turn) % 2**63,
         )
 
 

@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         return _serve_engine(args)
 
     if args.command == "train":
-        from tunix_agentic.trainer import train
+        from tunix_agentic.config import ConfigError
+        from tunix_agentic.trainer import RunInterrupted, train
 
         try:
             config = (
@@ -83,9 +84,12 @@ def main(argv: list[str] | None = None) -> int:
             result = train(
                 config, list(args.overrides), resume_dir=args.resume, progress=not args.quiet
             )
-        except ValueError as exc:
+        except ConfigError as exc:  # only the config's: any other failure shows its traceback
             print(f"tunix-agentic: error: {exc}", file=sys.stderr)
             return 2
+        except RunInterrupted as exc:
+            print(exc, file=sys.stderr)
+            return exc.exit_code
         print(result.summary())
         return 0
     return 2

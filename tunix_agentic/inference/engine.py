@@ -334,6 +334,7 @@ class JaxEngine:
             raise PromptTooLongError(
                 f"prompt of {len(prompt)} tokens leaves no room within max_seq_len={self.config.max_seq_len}"
             )
+        sampling.check_vocab(vocab)  # a value the device step cannot take fails this request only
         rid = request_id or f"req-{next(self._rid_counter)}"
         if rid in self._by_rid:
             raise ValueError(f"request id {rid!r} is already in flight")

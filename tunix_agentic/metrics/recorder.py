@@ -30,9 +30,10 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import IO
 
-from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.backend.event_processing import event_accumulator, event_file_loader
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
+from tensorboard.summary.writer.record_writer import RecordWriter
 
 JSONL_NAME = "metrics.jsonl"
 # Keys every JSONL line carries; a metric may not shadow them.
@@ -257,3 +258,64 @@ def read_scalars(log_dir: str | os.PathLike) -> dict[str, list[tuple[int, float]
         tag: sorted(((e.step, e.value) for e in acc.Scalars(tag)), key=lambda p: p[0])
         for tag in acc.Tags()[event_accumulator.SCALARS]
     }
+
+
+def drop_records_after(log_dir: str | os.PathLike, wall_time: float) -> int:
+    """Remove every scalar written after ``wall_time`` from ``log_dir``; returns how many lines
+    and events went.
+
+    A resumed run calls this with its checkpoint's time before it writes
+    anything: what the interrupted run logged past its last checkpoint is
+    redone by the resumed run, and would otherwise appear twice (TensorBoard
+    draws a step written twice as a zig-zag). Event files and ``metrics.jsonl``
+    are rewritten in place (through a temporary file and a rename).
+    """
+    path = os.fspath(log_dir)
+    if not os.path.isdir(path):
+        return 0
+    dropped = 0
+    jsonl = os.path.join(path, JSONL_NAME)
+    if os.path.isfile(jsonl):
+        with open(jsonl, encoding="utf-8") as f:
+            lines = f.readlines()
+        keep = []
+        for line in lines:
+            try:
+                late = json.loads(line)["wall_time"] > wall_time
+            except (ValueError, KeyError, TypeError):
+                late = True  # a line cut short by a kill
+            if late:
+                dropped += 1
+            else:
+                keep.append(line if line.endswith("\n") else line + "\n")
+        _replace(jsonl, lambda f: f.writelines(keep), text=True)
+    for name in sorted(os.listdir(path)):
+        if "tfevents" not in name:
+            continue
+        events = os.path.join(path, name)
+        # The raw loader: the parsed one rewrites scalars into tensors as it reads.
+        loader = event_file_loader.RawEventFileLoader(events)
+        kept = []
+        for record in loader.Load():  # stops quietly at a record cut short by a kill
+            event = event_pb2.Event.FromString(record)
+            if event.HasField("summary") and event.wall_time > wall_time:
+                dropped += 1
+            else:
+                kept.append(record)
+
+        def write(f, kept=kept):
+            writer = RecordWriter(f)
+            for record in kept:
+                writer.write(record)
+
+        _replace(events, write, text=False)
+    return dropped
+
+
+def _replace(path: str, write, *, text: bool) -> None:
+    tmp = path + ".rewrite"
+    with open(tmp, "w" if text else "wb", **({"encoding": "utf-8"} if text else {})) as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -25,6 +25,7 @@ import dataclasses
 import heapq
 import itertools
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -52,6 +53,10 @@ class RolloutConfig:
         0  # AgentRL variable batch: return early with >= this many (0: fixed size)
     )
     max_filtered_in_a_row: int = 500  # then stop with an error instead of waiting forever
+    # Episodes in a row (in completion order) that ended on an infrastructure fault, retries
+    # included, before the run stops with an error quoting the last one (a dead engine, an
+    # environment whose reset always raises) instead of waiting forever.
+    max_infra_failures_in_a_row: int = 64
     infra_retries: int = 1  # re-run an episode that hit an infrastructure fault, with a fresh env
     # Interaction-budget curriculum (ScalingInter-RL): ((from_version, max_turns), ...), e.g.
     # ((0, 8), (100, 12), (200, 15)). Empty: agent.max_turns throughout.
@@ -84,6 +89,10 @@ class RolloutConfig:
             raise ValueError(f"rollout.infra_retries must be >= 0, got {self.infra_retries}")
         if self.prefetch_groups < 0:
             raise ValueError(f"rollout.prefetch_groups must be >= 0, got {self.prefetch_groups}")
+        if self.max_filtered_in_a_row < 1 or self.max_infra_failures_in_a_row < 1:
+            raise ValueError(
+                "rollout.max_filtered_in_a_row and rollout.max_infra_failures_in_a_row must be >= 1"
+            )
         steps = [entry[0] for entry in self.max_turns_schedule]
         if any(len(entry) != 2 for entry in self.max_turns_schedule):
             raise ValueError(
@@ -130,6 +139,28 @@ class Group:
         return min(versions) if versions else self.admitted_version
 
 
+class InfraFailureError(RuntimeError):
+    """Episodes keep failing on infrastructure: the run cannot make progress."""
+
+
+def episode_seed(run_seed: int, stream: int, index: int, member: int, attempt: int) -> int:
+    """A 63-bit sampling seed for one episode attempt (SplitMix64 finaliser over the parts).
+
+    ``stream`` keeps evaluation's seeds apart from production's, so evaluating
+    (or skipping the evaluation on resume) never shifts the training episodes' seeds.
+    """
+    x = 0
+    for part in (run_seed, stream, index, member, attempt):
+        x = (x ^ (part & 0xFFFFFFFFFFFFFFFF)) * 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF
+        x ^= x >> 31
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+    return (x ^ (x >> 31)) >> 1
+
+
+PRODUCTION_STREAM, EVAL_STREAM = 0, 1
+
+
 class RolloutOrchestrator:
     """Drives episodes against ``engine`` and hands full groups to the learner.
 
@@ -137,7 +168,12 @@ class RolloutOrchestrator:
     get_batch()`` returns ``groups_per_batch`` groups (sorted by admission
     index, so a synchronous run is reproducible); ``set_version(v)`` tells the
     pacer that the learner published version v. ``run_tasks`` runs a fixed list
-    once (evaluation, baselines) with the same machinery.
+    once (evaluation, baselines) with the same machinery, on seeds of its own.
+
+    ``checkpoint_state()`` / ``restore_state()`` carry the task stream across a
+    restart exactly: tasks drawn but not yet trained on (running or finished
+    groups) are drawn again, with the same group indices and seeds, by a
+    restored orchestrator.
     """
 
     def __init__(
@@ -166,12 +202,19 @@ class RolloutOrchestrator:
         self._in_flight_versions: collections.Counter[int] = collections.Counter()
         self._partial_batch = 0  # groups already pulled into a get_batch that is still filling
         self._filtered_streak = 0
+        self._infra_streak = 0
         self._fatal: Exception | None = None
         self._changed = asyncio.Event()
         self._init_sem = asyncio.Semaphore(config.init_workers)
         self._run_sem = asyncio.Semaphore(config.run_workers)
         self._eval_sem = asyncio.Semaphore(config.eval_workers)
         self._group_counter = itertools.count()
+        self._eval_counter = itertools.count()
+        self._next_index = 0  # group index of the next task drawn from ``tasks``
+        # Drawn, not yet trained on or filtered: group index -> the task stream's state just
+        # before that draw (restored and drawn again after a restart).
+        self._untrained: dict[int, Any] = {}
+        self._replay: collections.deque[tuple[int, Any, Any]] = collections.deque()
         self._tasks: set[asyncio.Task] = set()
         self._producer: asyncio.Task | None = None
         # Prefetched groups in task order: each resolves to (task, [(env, prompt, error), ...]).
@@ -212,7 +255,7 @@ class RolloutOrchestrator:
             t.cancel()  # still initialising: the group closes what it made (see _prepare_group)
         for result in await asyncio.gather(*prepared, return_exceptions=True):
             if not isinstance(result, BaseException):
-                await self._close_members(result[1])
+                await self._close_members(result[2])
 
     async def _close_members(self, members: list) -> None:
         """Close the environment of every INIT result in ``members`` (exceptions skipped)."""
@@ -237,16 +280,50 @@ class RolloutOrchestrator:
         ahead = queued // self.config.groups_per_batch
         return self._batches_taken + ahead - self.version <= self.config.max_staleness
 
-    def _next_task(self) -> Any:
-        try:
-            return next(self.tasks)
-        except StopIteration:
-            raise RuntimeError("the task iterator is exhausted") from None
+    def _next_task(self) -> tuple[int, Any]:
+        """``(group index, task)``: a task to replay after a restart, else the stream's next."""
+        if self._replay:
+            index, task, before = self._replay.popleft()
+        else:
+            before = self.tasks.get_state() if hasattr(self.tasks, "get_state") else None
+            try:
+                task = next(self.tasks)
+            except StopIteration:
+                raise RuntimeError("the task iterator is exhausted") from None
+            index, self._next_index = self._next_index, self._next_index + 1
+        self._untrained[index] = before
+        return index, task
+
+    def _done_with(self, group: Group) -> None:
+        """``group``'s task needs no rerun after a restart (trained on, filtered or dropped)."""
+        self._untrained.pop(group.index, None)
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The task stream's position, JSON-serialisable, for :meth:`restore_state`."""
+        if not hasattr(self.tasks, "get_state"):
+            raise ValueError("the task iterator has no get_state(): it cannot be checkpointed")
+        pending = sorted(self._untrained.items()) + [(i, st) for i, _, st in self._replay]
+        return {
+            "task_iterator": self.tasks.get_state(),
+            "next_index": self._next_index,
+            "pending": [[index, before] for index, before in pending],
+        }
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        """Continue the task stream saved by :meth:`checkpoint_state` (before ``start()``)."""
+        self._replay.clear()
+        for index, before in state.get("pending", []):
+            self.tasks.set_state(before)
+            self._replay.append((int(index), next(self.tasks), before))
+        self.tasks.set_state(state["task_iterator"])
+        self._next_index = int(state.get("next_index", 0))
 
     def _fill_prefetch(self) -> None:
         while len(self._prepared) < self.config.prefetch_groups:
-            task = self._next_task()
-            self._prepared.append(asyncio.get_running_loop().create_task(self._prepare_group(task)))
+            index, task = self._next_task()
+            self._prepared.append(
+                asyncio.get_running_loop().create_task(self._prepare_group(index, task))
+            )
 
     async def _produce(self) -> None:
         try:
@@ -257,21 +334,23 @@ class RolloutOrchestrator:
                     self._changed.clear()
                     await self._changed.wait()
                 if self.config.prefetch_groups:
-                    task, members = await self._prepared[0]  # in task order
+                    index, task, members = await self._prepared[0]  # in task order
                     self._prepared.popleft()
                 else:
-                    task, members = self._next_task(), None
+                    (index, task), members = self._next_task(), None
                 self._in_flight_groups += 1
-                self._spawn(self._produce_group(task, members))
+                self._spawn(self._produce_group(index, task, members))
         except Exception as exc:  # surface it to the learner instead of hanging get_batch
             self._fatal = exc
             self._ready_changed.set()
             raise
 
-    async def _prepare_group(self, task: Any) -> tuple[Any, list[tuple[Any, Any, str | None]]]:
+    async def _prepare_group(
+        self, index: int, task: Any
+    ) -> tuple[int, Any, list[tuple[Any, Any, str | None]]]:
         """INIT for every member of a group ahead of admission.
 
-        Returns ``(task, [(env, prompt_ids, error), ...])``; a member whose
+        Returns ``(index, task, [(env, prompt_ids, error), ...])``; a member whose
         INIT failed carries the error instead (its episode records it, then is
         retried with a fresh environment like any infrastructure fault). If
         cancelled, closes what it created.
@@ -281,7 +360,7 @@ class RolloutOrchestrator:
             for _ in range(self.config.group_size)
         ]
         try:
-            return task, list(await asyncio.gather(*members))
+            return index, task, list(await asyncio.gather(*members))
         except asyncio.CancelledError:
             for m in members:
                 m.cancel()
@@ -312,14 +391,19 @@ class RolloutOrchestrator:
         t.add_done_callback(self._tasks.discard)
         return t
 
-    async def _produce_group(self, task: Any, members: list | None = None) -> None:
+    async def _produce_group(self, index: int, task: Any, members: list | None = None) -> None:
         admitted = self.version
         self._in_flight_versions[admitted] += 1
         try:
-            group = await self.run_group(task, prepared=members)
+            group = await self.run_group(task, prepared=members, index=index)
             if self._accept(group):
                 heapq.heappush(self._ready, (group.index, group))
                 self.stats["groups_emitted"] += 1
+            else:
+                self._done_with(group)
+        except Exception as exc:  # a bug of ours: surface it instead of losing the group
+            self._fail(exc)
+            raise
         finally:
             self._in_flight_groups -= 1
             self._in_flight_versions[admitted] -= 1
@@ -347,16 +431,23 @@ class RolloutOrchestrator:
             self.stats["groups_filtered"] += 1
             self._count("rollout/groups_filtered")
             self._filtered_streak += 1
-            if self._filtered_streak >= self.config.max_filtered_in_a_row and self._fatal is None:
-                self._fatal = RuntimeError(
-                    f"{self._filtered_streak} groups in a row had identical or low-variance rewards (last: {rewards.tolist()}) and were "
-                    "filtered out: the policy never or always succeeds. Check the reward, the warm start, "
-                    "or set rollout.filter_uniform_groups=false"
+            if self._filtered_streak >= self.config.max_filtered_in_a_row:
+                self._fail(
+                    RuntimeError(
+                        f"{self._filtered_streak} groups in a row had identical or low-variance rewards (last: {rewards.tolist()}) and were "
+                        "filtered out: the policy never or always succeeds. Check the reward, the warm start, "
+                        "or set rollout.filter_uniform_groups=false"
+                    )
                 )
-                self._ready_changed.set()  # wake the learner so it sees the error
             return False
         self._filtered_streak = 0
         return True
+
+    def _fail(self, exc: Exception) -> None:
+        """Stop the run with ``exc``: the learner's next (or current) ``get_batch`` raises it."""
+        if self._fatal is None:
+            self._fatal = exc
+        self._ready_changed.set()
 
     def _urgent_in_flight(self) -> int:
         """Running groups that go stale unless they make the batch for the current version."""
@@ -400,27 +491,45 @@ class RolloutOrchestrator:
             if self.version - group.min_version > self.config.max_staleness:
                 self.stats["stale_dropped"] += 1
                 self._count("rollout/stale_dropped")
+                self._done_with(group)
                 continue
             batch.append(group)
             self._partial_batch = len(batch)
         self._partial_batch = 0
         self._batches_taken += 1
         self._changed.set()
+        for group in batch:
+            self._done_with(group)
         return sorted(batch, key=lambda g: g.index)
 
     # ------------------------------------------------------------- episodes
     async def run_tasks(
         self, tasks: list[Any], *, group_size: int = 1, agent_config: AgentConfig | None = None
     ) -> list[Group]:
-        """Run each task once as a group of ``group_size``; returns groups in task order."""
-        return list(
+        """Run each task once as a group of ``group_size``; returns groups in task order.
+
+        Episodes draw their seeds from the evaluation stream (``tasks[i]`` is
+        group ``i`` of it, counting on across calls), so running an evaluation
+        changes no training episode's seed. Raises :class:`InfraFailureError`
+        when episodes kept failing on infrastructure meanwhile.
+        """
+        groups = list(
             await asyncio.gather(
                 *(
-                    self.run_group(t, group_size=group_size, agent_config=agent_config)
+                    self.run_group(
+                        t,
+                        group_size=group_size,
+                        agent_config=agent_config,
+                        index=next(self._eval_counter),
+                        stream=EVAL_STREAM,
+                    )
                     for t in tasks
                 )
             )
         )
+        if isinstance(self._fatal, InfraFailureError):
+            raise self._fatal
+        return groups
 
     async def run_group(
         self,
@@ -429,11 +538,20 @@ class RolloutOrchestrator:
         group_size: int | None = None,
         agent_config: AgentConfig | None = None,
         prepared: list | None = None,
+        index: int | None = None,
+        stream: int = PRODUCTION_STREAM,
     ) -> Group:
-        """Run one group of ``task``; ``prepared`` holds environments already INIT'ed."""
-        index = next(self._group_counter)
+        """Run one group of ``task``; ``prepared`` holds environments already INIT'ed.
+
+        ``index`` numbers the group within its seed ``stream`` (by default the
+        next of a private counter); with the run's seed it fixes every member's
+        sampling seed.
+        """
+        if index is None:
+            index = 1_000_000_000 + next(self._group_counter)  # apart from the task stream's
         g = len(prepared) if prepared is not None else (group_size or self.config.group_size)
-        group_id = f"g{index}-{getattr(task, 'task_id', index)}"
+        prefix = "g" if stream == PRODUCTION_STREAM else f"s{stream}g"
+        group_id = f"{prefix}{index}-{getattr(task, 'task_id', index)}"
         version = self.version
         if agent_config is None:
             turns = self.config.max_turns_at(version, self.agent_config.max_turns)
@@ -445,7 +563,7 @@ class RolloutOrchestrator:
                 self._member(
                     task,
                     group_id,
-                    index,
+                    episode_seed(self.config.seed, stream, index, member, 0),
                     member,
                     agent_config,
                     None if prepared is None else prepared[member],
@@ -464,24 +582,34 @@ class RolloutOrchestrator:
         self,
         task: Any,
         group_id: str,
-        index: int,
+        seed: int,
         member: int,
         agent_config: AgentConfig,
         prepared: tuple | None = None,
     ) -> tuple[Trajectory, list[Trajectory]]:
         """One group member, retried on infrastructure faults; returns (final, failed attempts).
 
-        A prefetched environment serves the first attempt only; retries start fresh.
+        A prefetched environment serves the first attempt only; retries start fresh
+        (each attempt on its own seed).
         """
         failures: list[Trajectory] = []
         for attempt in range(self.config.infra_retries + 1):
             traj = await self._episode(
-                task, group_id, index, member, agent_config, attempt, prepared
+                task, group_id, (seed + attempt) % 2**63, member, agent_config, attempt, prepared
             )
             prepared = None
             if not traj.is_infra_failure:
+                self._infra_streak = 0
                 return traj, failures
             failures.append(traj)
+            self._infra_streak += 1
+            if self._infra_streak >= self.config.max_infra_failures_in_a_row:
+                self._fail(
+                    InfraFailureError(
+                        f"{self._infra_streak} episodes in a row failed on infrastructure; "
+                        f"the last ({traj.episode_id}): {traj.status}: {traj.error}"
+                    )
+                )
             if attempt < self.config.infra_retries:
                 self.stats["infra_retries"] += 1
                 self._count("rollout/infra_retries")
@@ -491,19 +619,20 @@ class RolloutOrchestrator:
         self,
         task: Any,
         group_id: str,
-        index: int,
+        seed: int,
         member: int,
         agent_config: AgentConfig,
         attempt: int = 0,
         prepared: tuple | None = None,
     ) -> Trajectory:
+        """One attempt. Whatever it raises (a user's env or reward function, an observation
+        the tokenizer cannot encode) ends this episode with a recorded status and error."""
         traj = Trajectory(
-            task_id=str(getattr(task, "task_id", index)),
+            task_id=str(getattr(task, "task_id", group_id)),
             episode_id=f"{group_id}-{member}" + (f"-retry{attempt}" if attempt else ""),
             task_name=str(getattr(task, "task_name", "default")),
             group_id=group_id,
         )
-        seed = ((self.config.seed * 1_000_003 + index) * 64 + member) * 8 + attempt
         t0 = time.perf_counter()
         # A prefetched environment is this episode's to close from here on, whatever happens.
         env: Environment | None = None if prepared is None else prepared[0]
@@ -543,11 +672,15 @@ class RolloutOrchestrator:
                 "timeout",
                 f"episode exceeded {self.config.episode_timeout_s}s",
             )
+        except Exception as exc:  # anything else is this episode's fault, not the run's
+            traj.status, traj.error = "env_error", f"{type(exc).__name__}: {exc}"
+            traj.info["traceback"] = traceback.format_exc(limit=-8)
         finally:
             if env is not None:
                 await self._close_env(env)
             traj.timings["episode_s"] = time.perf_counter() - t0
         self._count("rollout/episodes")
+        self._count(f"rollout/status/{traj.status}")
         return traj
 
     def _count(self, name: str, n: float = 1.0) -> None:
