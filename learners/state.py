@@ -22,6 +22,10 @@ class OptimizerConfig:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     warmup_steps: int = 0
+    # > 0: after the warm-up, a cosine decay to ``learning_rate * final_lr_fraction`` over
+    # this many steps (then constant); 0: constant after the warm-up.
+    decay_steps: int = 0
+    final_lr_fraction: float = 0.0
     b1: float = 0.9
     b2: float = 0.99
 
@@ -32,13 +36,28 @@ class OptimizerConfig:
             raise ValueError(f"optimizer.weight_decay must be >= 0, got {self.weight_decay}")
         if not self.max_grad_norm > 0:
             raise ValueError(f"optimizer.max_grad_norm must be > 0, got {self.max_grad_norm}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"optimizer.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.warmup_steps < 0 or self.decay_steps < 0:
+            raise ValueError(
+                "optimizer.warmup_steps and optimizer.decay_steps must be >= 0, got "
+                f"{self.warmup_steps} and {self.decay_steps}"
+            )
+        if not 0.0 <= self.final_lr_fraction <= 1.0:
+            raise ValueError(
+                f"optimizer.final_lr_fraction must be in [0, 1], got {self.final_lr_fraction}"
+            )
 
 
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
     lr: Any = cfg.learning_rate
-    if cfg.warmup_steps:
+    if cfg.decay_steps:
+        lr = optax.warmup_cosine_decay_schedule(
+            0.0 if cfg.warmup_steps else cfg.learning_rate,
+            cfg.learning_rate,
+            cfg.warmup_steps,
+            cfg.warmup_steps + cfg.decay_steps,
+            end_value=cfg.learning_rate * cfg.final_lr_fraction,
+        )
+    elif cfg.warmup_steps:
         lr = optax.linear_schedule(0.0, cfg.learning_rate, cfg.warmup_steps)
     return optax.chain(
         optax.clip_by_global_norm(cfg.max_grad_norm),

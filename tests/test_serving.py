@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 TINY_CONFIG = str(REPO / "configs" / "calculator_tiny.yaml")
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=9)
 MAX_SEQ = 256
+GREEDY_SGLANG = {"temperature": 0, "max_new_tokens": 4}
 # The test engine's model dims, so a config-built model reuses its eager kernels.
 TINY_OVERRIDES = [
     "model.d_model=40",
@@ -55,8 +56,13 @@ async def engine():
 
 
 @pytest_asyncio.fixture(loop_scope="module")
-async def url(engine):
-    runner, port = await start_server(engine, model_info={"model_path": "tiny-seed-3"})
+async def url(engine, tmp_path_factory):
+    # Weights load only from directories named at start: every test's tmp_path is under this.
+    runner, port = await start_server(
+        engine,
+        model_info={"model_path": "tiny-seed-3"},
+        weight_dirs=[tmp_path_factory.getbasetemp()],
+    )
     yield f"http://127.0.0.1:{port}"
     await runner.cleanup()
 
@@ -424,3 +430,190 @@ async def test_cli_serve_engine_subprocess():
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+# ------------------------------------------------ no request breaks a server
+@in_module_loop
+@pytest.mark.parametrize(
+    "sampling,field",
+    [
+        ({"top_k": 1099511627776}, "top_k"),
+        ({"sampling_seed": 2**70}, "seed"),
+        ({"temperature": 1e309}, "temperature"),
+        ({"temperature": 10**400}, "temperature"),
+        ({"stop_token_ids": [MAX_SEQ * 1000]}, "stop_token_ids"),
+        ({"top_p": float("nan")}, "top_p"),
+    ],
+    ids=[
+        "huge_top_k",
+        "seed_beyond_64_bits",
+        "infinite_temperature",
+        "huge_int_temperature",
+        "stop_id_beyond_vocab",
+        "nan_top_p",
+    ],
+)
+async def test_bad_sampling_values_fail_that_request_only(url, sampling, field):
+    """One request's bad parameters get a 400 naming the field; the engine stays up."""
+    async with aiohttp.ClientSession() as session:
+        body = json.dumps({"input_ids": [3, 1, 4], "sampling_params": sampling}, allow_nan=True)
+        async with session.post(
+            url + "/generate", data=body, headers={"Content-Type": "application/json"}
+        ) as resp:
+            assert resp.status == 400, await resp.text()
+            assert field in (await resp.json())["error"]["message"]
+    status, health = await call(url, "/health", method="GET")
+    assert status == 200 and health["status"] == "ok"
+    status, out = await call(
+        url, "/generate", {"input_ids": [3, 1, 4], "sampling_params": GREEDY_SGLANG}
+    )
+    assert status == 200 and len(out["output_ids"]) == 4
+
+
+@in_module_loop
+async def test_request_caps_are_400s(url):
+    status, out = await call(url, "/generate", {"input_ids": [[1, 2]] * 2000})
+    assert status == 400 and "at most" in out["error"]["message"]
+
+
+@in_module_loop
+async def test_engine_rejects_sampling_it_cannot_honour(engine):
+    """Called in-process, the engine refuses the request instead of failing its scheduler."""
+    with pytest.raises(ValueError, match="top_k"):
+        await engine.generate([3, 1, 4], SamplingParams(top_k=2**40))
+    out = await engine.generate([3, 1, 4], GREEDY)
+    assert engine.health()["ok"] and len(out.token_ids) == GREEDY.max_new_tokens
+
+
+@in_module_loop
+async def test_large_body_is_parsed_off_the_event_loop(url, monkeypatch):
+    """While a ~50 MB body is being parsed, /health keeps answering.
+
+    The real parser is wrapped to mark when it runs; the client shares the
+    server's event loop, so a parse on the loop would leave no /health answer
+    inside that window (the old code's behaviour), whatever the machine's speed.
+    """
+    from tunix_agentic.serving import engine_server
+
+    parsing = {"now": False, "runs": 0}
+    real = engine_server._decode_json
+
+    def marked(raw):
+        parsing["now"] = True
+        parsing["runs"] += 1
+        try:
+            return real(raw)
+        finally:
+            parsing["now"] = False
+
+    monkeypatch.setattr(engine_server, "_decode_json", marked)
+    big = json.dumps({"input_ids": [[1] * 1000] * 16000}).encode()  # 16M tokens: over the cap
+    assert len(big) > 40_000_000
+    answered_while_parsing = 0
+    async with aiohttp.ClientSession() as session:
+        big_reply = asyncio.ensure_future(
+            session.post(url + "/generate", data=big, headers={"Content-Type": "application/json"})
+        )
+        while not big_reply.done():
+            async with session.get(url + "/health") as resp:
+                assert resp.status == 200
+                if parsing["now"]:
+                    answered_while_parsing += 1
+            await asyncio.sleep(0)
+        resp = await big_reply
+        assert resp.status == 400 and "at most" in (await resp.json())["error"]["message"]
+        resp.release()
+    assert parsing["runs"] >= 1
+    assert answered_while_parsing > 0, "no /health answered while the large body was parsed"
+
+
+@pytest.mark.parametrize(
+    "host,ok",
+    [
+        ("127.0.0.1", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("192.168.1.5", False),
+    ],
+    ids=["v4_loopback", "v6_loopback", "localhost", "any", "lan"],
+)
+def test_serving_beyond_loopback_needs_an_api_key(host, ok):
+    from tunix_agentic.serving.engine_server import check_exposure
+
+    check_exposure(host, "key")  # with a key, any address
+    if ok:
+        check_exposure(host, None)
+    else:
+        with pytest.raises(ValueError, match="API key"):
+            check_exposure(host, None)
+
+
+def test_cli_refuses_to_serve_beyond_loopback_without_a_key(capsys, monkeypatch):
+    monkeypatch.delenv("TUNIX_AGENTIC_API_KEY", raising=False)
+    assert main(["serve-engine", "--config", TINY_CONFIG, "--host", "0.0.0.0"]) == 2
+    assert "API key" in capsys.readouterr().err
+
+
+@in_module_loop
+async def test_api_key_guards_every_route_but_health(engine, tmp_path):
+    runner, port = await start_server(engine, api_key="s3cret", weight_dirs=[tmp_path])
+    base = f"http://127.0.0.1:{port}"
+    try:
+        body = {"input_ids": [3, 1, 4], "sampling_params": GREEDY_SGLANG}
+        assert (await call(base, "/health", method="GET"))[0] == 200
+        for path, payload, method in [
+            ("/generate", body, "POST"),
+            ("/get_model_info", None, "GET"),
+            ("/abort_request", {"rid": "x"}, "POST"),
+            ("/update_weights_from_disk", {"model_path": str(tmp_path)}, "POST"),
+        ]:
+            status, out = await call(base, path, payload, method=method)
+            assert status == 401 and "API key" in out["error"]["message"], path
+        async with aiohttp.ClientSession(headers={"Authorization": "Bearer wrong"}) as session:
+            async with session.post(base + "/generate", json=body) as resp:
+                assert resp.status == 401
+        client = SGLangEngine(base, api_key="s3cret")
+        try:
+            out = await client.generate([3, 1, 4], GREEDY)
+            assert len(out.token_ids) == GREEDY.max_new_tokens
+        finally:
+            await client.close()
+    finally:
+        await runner.cleanup()
+
+
+@in_module_loop
+async def test_weights_load_only_from_directories_named_at_start(engine, tmp_path):
+    allowed, elsewhere = tmp_path / "allowed", tmp_path / "elsewhere"
+    params = engine.params
+    save_params(elsewhere / "v1", params)
+    save_params(allowed / "v1", params)
+    (allowed / "escape").symlink_to(elsewhere)
+    runner, port = await start_server(engine, weight_dirs=[allowed])
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for path in (
+            elsewhere / "v1",
+            allowed / ".." / "elsewhere" / "v1",
+            allowed / "escape" / "v1",
+        ):
+            status, out = await call(base, "/update_weights_from_disk", {"model_path": str(path)})
+            assert status == 403 and out["success"] is False, path
+        version = engine.version
+        status, out = await call(
+            base, "/update_weights_from_disk", {"model_path": str(allowed / "v1")}
+        )
+        assert status == 200 and out["success"] and out["weight_version"] == str(version + 1)
+    finally:
+        await runner.cleanup()
+    runner, port = await start_server(engine)  # no directory named: nothing loads
+    try:
+        status, out = await call(
+            f"http://127.0.0.1:{port}",
+            "/update_weights_from_disk",
+            {"model_path": str(allowed / "v1")},
+        )
+        assert status == 403 and "none was named" in out["message"]
+    finally:
+        await runner.cleanup()

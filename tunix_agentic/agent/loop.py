@@ -135,6 +135,14 @@ async def run_agent(
         if result.done:
             traj.status = "ok"
             return traj
-        traj.append_observation(template.observation_ids(result.observation))
+        try:
+            observation = template.observation_ids(result.observation)
+        except ValueError as exc:  # e.g. a character the built-in tokenizer does not have
+            traj.status, traj.error = (
+                "env_error",
+                f"the observation cannot be encoded by the tokenizer: {exc}",
+            )
+            return traj
+        traj.append_observation(observation)
     traj.status = "max_turns"
     return traj

@@ -1,7 +1,8 @@
 """Command line.
 
 ``tunix-agentic train [--config PATH] [--resume RUN_DIR] [key.path=value ...]``
-``tunix-agentic serve-engine [--config PATH] [--params DIR] [--host H] [--port P] [key.path=value ...]``
+``tunix-agentic serve-engine [--config PATH] [--params DIR] [--host H] [--port P]
+[--api-key KEY] [--weights-dir DIR ...] [key.path=value ...]``
 """
 
 from __future__ import annotations
@@ -63,7 +64,24 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="parameters written by save_params, or a run dir (its latest checkpoint)",
     )
-    se.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    se.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (beyond loopback an API key is required)",
+    )
+    se.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every route but /health "
+        "(default: $TUNIX_AGENTIC_API_KEY)",
+    )
+    se.add_argument(
+        "--weights-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a directory /update_weights_from_disk may load from (repeatable; none: it loads nothing)",
+    )
     se.add_argument("--port", type=int, default=30000, help="port to listen on (0: a free one)")
     se.add_argument("overrides", nargs="*", help="dotted overrides, e.g. engine.max_slots=16")
     args = parser.parse_args(argv)
@@ -96,8 +114,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve_engine(args: argparse.Namespace) -> int:
+    import os
+
     from tunix_agentic.config import load_config
-    from tunix_agentic.serving.engine_server import engine_from_config, serve_forever
+    from tunix_agentic.serving.engine_server import (
+        API_KEY_ENV,
+        check_exposure,
+        engine_from_config,
+        serve_forever,
+    )
+
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    try:
+        check_exposure(args.host, api_key)
+    except ValueError as exc:
+        print(f"tunix-agentic: error: {exc}", file=sys.stderr)
+        return 2
 
     config = args.config
     if config is None and args.params is not None:
@@ -112,7 +144,9 @@ def _serve_engine(args: argparse.Namespace) -> int:
         print(f"tunix-agentic: error: {exc}", file=sys.stderr)
         return 2
     try:
-        serve_forever(engine, args.host, args.port, info)
+        serve_forever(
+            engine, args.host, args.port, info, api_key=api_key, weight_dirs=args.weights_dir
+        )
     except OSError as exc:  # the port is taken, the host is not ours
         print(
             f"tunix-agentic: error: cannot serve on {args.host}:{args.port}: {exc}", file=sys.stderr

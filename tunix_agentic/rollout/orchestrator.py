@@ -679,8 +679,8 @@ class RolloutOrchestrator:
             if env is not None:
                 await self._close_env(env)
             traj.timings["episode_s"] = time.perf_counter() - t0
-        self._count("rollout/episodes")
-        self._count(f"rollout/status/{traj.status}")
+            self._count("rollout/episodes")
+            self._count(f"rollout/status/{traj.status}")  # every attempt, by how it ended
         return traj
 
     def _count(self, name: str, n: float = 1.0) -> None:

@@ -124,8 +124,11 @@ class SGLangEngine:
         name: str | None = None,
         weights_dir: str | None = None,
         health_timeout_s: float = 5.0,
+        api_key: str | None = None,
     ):
         self.base_url = base_url.rstrip("/")
+        # Sent as ``Authorization: Bearer KEY`` (the scheme of SGLang's --api-key and ours).
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.name = name or self.base_url
         self.request_timeout_s = request_timeout_s
         self.health_timeout_s = health_timeout_s
@@ -150,6 +153,7 @@ class SGLangEngine:
             session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=_MAX_CONNECTIONS),
                 timeout=aiohttp.ClientTimeout(total=self.request_timeout_s),
+                headers=self._headers,
             )
             self._sessions[loop] = session
         return session

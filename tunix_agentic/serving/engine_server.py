@@ -14,16 +14,27 @@ this server and to a real SGLang server alike:
   ``POST /update_weights_from_disk`` (a directory written by
   :func:`tunix_agentic.checkpoint.save_params`).
 
-A malformed request gets HTTP 400 with ``{"error": {"message": ...}}``; a closed
-engine gets 503. Run the app with ``handler_cancellation=True`` (as
-:func:`start_server` does) so that a client hanging up aborts its generation.
+A malformed request gets HTTP 400 with ``{"error": {"message": ...}}`` (every
+field is checked against its bounds: ``top_k`` within the vocabulary, seeds
+within 64 bits, finite temperatures, stop ids within the vocabulary, a cap on
+prompts and tokens per request), and fails that request only; a closed engine
+gets 503. Large bodies are parsed off the event loop, so ``/health`` stays
+responsive. With an API key every route but ``/health`` requires
+``Authorization: Bearer KEY`` (401 otherwise); ``/update_weights_from_disk``
+loads only from directories named when the server was built (403 otherwise).
+Run the app with ``handler_cancellation=True`` (as :func:`start_server` does)
+so that a client hanging up aborts its generation.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hmac
+import ipaddress
 import itertools
+import json
+import os
 import signal
 import time
 import uuid
@@ -45,6 +56,10 @@ if TYPE_CHECKING:
     from tunix_agentic.config import RunConfig
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a batch of long prompts is far past aiohttp's 1 MiB default
+MAX_PROMPTS_PER_REQUEST = 1024
+MAX_TOKENS_PER_REQUEST = 4 * 1024 * 1024  # prompt tokens summed over a request's prompts
+OFF_LOOP_BYTES = 256 * 1024  # bodies larger than this are parsed on a worker thread
+API_KEY_ENV = "TUNIX_AGENTIC_API_KEY"
 _SHUTDOWN_TIMEOUT_S = 5.0
 
 
@@ -63,7 +78,7 @@ class GenerateRequest:
 def _integer(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{name} must be an integer, got {value!r}")
-    if isinstance(value, float) and not value.is_integer():
+    if isinstance(value, float) and not value.is_integer():  # nan and inf included
         raise ValueError(f"{name} must be an integer, got {value!r}")
     return int(value)
 
@@ -71,17 +86,21 @@ def _integer(value: Any, name: str) -> int:
 def _number(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{name} must be a number, got {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an integer too large for a float
+        raise ValueError(f"{name} must be a finite number, got {value!r}") from None
 
 
-def parse_sampling_params(raw: Any, *, max_seq_len: int) -> SamplingParams:
+def parse_sampling_params(raw: Any, *, max_seq_len: int, vocab_size: int) -> SamplingParams:
     """SGLang ``sampling_params`` -> :class:`SamplingParams`.
 
     Missing keys keep the defaults (SGLang's: temperature 1, top_p 1, top_k off,
     128 new tokens); ``top_k`` -1 or 0 is off; ``max_new_tokens: null`` runs to
     the context window; ``sampling_seed`` (or ``seed``) seeds the request.
     Keys we do not implement (``stop`` strings, ``ignore_eos``, ...) are ignored.
-    Bad values raise the ValueError SamplingParams raises.
+    Bad values (out of range, or beyond what a ``vocab_size`` model can do) raise
+    ValueError naming the field.
     """
     if raw is None:
         raw = {}
@@ -105,7 +124,9 @@ def parse_sampling_params(raw: Any, *, max_seq_len: int) -> SamplingParams:
     seed = raw.get("sampling_seed", raw.get("seed"))
     if seed is not None:
         kw["seed"] = _integer(seed, "sampling_seed")
-    return SamplingParams(**kw)
+    params = SamplingParams(**kw)
+    params.check_vocab(vocab_size)
+    return params
 
 
 def _prompt(raw: Any, *, vocab_size: int, max_seq_len: int, where: str) -> list[int]:
@@ -132,7 +153,13 @@ def _per_prompt(raw: Any, n: int, name: str) -> list[Any]:
 
 
 def parse_generate(
-    body: Any, *, vocab_size: int, max_seq_len: int, new_rid: Callable[[], str]
+    body: Any,
+    *,
+    vocab_size: int,
+    max_seq_len: int,
+    new_rid: Callable[[], str],
+    max_prompts: int = MAX_PROMPTS_PER_REQUEST,
+    max_tokens: int = MAX_TOKENS_PER_REQUEST,
 ) -> tuple[list[GenerateRequest], bool]:
     """Validate a ``/generate`` body; returns ``(requests, batched)``.
 
@@ -149,6 +176,13 @@ def parse_generate(
     batched = isinstance(ids, list) and bool(ids) and isinstance(ids[0], list)
     prompts = ids if batched else [ids]
     n = len(prompts)
+    if n > max_prompts:
+        raise ValueError(f"input_ids holds {n} prompts; this server takes at most {max_prompts}")
+    total = sum(len(p) if isinstance(p, list) else 0 for p in prompts)
+    if total > max_tokens:
+        raise ValueError(
+            f"input_ids holds {total} tokens; this server takes at most {max_tokens} per request"
+        )
     sampling = _per_prompt(body.get("sampling_params"), n, "sampling_params")
     rids = body.get("rid")
     if batched and isinstance(rids, str):
@@ -171,7 +205,9 @@ def parse_generate(
                 input_ids=_prompt(
                     prompts[i], vocab_size=vocab_size, max_seq_len=max_seq_len, where=where
                 ),
-                sampling=parse_sampling_params(sampling[i], max_seq_len=max_seq_len),
+                sampling=parse_sampling_params(
+                    sampling[i], max_seq_len=max_seq_len, vocab_size=vocab_size
+                ),
                 rid=rid if rid is not None else new_rid(),
                 session_id=session,
                 return_logprob=logprob_flags[i],
@@ -200,9 +236,18 @@ def parse_version(raw: Any, *, default: int) -> int:
 class _ServerState:
     """What the handlers share besides the engine."""
 
-    def __init__(self, engine: JaxEngine, model_info: dict[str, Any]):
+    def __init__(
+        self,
+        engine: JaxEngine,
+        model_info: dict[str, Any],
+        *,
+        api_key: str | None = None,
+        weight_dirs: tuple[Path, ...] = (),
+    ):
         self.engine = engine
         self.model_info = model_info
+        self.api_key = api_key
+        self.weight_dirs = weight_dirs
         self.weights_lock = asyncio.Lock()
         # The last version handed to the engine: the engine applies it at its next
         # chunk boundary, so ``engine.version`` may still show the previous one.
@@ -221,12 +266,27 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": {"message": message}}, status=status)
 
 
-async def _read_json(request: web.Request) -> Any:
-    """The request body as JSON; ValueError (a 400) when it is not."""
+def _decode_json(raw: bytes) -> Any:
     try:
-        return await request.json()
+        return json.loads(raw)
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both are
         raise ValueError(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError("request body is nested too deeply") from None
+
+
+async def _off_loop_if_large(size: int, fn: Callable[[], Any]) -> Any:
+    """``fn()`` here for a small body, on a worker thread for a large one (the loop keeps
+    answering ``/health`` and other requests meanwhile)."""
+    if size <= OFF_LOOP_BYTES:
+        return fn()
+    return await asyncio.get_running_loop().run_in_executor(None, fn)
+
+
+async def _read_json(request: web.Request) -> Any:
+    """The request body as JSON; ValueError (a 400) when it is not."""
+    raw = await request.read()
+    return await _off_loop_if_large(len(raw), lambda: _decode_json(raw))
 
 
 def format_output(
@@ -293,11 +353,14 @@ async def handle_generate(request: web.Request) -> web.Response:
     engine = state.engine
     try:
         body = await _read_json(request)
-        reqs, batched = parse_generate(
-            body,
-            vocab_size=engine.model_config.vocab_size,
-            max_seq_len=engine.config.max_seq_len,
-            new_rid=state.new_rid,
+        reqs, batched = await _off_loop_if_large(
+            request.content_length or 0,
+            lambda: parse_generate(
+                body,
+                vocab_size=engine.model_config.vocab_size,
+                max_seq_len=engine.config.max_seq_len,
+                new_rid=state.new_rid,
+            ),
         )
         if batched:
             result: Any = await _generate_all(engine, reqs, t0)
@@ -308,6 +371,23 @@ async def handle_generate(request: web.Request) -> web.Response:
     except EngineError as exc:
         return _error(503, str(exc))
     return web.json_response(result)
+
+
+@web.middleware
+async def _guard(request: web.Request, handler) -> web.StreamResponse:
+    """API key on every route but ``/health``; any unexpected failure is a JSON 500."""
+    state = request.app[_STATE]
+    if state.api_key is not None and request.path != "/health":
+        given = request.headers.get("Authorization", "")
+        expected = f"Bearer {state.api_key}"
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            return _error(401, "missing or wrong API key (send Authorization: Bearer KEY)")
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except Exception as exc:  # a bug of ours: say so in the API's error shape
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}")
 
 
 async def handle_health(request: web.Request) -> web.Response:
@@ -350,6 +430,16 @@ async def handle_update_weights(request: web.Request) -> web.Response:
             raise ValueError("update_weights_from_disk needs a string 'model_path'")
     except ValueError as exc:
         return fail(str(exc))
+    if not _inside(path, state.weight_dirs):
+        named = ", ".join(map(str, state.weight_dirs)) or "none was named"
+        return web.json_response(
+            {
+                "success": False,
+                "message": f"{path!r} is outside the weight directories named at start "
+                f"(serve-engine --weights-dir DIR): {named}",
+            },
+            status=403,
+        )
     async with state.weights_lock:
         try:
             version = parse_version(
@@ -375,6 +465,12 @@ async def handle_update_weights(request: web.Request) -> web.Response:
     )
 
 
+def _inside(path: str, roots: tuple[Path, ...]) -> bool:
+    """Whether ``path`` (links resolved) lies inside one of ``roots``."""
+    real = Path(os.path.realpath(path))
+    return any(real == root or real.is_relative_to(root) for root in roots)
+
+
 def _load_like(path: str, params_like: Any) -> Any:
     """``load_params``, placed like the engine's current arrays.
 
@@ -392,13 +488,24 @@ def _load_like(path: str, params_like: Any) -> Any:
     return jax.tree.map(place, loaded, params_like)
 
 
-def build_app(engine: JaxEngine, *, model_info: dict[str, Any]) -> web.Application:
+def build_app(
+    engine: JaxEngine,
+    *,
+    model_info: dict[str, Any],
+    api_key: str | None = None,
+    weight_dirs: tuple[str | Path, ...] | list[str | Path] = (),
+) -> web.Application:
     """The aiohttp application serving ``engine``.
 
     ``model_info`` is answered by ``GET /get_model_info``; ``model_path``,
     ``vocab_size`` and ``max_seq_len`` are filled in when missing, and
-    ``weight_version`` is always the engine's current one.
+    ``weight_version`` is always the engine's current one. ``api_key``: every
+    route but ``/health`` requires ``Authorization: Bearer KEY``.
+    ``weight_dirs``: the only directories ``/update_weights_from_disk`` loads
+    from (none: it loads nothing).
     """
+    if api_key is not None and not api_key:
+        raise ValueError("api_key must not be empty")
     info = {
         "model_path": "",
         "is_generation": True,
@@ -406,8 +513,9 @@ def build_app(engine: JaxEngine, *, model_info: dict[str, Any]) -> web.Applicati
         "max_seq_len": engine.config.max_seq_len,
         **model_info,
     }
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
-    app[_STATE] = _ServerState(engine, info)
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_guard])
+    roots = tuple(Path(os.path.realpath(d)) for d in weight_dirs)
+    app[_STATE] = _ServerState(engine, info, api_key=api_key, weight_dirs=roots)
     app.router.add_post("/generate", handle_generate)
     app.router.add_get("/health", handle_health)
     app.router.add_get("/get_model_info", handle_model_info)
@@ -422,13 +530,18 @@ async def start_server(
     host: str = "127.0.0.1",
     port: int = 0,
     model_info: dict[str, Any] | None = None,
+    api_key: str | None = None,
+    weight_dirs: tuple[str | Path, ...] | list[str | Path] = (),
 ) -> tuple[web.AppRunner, int]:
     """Serve ``engine`` on the running loop; returns ``(runner, port)``.
 
     ``port=0`` picks a free port. Stop with ``await runner.cleanup()``; the
-    engine stays open (close it yourself).
+    engine stays open (close it yourself). Refuses (ValueError) to listen
+    beyond loopback without an ``api_key``; see :func:`build_app` for
+    ``weight_dirs``.
     """
-    app = build_app(engine, model_info=model_info or {})
+    check_exposure(host, api_key)
+    app = build_app(engine, model_info=model_info or {}, api_key=api_key, weight_dirs=weight_dirs)
     runner = web.AppRunner(
         app, handler_cancellation=True, access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT_S
     )
@@ -442,19 +555,50 @@ async def start_server(
     return runner, runner.addresses[0][1]
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(host: str, api_key: str | None) -> None:
+    """ValueError unless ``host`` is loopback or an API key guards the server."""
+    if not is_loopback(host) and not api_key:
+        raise ValueError(
+            f"refusing to serve on {host} (beyond this machine) without an API key: "
+            f"pass --api-key KEY or set {API_KEY_ENV}"
+        )
+
+
 def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 async def _serve(
-    engine: JaxEngine, host: str, port: int, model_info: dict[str, Any] | None
+    engine: JaxEngine,
+    host: str,
+    port: int,
+    model_info: dict[str, Any] | None,
+    api_key: str | None,
+    weight_dirs: tuple[str | Path, ...] | list[str | Path],
 ) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     signals = (signal.SIGINT, signal.SIGTERM)
     runner = None
     try:
-        runner, real_port = await start_server(engine, host=host, port=port, model_info=model_info)
+        runner, real_port = await start_server(
+            engine,
+            host=host,
+            port=port,
+            model_info=model_info,
+            api_key=api_key,
+            weight_dirs=weight_dirs,
+        )
         for sig in signals:
             loop.add_signal_handler(sig, stop.set)
         print(f"serving on {_url(host, real_port)}", flush=True)
@@ -472,12 +616,15 @@ def serve_forever(
     host: str = "127.0.0.1",
     port: int = 30000,
     model_info: dict[str, Any] | None = None,
+    *,
+    api_key: str | None = None,
+    weight_dirs: tuple[str | Path, ...] | list[str | Path] = (),
 ) -> None:
     """Serve until SIGINT or SIGTERM, then close the engine (blocking; for the CLI).
 
     Prints one line, ``serving on http://HOST:PORT``, once the port is open.
     """
-    asyncio.run(_serve(engine, host, port, model_info))
+    asyncio.run(_serve(engine, host, port, model_info, api_key, weight_dirs))
 
 
 def engine_from_config(
