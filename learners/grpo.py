@@ -31,7 +31,10 @@ class GRPOConfig:
     tis_cap: float = 0.0
 
     def __post_init__(self):
-        get_advantage_fn(self.advantage)
+        try:
+            get_advantage_fn(self.advantage)
+        except ValueError as exc:
+            raise ValueError(f"learner.advantage: {exc}") from None
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(
                 f"learner.aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}"

@@ -10,19 +10,11 @@ import pytest
 
 from tunix_agentic.inference import EnginePool, SamplingParams
 from tunix_agentic.serving.client import SGLangEngine
+from tunix_agentic.testing import TINY_MODEL_OVERRIDES
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = str(REPO / "configs" / "calculator_tiny.yaml")
-SERVER_OVERRIDES = [
-    "model.d_model=32",
-    "model.num_heads=4",
-    "model.num_kv_heads=2",
-    "model.head_dim=8",
-    "model.ffn_dim=48",
-    "engine.max_slots=8",
-    "engine.max_seq_len=128",
-    "engine.decode_steps=2",
-]
+SERVER_OVERRIDES = [*TINY_MODEL_OVERRIDES, "engine.max_seq_len=128", "engine.decode_steps=2"]
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=40)
 
 

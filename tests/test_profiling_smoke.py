@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tunix_agentic.testing import TINY_RUN_OVERRIDES
+
 PROFILING = Path(__file__).resolve().parents[1] / "profiling"
 
 
@@ -75,3 +77,12 @@ def test_bench_overhead_counts_every_episode(bench):
     assert figures["wall_s"] > 0 and figures["per_episode_us"] > 0 and figures["per_step_us"] > 0
     assert figures["retained_bytes_per_trajectory"] > 0
     assert figures["tracemalloc_peak_mb"] > 0 and figures["rss_peak_mb"] > 0
+
+
+def test_bench_seeds_runs_each_seed(bench, capsys):
+    tiny = [*TINY_RUN_OVERRIDES, "sft.steps=5", "sft.batch_size=4", "rl.steps=1", "rl.eval_tasks=2"]
+    rows = bench("bench_seeds").main(["--seeds", "0,1", *tiny])
+    assert [r["seed"] for r in rows] == [0, 1]
+    assert all(0 <= r["before"] <= 1 and 0 <= r["after"] <= 1 for r in rows)
+    out = capsys.readouterr().out
+    assert "seed 0: held-out success" in out and "over 2 seeds" in out

@@ -24,25 +24,12 @@ from tunix_agentic.checkpoint import Checkpointer
 from tunix_agentic.config import ConfigError, load_config
 from tunix_agentic.metrics import read_scalars
 from tunix_agentic.models.transformer import Transformer
+from tunix_agentic.testing import TINY_RUN_OVERRIDES
 from tunix_agentic.trainer import train
 
 REPO = Path(__file__).parents[1]
 CONFIG = str(REPO / "configs" / "calculator_tiny.yaml")
-TINY = [
-    "model.d_model=32",
-    "model.num_heads=4",
-    "model.num_kv_heads=2",
-    "model.head_dim=8",
-    "model.ffn_dim=48",
-    "engine.max_slots=8",
-    "agent.max_new_tokens=40",
-    "rollout.group_size=2",
-    "rollout.groups_per_batch=2",
-    "rollout.filter_uniform_groups=false",
-    "sft.steps=30",
-    "sft.batch_size=8",
-    "rl.eval_tasks=4",
-]
+TINY = list(TINY_RUN_OVERRIDES)
 
 
 def snapshot(directory: Path) -> dict[str, str]:

@@ -4,27 +4,16 @@ from pathlib import Path
 
 import pytest
 
+from envs.base import register_env
+from envs.calculator import ArithmeticEnv
 from tunix_agentic.cli.main import main
+from tunix_agentic.config import load_config
 from tunix_agentic.metrics import read_scalars
-from tunix_agentic.trainer import train
+from tunix_agentic.rollout.orchestrator import InfraFailureError
+from tunix_agentic.testing import TINY_RUN_OVERRIDES
+from tunix_agentic.trainer import Trainer, train
 
-TINY_RUN = [
-    "model.d_model=32",
-    "model.num_heads=4",
-    "model.num_kv_heads=2",
-    "model.head_dim=8",
-    "model.ffn_dim=48",
-    "engine.max_slots=8",
-    "engine.max_seq_len=128",
-    "agent.max_new_tokens=40",
-    "rollout.group_size=2",
-    "rollout.groups_per_batch=2",
-    "rollout.filter_uniform_groups=false",
-    "sft.steps=30",
-    "sft.batch_size=8",
-    "rl.steps=2",
-    "rl.eval_tasks=4",
-]
+TINY_RUN = [*TINY_RUN_OVERRIDES, "engine.max_seq_len=128", "rl.steps=2"]
 CONFIG = str(Path(__file__).parents[1] / "configs" / "calculator_tiny.yaml")
 
 
@@ -118,3 +107,60 @@ def test_default_run_learns_to_use_the_calculator(tmp_path):
     )
     assert result.success_after >= result.success_before + 0.3
     assert result.success_after >= 0.8
+
+
+class _ResetFails(ArithmeticEnv):
+    async def reset(self, task):
+        raise ConnectionError("sandbox image missing")
+
+
+register_env("_test_reset_fails")(_ResetFails)
+
+
+def test_a_failing_run_closes_everything_and_shows_its_traceback(tmp_path):
+    """Engine closed, every event on disk, and not turned into a one-line config error."""
+    overrides = [
+        *TINY_RUN,
+        f"run_dir={tmp_path / 'run'}",
+        "env.name=_test_reset_fails",
+        "rollout.max_infra_failures_in_a_row=4",
+    ]
+    trainer = Trainer(load_config(CONFIG, overrides), progress=False)
+    with pytest.raises(InfraFailureError, match="sandbox image missing"):
+        trainer.run()
+    assert trainer.engine.health()["ok"] is False  # closed
+    # The writer flushes every 10 s; the last SFT scalar is there only because it was closed.
+    sft = read_scalars(tmp_path / "run" / "tensorboard")["sft/loss"]
+    assert sft[-1][0] == 29
+    with pytest.raises(InfraFailureError):  # the CLI lets it through: traceback, exit 1
+        main(
+            [
+                "train",
+                "--quiet",
+                "--config",
+                CONFIG,
+                *overrides[:-2],
+                f"run_dir={tmp_path / 'b'}",
+                *overrides[-2:],
+            ]
+        )
+
+
+@pytest.mark.parametrize(
+    "override,names",
+    [
+        ("env.name=nosuch", "arithmetic"),
+        ("learner.advantage=nosuch", "dr_grpo"),
+        ("learner.aggregation=nosuch", "token_mean"),
+        ("agent.parser=nosuch", "qwen3"),
+        ("agent.context_rule=nosuch", "append_only"),
+        ("agent.top_k=1099511627776", "vocab_size"),
+        ("agent.temperature=1e309", "finite"),
+    ],
+    ids=["env", "advantage", "aggregation", "parser", "context_rule", "top_k", "temperature"],
+)
+def test_names_and_sampling_values_are_checked_at_config_load(override, names, capsys):
+    """Before: env.name=nosuch ran SFT for minutes, then waited forever."""
+    assert main(["train", "--config", CONFIG, override]) == 2
+    err = capsys.readouterr().err
+    assert "error" in err and override.split("=")[0].split(".")[-1] in err and names in err

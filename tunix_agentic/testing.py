@@ -18,6 +18,27 @@ TINY = ModelConfig(
 )
 
 
+# Config overrides that shrink the shipped default run to seconds (tests, smoke runs).
+TINY_MODEL_OVERRIDES = (
+    "model.d_model=32",
+    "model.num_heads=4",
+    "model.num_kv_heads=2",
+    "model.head_dim=8",
+    "model.ffn_dim=48",
+    "engine.max_slots=8",
+)
+TINY_RUN_OVERRIDES = (
+    *TINY_MODEL_OVERRIDES,
+    "agent.max_new_tokens=40",
+    "rollout.group_size=2",
+    "rollout.groups_per_batch=2",
+    "rollout.filter_uniform_groups=false",
+    "sft.steps=30",
+    "sft.batch_size=8",
+    "rl.eval_tasks=4",
+)
+
+
 def tiny_model(seed: int = 0, **overrides) -> Transformer:
     return Transformer(dataclasses.replace(TINY, **overrides), rngs=nnx.Rngs(seed))
 

@@ -205,6 +205,7 @@ class Trainer:
         self.env_factory = functools.partial(
             make_env, config.env.name, tool_timeout=config.env.tool_timeout_s
         )
+        self.engine = None  # the run's engine once built (closed when the run ends)
         self._signals: StopSignals | None = None
         self._done_step: int | None = None  # the last finished RL step (0: warm start done)
         self._saved_step: int | None = None
@@ -360,7 +361,7 @@ class Trainer:
         elif self.resume:
             self._log(f"no checkpoint under {ckpt.directory}: starting fresh")
         tasks = self._task_mixture()
-        engine = self.build_engine(model, start_step)
+        engine = self.engine = self.build_engine(model, start_step)
         stack.push_async_callback(engine.close)
         members = getattr(engine, "engines", [engine])  # a cross-policy pool, or the engine
         # The engine compiles its shapes on another thread, beside SFT on a fresh run; it

@@ -37,8 +37,11 @@ class AgentConfig:
             raise ValueError(f"agent.max_turns must be >= 1, got {self.max_turns}")
         if self.max_new_tokens < 1:
             raise ValueError(f"agent.max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        get_parser(self.parser)
-        get_context_rule(self.context_rule)
+        for key, lookup in (("parser", get_parser), ("context_rule", get_context_rule)):
+            try:
+                lookup(getattr(self, key))
+            except ValueError as exc:
+                raise ValueError(f"agent.{key}: {exc}") from None
         try:  # the values an engine must honour, checked once here instead of per request
             SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
         except ValueError as exc:
