@@ -212,7 +212,8 @@ def test_to_dict_is_plain():
         "steps": 60,
         "eval_tasks": 200,
         "eval_temperature": 0.0,
-        "checkpoint_every": 0,
+        "checkpoint_every": 10,
+        "keep_checkpoints": 3,
     }
     assert yaml.safe_load(yaml.safe_dump(data)) == data  # only plain YAML types
 
