@@ -13,15 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from envs.tools import Tool
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """One tool call parsed from the agent's text: a tool name and its JSON arguments."""
-
-    name: str
-    arguments: dict[str, Any]
+from envs.tools import Tool, ToolCall
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,16 @@ import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from envs.base import ToolCall
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call parsed from the agent's text: a tool name and its JSON arguments."""
+
+    name: str
+    arguments: dict[str, Any]
+
 
 # JSON schema type name -> Python check. bool is a subclass of int, so numbers exclude it.
 _JSON_TYPE_CHECKS: dict[str, Any] = {

@@ -8,7 +8,7 @@ import pytest
 from learners.advantages import dr_grpo, grpo
 from learners.batching import bucket_length, grpo_batch, pad_rows
 from tunix_agentic.rollout.orchestrator import Group
-from tunix_agentic.rollout.trajectory import Step, Trajectory
+from tunix_agentic.trajectory import Step, Trajectory
 
 PAD = 0
 

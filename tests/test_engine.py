@@ -246,13 +246,13 @@ def test_one_engine_serves_successive_event_loops_and_can_be_collected(model, mo
     import gc
     import weakref
 
-    from tunix_agentic.inference import engine as engine_module
+    from tunix_agentic.inference import scheduler as scheduler_module
 
-    monkeypatch.setattr(engine_module, "_IDLE_EXIT_S", 0.05)
+    monkeypatch.setattr(scheduler_module, "IDLE_EXIT_S", 0.05)
     engine = JaxEngine(model, EngineConfig(max_slots=2, max_seq_len=48, decode_steps=4))
     first = asyncio.run(engine.generate([5, 6, 7], GREEDY))
     time.sleep(0.3)  # the scheduler thread ends when idle; the next request starts another
-    assert engine._thread is None
+    assert not engine._scheduler.running
     second = asyncio.run(engine.generate([5, 6, 7], GREEDY))
     assert first.token_ids == second.token_ids == greedy_reference(model, [5, 6, 7], 9)
     time.sleep(0.3)
@@ -288,7 +288,7 @@ async def test_a_failed_device_call_fails_every_open_request(model):
     def lost(*args, **kwargs):
         raise RuntimeError("device lost")
 
-    engine._decode_fn = lost
+    engine._scheduler.decode_fn = lost
     outs = await asyncio.wait_for(
         asyncio.gather(
             *(engine.generate([i], GREEDY) for i in range(1, 4)), return_exceptions=True
@@ -341,4 +341,34 @@ async def test_warmup_compiles_every_shape_ahead_of_the_requests(model):
     assert engine.stats["prefill_calls"] >= len(served) and engine.stats["decode_chunks"] > 0
     for prompt, out in served:  # the warmed-up executables compute what they should
         assert out.token_ids == greedy_reference(model, prompt, len(out.token_ids))
+    await engine.close()
+
+
+async def test_the_engine_keeps_its_own_copy_of_the_parameters():
+    """A donating train step on the model the engine was built from deletes the model's
+    buffers; the engine must still generate (device_put to the same place does not copy)."""
+    import numpy as np
+    from flax import nnx
+
+    from learners.grpo import GRPOLearner
+
+    model = tiny_model(seed=4)
+    engine = JaxEngine(model, EngineConfig(max_slots=2, max_seq_len=48, decode_steps=4))
+    want = await engine.generate([5, 6, 7], GREEDY)
+    model_arrays = jax.tree.leaves(nnx.state(model, nnx.Param))
+    learner = GRPOLearner(model)  # shares the model's buffers, and donates them
+    ids = np.asarray([[5, 6, 7, 8, 9, 10, 11, 12]] * 2, np.int32)
+    mask = np.zeros(ids.shape, np.float32)
+    mask[:, 4:] = 1
+    learner.train_step(
+        {
+            "input_ids": ids,
+            "loss_mask": mask,
+            "old_logprobs": np.zeros(ids.shape, np.float32),
+            "advantages": np.asarray([1.0, -1.0], np.float32),
+        }
+    )
+    assert all(x.is_deleted() for x in model_arrays)  # the step did donate them
+    again = await engine.generate([5, 6, 7], GREEDY)
+    assert again.token_ids == want.token_ids
     await engine.close()

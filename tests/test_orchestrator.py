@@ -14,8 +14,8 @@ from tunix_agentic.data.demos import demonstration
 from tunix_agentic.inference import EngineConfig, JaxEngine
 from tunix_agentic.models.tokenizer import CharTokenizer
 from tunix_agentic.rollout import RolloutConfig, RolloutOrchestrator
-from tunix_agentic.rollout.trajectory import POLICY_STATUSES
 from tunix_agentic.testing import memorize, tiny_model
+from tunix_agentic.trajectory import POLICY_STATUSES
 
 TOK = CharTokenizer(128)
 TEMPLATE = ChatTemplate(TOK)

@@ -348,7 +348,7 @@ async def test_update_weights_reaches_every_backend_and_stale_ones_catch_up(
     pool.update_weights(params, version)
     assert pool.health()["version"] == version
     assert column(pool, "healthy") == [True, False, False]  # it missed the update: out of rotation
-    assert dead._pending_params[1] == version  # even the ejected backend was offered the weights
+    assert dead.pending_version == version  # even the ejected backend was offered the weights
     out = await pool.generate([5, 6], SHORT)  # the engine applies them at its next step
     assert engines[0].version == version and out.versions == [version] * 9
 

@@ -326,7 +326,7 @@ async def test_client_against_closed_port_raises_engine_error():
 async def test_update_weights_from_disk(engine, url, tmp_path):
     prompt = [3, 1, 4, 1, 5]
     v0 = engine.version
-    original = engine._params
+    original = engine.params
     other_params = nnx.state(tiny_model(seed=11), nnx.Param)
     before = await engine.generate(prompt, GREEDY)
     # The other model's in-process output, from this engine with its weights swapped in
@@ -399,7 +399,7 @@ def test_engine_from_config_loads_params(tmp_path, kind):
         ckpt.close()
     engine, info = engine_from_config(cfg, str(path))
     assert engine.version == version and info["model_path"] == str(path)
-    for a, b in zip(jax.tree.leaves(engine._params), jax.tree.leaves(trained), strict=True):
+    for a, b in zip(jax.tree.leaves(engine.params), jax.tree.leaves(trained), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 

@@ -1,11 +1,11 @@
-"""Tests for tunix_agentic.rollout.trajectory: building a history and the learner's arrays."""
+"""Tests for tunix_agentic.trajectory: building a history and the learner's arrays."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from tunix_agentic.rollout.trajectory import INFRA_STATUSES, POLICY_STATUSES, Step, Trajectory
+from tunix_agentic.trajectory import INFRA_STATUSES, POLICY_STATUSES, Step, Trajectory
 
 
 def two_turn_trajectory() -> Trajectory:

@@ -1,5 +1,9 @@
 """Checkpoints with orbax: parameters, optimizer state, step and run metadata.
 
+A checkpoint holds three items: ``params``, ``opt_state`` and ``meta``, so a
+reader that needs the model alone (an engine server, an export) restores
+``params`` without building an optimizer.
+
 Metadata (JSON) carries what a resumed run needs beyond arrays: the policy
 version, the task iterator's state, and figures measured before the
 checkpoint (the warm-start success).
@@ -42,11 +46,13 @@ class Checkpointer:
         The arrays are copied first: a donating train step may delete the
         caller's buffers while the write is still under way.
         """
-        state = jax.tree.map(jnp.copy, {"params": params, "opt_state": opt_state})
+        params, opt_state = jax.tree.map(jnp.copy, (params, opt_state))
         self._manager.save(
             step,
             args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
+                params=ocp.args.StandardSave(params),
+                opt_state=ocp.args.StandardSave(opt_state),
+                meta=ocp.args.JsonSave(meta),
             ),
         )
 
@@ -67,16 +73,28 @@ class Checkpointer:
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint under {self.directory}")
-        target = jax.tree.map(
-            ocp.utils.to_shape_dtype_struct, {"params": params_like, "opt_state": opt_state_like}
-        )
         out = self._manager.restore(
             step,
             args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()
+                params=ocp.args.StandardRestore(_like(params_like)),
+                opt_state=ocp.args.StandardRestore(_like(opt_state_like)),
+                meta=ocp.args.JsonRestore(),
             ),
         )
-        return out["state"]["params"], out["state"]["opt_state"], dict(out["meta"]), step
+        return out["params"], out["opt_state"], dict(out["meta"]), step
+
+    def restore_params(self, params_like: Any, step: int | None = None) -> tuple[Any, dict, int]:
+        """The parameters alone (no optimizer needed); returns (params, meta, step)."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint under {self.directory}")
+        out = self._manager.restore(
+            step,
+            args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(_like(params_like)), meta=ocp.args.JsonRestore()
+            ),
+        )
+        return out["params"], dict(out["meta"]), step
 
     def read_meta(self, step: int | None = None) -> dict[str, Any]:
         """The JSON metadata of checkpoint ``step`` (default: the latest) alone."""
@@ -90,6 +108,24 @@ class Checkpointer:
         """Finish pending writes, then release the manager (idempotent)."""
         self._manager.wait_until_finished()
         self._manager.close()
+
+
+def _like(tree: Any) -> Any:
+    return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
+
+
+def load_run_params(run_dir: str | Path, params_like: Any) -> tuple[Any, int]:
+    """The newest checkpoint's parameters of a run directory, and their weight version.
+
+    The one way a run's model is read for serving; the trainer restores the
+    optimizer state beside it with :meth:`Checkpointer.restore`.
+    """
+    ckpt = Checkpointer(Path(run_dir) / "checkpoints")
+    try:
+        params, meta, step = ckpt.restore_params(params_like)
+    finally:
+        ckpt.close()
+    return params, int(meta.get("version", step))
 
 
 def save_params(path: str | Path, params: Any) -> Path:

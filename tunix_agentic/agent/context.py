@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tunix_agentic.rollout.trajectory import Trajectory
+from tunix_agentic.trajectory import Trajectory
 
 ContextRule = Callable[[Trajectory], list[int]]
 

@@ -19,7 +19,7 @@ from tunix_agentic.agent.context import get_context_rule
 from tunix_agentic.agent.tool_parser import get_parser
 from tunix_agentic.inference.base import InferenceEngine, PromptTooLongError
 from tunix_agentic.inference.sampling import SamplingParams
-from tunix_agentic.rollout.trajectory import Step, Trajectory
+from tunix_agentic.trajectory import Step, Trajectory
 
 
 @dataclasses.dataclass(frozen=True)

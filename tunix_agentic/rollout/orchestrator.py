@@ -35,7 +35,7 @@ from envs.base import Environment
 from tunix_agentic.agent.chat import ChatTemplate
 from tunix_agentic.agent.loop import AgentConfig, run_agent
 from tunix_agentic.inference.base import InferenceEngine
-from tunix_agentic.rollout.trajectory import Trajectory
+from tunix_agentic.trajectory import Trajectory
 
 
 @dataclasses.dataclass(frozen=True)

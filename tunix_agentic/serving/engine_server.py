@@ -640,8 +640,7 @@ def engine_from_config(
     """
     from flax import nnx
 
-    from learners.state import make_optimizer
-    from tunix_agentic.checkpoint import Checkpointer
+    from tunix_agentic.checkpoint import load_run_params
     from tunix_agentic.models.transformer import Transformer
 
     if params_path is not None and not Path(params_path).exists():
@@ -653,13 +652,7 @@ def engine_from_config(
         path = Path(params_path)
         params = nnx.state(model, nnx.Param)
         if (path / "checkpoints").is_dir():
-            ckpt = Checkpointer(path / "checkpoints")
-            try:
-                opt_like = make_optimizer(cfg.learner.optimizer).init(params)
-                params, _, meta, step = ckpt.restore(params, opt_like)
-            finally:
-                ckpt.close()
-            version = int(meta.get("version", step))
+            params, version = load_run_params(path, params)
         else:
             params = load_params(path, params)
         nnx.update(model, params)

@@ -1,0 +1,516 @@
+"""The engine's scheduler thread: it owns every piece of mutable engine state.
+
+Callers never touch that state. They put commands on a queue (:class:`Submit`,
+:class:`Abort`, :class:`Weights`, :class:`Close`) and get their results back on
+their own event loop through ``call_soon_threadsafe``, one batch per loop per
+iteration. The thread:
+
+1. takes the commands that arrived (new requests join the wait queue);
+2. applies pending weights at this chunk boundary (no drain: in-flight
+   requests continue under the new version);
+3. admits waiting requests into free slots (:class:`~.slots.SlotTable`) and
+   dispatches their prefill (rows and length bucketed, so shapes repeat);
+4. queues the next decode chunk before collecting the previous one, so host
+   work overlaps the device's (``overlap``; a chunk queued ahead may decode
+   slots whose request just ended: those tokens are void);
+5. collects the oldest call (a waiter thread blocks on each dispatched call,
+   so completion times are exact for the :class:`~.clock.EngineClock`).
+
+It ends after a while with nothing to do (the next command starts another),
+so an engine nobody closed can be collected. A device call that raises fails
+every open request with :class:`EngineError` and closes the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import functools
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+
+from tunix_agentic.inference.base import EngineError, TokenOutput
+from tunix_agentic.inference.clock import EngineClock
+from tunix_agentic.inference.device_step import (
+    DecodeState,
+    PrefillBatch,
+    RowSampling,
+    StepConfig,
+    decode,
+    prefill,
+)
+from tunix_agentic.inference.sampling import SamplingParams
+from tunix_agentic.inference.slots import Parked, SlotTable
+
+if TYPE_CHECKING:
+    from tunix_agentic.inference.engine import EngineConfig
+
+_log = logging.getLogger(__name__)
+IDLE_EXIT_S = 2.0  # the thread ends after this long with nothing to do
+
+
+def commit(tree: Any) -> Any:
+    """Place every array explicitly where it already lives (committed arrays), so jit sees
+    one placement for the first call's inputs and every later (donated) output's."""
+    return jax.tree.map(
+        lambda x: jax.device_put(x, x.sharding) if isinstance(x, jax.Array) else x, tree
+    )
+
+
+def bucket(n: int, buckets: list[int]) -> int:
+    """The smallest bucket that holds ``n``."""
+    for b in buckets:
+        if n <= b:
+            return b
+    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+
+
+@dataclasses.dataclass
+class Request:
+    """One generation. Built by the caller; after :class:`Submit`, the scheduler's alone."""
+
+    rid: str
+    prompt: list[int]
+    sampling: SamplingParams
+    session_id: str | None
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop  # the caller's: the result is handed over there
+    submitted: float
+    key: np.ndarray
+    max_new: int = 0
+    slot: int = -1
+    cached: int = 0
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
+    aborted: bool = False
+    pending: int = 0  # tokens dispatched to the device for this request, not yet collected
+
+
+# ---------------------------------------------------------------- commands
+@dataclasses.dataclass(frozen=True)
+class Submit:
+    requests: list[Request]
+
+
+@dataclasses.dataclass(frozen=True)
+class Abort:
+    request: Request  # submitted, or still staged on its caller's loop
+
+
+@dataclasses.dataclass(frozen=True)
+class Weights:
+    params: Any
+    version: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Close:
+    pass
+
+
+Command = Submit | Abort | Weights | Close
+
+
+class OpenRequests:
+    """Requests submitted and not yet answered, by id: the one structure both the callers
+    (duplicate ids, abort, counts) and the scheduler (answering) use, behind a lock."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._by_rid: dict[str, Request] = {}
+
+    def add(self, req: Request) -> None:
+        with self._lock:
+            if req.rid in self._by_rid:
+                raise ValueError(f"request id {req.rid!r} is already in flight")
+            self._by_rid[req.rid] = req
+
+    def get(self, rid: str) -> Request | None:
+        with self._lock:
+            return self._by_rid.get(rid)
+
+    def pop(self, rid: str) -> Request | None:
+        with self._lock:
+            return self._by_rid.pop(rid, None)
+
+    def drain(self) -> list[Request]:
+        with self._lock:
+            reqs, self._by_rid = list(self._by_rid.values()), {}
+        return reqs
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._by_rid)
+
+
+@dataclasses.dataclass
+class _Op:
+    """A prefill or decode call dispatched to the device, waiting to be collected."""
+
+    kind: str  # "prefill" | "decode"
+    outputs: tuple[jax.Array, jax.Array]  # (tokens, logprobs)
+    owners: list[tuple[int, Request]]  # prefill: (row, request); decode: (slot, request)
+    version: int
+    dispatched: float
+    waiter: concurrent.futures.Future | None = None  # -> (done time, host arrays)
+
+
+def _wait(outputs: tuple[jax.Array, ...]) -> tuple[float, tuple[np.ndarray, ...]]:
+    """Block until the device has computed ``outputs``; returns (when, host copies)."""
+    jax.block_until_ready(outputs)
+    done = time.perf_counter()
+    return done, tuple(np.asarray(x) for x in outputs)
+
+
+class Scheduler:
+    """The thread that drives one engine's device state; see the module docstring."""
+
+    def __init__(
+        self,
+        step: StepConfig,
+        config: EngineConfig,
+        params: Any,
+        cache: Any,
+        *,
+        version: int,
+        open_requests: OpenRequests,
+    ):
+        self.config = config
+        s = config.max_slots
+        self.params = params
+        self.version = version
+        self.weights_applied = 0  # Weights commands applied so far
+        self.cache = cache
+        self.state = commit(DecodeState.fresh(s, config.max_seq_len))
+        self.sampling = RowSampling.host(s)  # per slot, on the host
+        self.stop = np.zeros(s, bool)  # slots to deactivate at the next decode dispatch
+        self.slots: SlotTable[Request] = SlotTable(s, session_reuse=config.session_reuse)
+        self.queue: deque[Request] = deque()
+        self.clock = EngineClock()
+        self.counters = {
+            "decode_chunks": 0,
+            "prefill_calls": 0,
+            "prefill_tokens": 0,
+            "cached_tokens": 0,
+            "generated_tokens": 0,
+            # Of busy time: decode chunks queued ahead whose every request had ended.
+            "void_chunks": 0,
+            "void_s": 0.0,
+        }
+        self.open = open_requests
+        self.failure: str | None = None
+        self.closing = False
+        self.prefill_fn = jax.jit(functools.partial(prefill, step), donate_argnums=(1, 2))
+        self.decode_fn = jax.jit(functools.partial(decode, step), donate_argnums=(1, 2))
+        self._pending_weights: Weights | None = None
+        self._outbox: list[tuple[Request, TokenOutput | BaseException]] = []
+        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._thread_lock = threading.Lock()
+
+    # ------------------------------------------------------ from callers
+    def send(self, command: Command) -> None:
+        """Hand a command to the thread (starting one if none runs)."""
+        self._commands.put(command)
+        self._ensure_thread()
+        self._wake.set()
+
+    def join(self, timeout: float) -> None:
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    def _ensure_thread(self) -> None:
+        with self._thread_lock:
+            if self._thread is not None:
+                return
+            # One waiter thread per scheduler thread: it blocks on each dispatched op in turn.
+            waiter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jax-engine-wait")
+            self._thread = threading.Thread(
+                target=self._run, args=(waiter,), name="jax-engine-scheduler", daemon=True
+            )
+            self._thread.start()
+
+    def _exit_if_idle(self) -> bool:
+        with self._thread_lock:
+            if not self._commands.empty() or self._wake.is_set():
+                return False
+            self._thread = None
+            return True
+
+    # ------------------------------------------------------------ thread
+    def _run(self, waiter: concurrent.futures.ThreadPoolExecutor) -> None:
+        try:
+            self._schedule(waiter)
+        except BaseException as exc:  # a failed device call must not strand any caller
+            self.failure = f"{type(exc).__name__}: {exc}"
+            self.closing = True
+            error = EngineError(f"engine scheduler failed: {self.failure}")
+            for req in self.open.drain():
+                self._outbox.append((req, error))
+            self._flush()
+            with self._thread_lock:
+                self._thread = None
+            _log.exception("engine scheduler failed; every open request got an EngineError")
+        finally:
+            waiter.shutdown(wait=False)
+
+    def _schedule(self, waiter: concurrent.futures.ThreadPoolExecutor) -> None:
+        self.clock.start(time.perf_counter())
+        outstanding: deque[_Op] = deque()  # dispatched to the device, not yet collected
+        # Decode chunks the device may hold at once: one running and one queued behind it, so
+        # the host collects one chunk while the next computes (1 = lockstep).
+        depth = 2 if self.config.overlap else 1
+        while True:
+            self._wake.clear()  # before looking for work: a later set() is never missed
+            self._take_commands()
+            self._apply_pending_weights()
+            self._drop_aborted()
+            if self.closing and not self.slots.active and not outstanding:
+                self._flush()
+                with self._thread_lock:
+                    self._thread = None
+                return
+            admitted = self._admit()
+            new = self._dispatch_prefill(admitted) if admitted else []
+            decodes = sum(op.kind == "decode" for op in outstanding)
+            if decodes < depth and any(
+                len(r.tokens) + r.pending < r.max_new for r in self.slots.active.values()
+            ):
+                # (Not when every active request reaches its length limit within what is
+                # already queued: a chunk past that would be thrown away.)
+                new.append(self._dispatch_decode())
+            for op in new:
+                op.waiter = waiter.submit(_wait, op.outputs)
+            outstanding.extend(new)
+            self._flush()
+            if outstanding:
+                # Collect the oldest op; lockstep collects all before dispatching again.
+                for _ in range(len(outstanding) if depth == 1 else 1):
+                    op = outstanding.popleft()
+                    done, arrays = op.waiter.result()
+                    self._collect(op, arrays, self.clock.account(op.dispatched, done))
+                continue
+            if not self.slots.active and not self.queue and self._pending_weights is None:
+                if self.clock.idle_since is None:
+                    self.clock.idle_from(time.perf_counter())
+                if not self._wake.wait(IDLE_EXIT_S) and self._exit_if_idle():
+                    return
+
+    def _take_commands(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(command, Submit):
+                # Idle ended when the first of these requests was submitted.
+                self.clock.work_arrived(min(r.submitted for r in command.requests))
+                self.queue.extend(command.requests)
+                continue
+            self.clock.work_arrived(time.perf_counter())
+            if isinstance(command, Abort):
+                command.request.aborted = True  # finished at this iteration, or when submitted
+            elif isinstance(command, Weights):
+                self._pending_weights = command
+            elif isinstance(command, Close):
+                self.closing = True
+
+    def _apply_pending_weights(self) -> None:
+        pending, self._pending_weights = self._pending_weights, None
+        if pending is None:
+            return
+        self.params, self.version = pending.params, pending.version
+        self.weights_applied += 1
+        if not self.config.reuse_kv_across_versions:
+            self.slots.drop_parked_except(self.version)
+
+    def _drop_aborted(self) -> None:
+        closing = self.closing  # a request that raced with close() is aborted too
+        for slot, req in list(self.slots.active.items()):
+            if req.aborted or closing:
+                self._release(slot, req, park=False)
+                self._finish(req, "abort")
+        for req in [r for r in self.queue if r.aborted or closing]:
+            self.queue.remove(req)
+            self._finish(req, "abort")
+
+    def _admit(self) -> list[Request]:
+        admitted = []
+        while self.queue:
+            req = self.queue[0]
+            slot, cached = self.slots.acquire(req.session_id, req.prompt)
+            if slot is None:
+                break
+            self.queue.popleft()
+            req.slot, req.cached = slot, cached
+            self.slots.activate(slot, req)
+            s = req.sampling
+            self.sampling.set_row(slot, s.temperature, s.top_k, s.top_p)
+            self.stop[slot] = False  # the prefill sets this slot's decode state on device
+            admitted.append(req)
+        return admitted
+
+    # ---------------------------------------------------------- dispatch
+    def _dispatch_prefill(self, reqs: list[Request]) -> list[_Op]:
+        cfg = self.config
+        groups: dict[int, list[Request]] = {}
+        for req in reqs:
+            n_new = len(req.prompt) - req.cached
+            groups.setdefault(bucket(n_new, cfg.length_buckets()), []).append(req)
+        return [
+            self._prefill_group(group[start : start + cfg.max_slots], length)
+            for length, group in groups.items()
+            for start in range(0, len(group), cfg.max_slots)
+        ]
+
+    def _prefill_group(self, group: list[Request], length: int) -> _Op:
+        cfg = self.config
+        batch = PrefillBatch.host(
+            bucket(len(group), cfg.row_buckets()),
+            length,
+            num_slots=cfg.max_slots,
+            max_seq_len=cfg.max_seq_len,
+        )
+        for i, req in enumerate(group):
+            new = req.prompt[req.cached :]
+            batch.ids[i, : len(new)] = new
+            batch.positions[i, : len(new)] = np.arange(req.cached, len(req.prompt))
+            batch.slots[i] = req.slot
+            batch.last_index[i] = len(new) - 1
+            batch.next_position[i] = len(req.prompt)
+            batch.keys[i] = req.key
+            s = req.sampling
+            batch.sampling.set_row(i, s.temperature, s.top_k, s.top_p)
+            self.counters["prefill_tokens"] += len(new)
+            self.counters["cached_tokens"] += req.cached
+            req.pending += 1
+        self.cache, self.state, tokens, logprobs = self.prefill_fn(
+            self.params, self.cache, self.state, batch
+        )
+        # Enqueued (after any compile, which is host time): the device may start from here.
+        dispatched = time.perf_counter()
+        self.counters["prefill_calls"] += 1
+        return _Op("prefill", (tokens, logprobs), list(enumerate(group)), self.version, dispatched)
+
+    def _dispatch_decode(self) -> _Op:
+        self.cache, self.state, out_tokens, out_logprobs = self.decode_fn(
+            self.params, self.cache, self.state, self.stop.copy(), self.sampling.copy()
+        )
+        dispatched = time.perf_counter()
+        self.stop[:] = False
+        self.counters["decode_chunks"] += 1
+        owners = list(self.slots.active.items())
+        for _, req in owners:
+            req.pending += self.config.decode_steps
+        return _Op("decode", (out_tokens, out_logprobs), owners, self.version, dispatched)
+
+    # ----------------------------------------------------------- collect
+    def _collect(self, op: _Op, arrays: tuple[np.ndarray, ...], busy: float) -> None:
+        """Hand an op's tokens to the requests that still own their slots."""
+        tokens, logprobs = arrays
+        if op.kind == "prefill":
+            for i, req in op.owners:
+                req.pending -= 1
+                if self.slots.owner(req.slot) is req:
+                    self._append(req, int(tokens[i]), float(logprobs[i]), op.version)
+            return
+        used = False
+        for slot, req in op.owners:
+            req.pending -= tokens.shape[0]
+            if self.slots.owner(slot) is not req:
+                continue  # ended (or was aborted) after this chunk was queued: its tokens are void
+            used = True
+            for k in range(tokens.shape[0]):
+                if self._append(req, int(tokens[k, slot]), float(logprobs[k, slot]), op.version):
+                    break
+        if not used:
+            self.counters["void_chunks"] += 1
+            self.counters["void_s"] += busy
+
+    def _append(self, req: Request, token: int, logprob: float, version: int) -> bool:
+        """Add one token; finish the request when it stops. Returns True when finished."""
+        req.tokens.append(token)
+        req.logprobs.append(logprob)
+        req.versions.append(version)
+        self.counters["generated_tokens"] += 1
+        reason = None
+        if token in req.sampling.stop_token_ids:
+            reason = "stop"
+        elif len(req.tokens) >= req.max_new:
+            reason = "length"
+        if reason is None:
+            return False
+        self._release(req.slot, req, park=True)
+        self._finish(req, reason)
+        return True
+
+    def _release(self, slot: int, req: Request, *, park: bool) -> None:
+        self.stop[slot] = True  # its decoding stops at the next chunk
+        parked = None
+        if park and req.session_id is not None:
+            # The last sampled token was never fed through the model: its KV is not cached.
+            parked = Parked(
+                req.session_id,
+                req.prompt + req.tokens[:-1],
+                req.versions[-1] if req.versions else self.version,
+            )
+        self.slots.release(slot, parked)
+
+    def _finish(self, req: Request, reason: str) -> None:
+        self.open.pop(req.rid)
+        matched = req.tokens[-1] if reason == "stop" else None
+        self._outbox.append(
+            (
+                req,
+                TokenOutput(
+                    token_ids=list(req.tokens),
+                    logprobs=list(req.logprobs),
+                    finish_reason=reason,
+                    matched_stop=matched,
+                    versions=list(req.versions),
+                    prompt_tokens=len(req.prompt),
+                    cached_tokens=req.cached,
+                    latency_s=time.perf_counter() - req.submitted,
+                ),
+            )
+        )
+
+    def _flush(self) -> None:
+        """Hand finished requests to their callers: one call into each caller's loop."""
+        if not self._outbox:
+            return
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for req, result in self._outbox:
+            by_loop.setdefault(req.loop, []).append((req.future, result))
+        self._outbox = []
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(resolve, items)
+            except RuntimeError:  # that loop is closed: no one is waiting for these
+                pass
+
+
+def resolve(items: list[tuple[asyncio.Future, TokenOutput | BaseException]]) -> None:
+    """On a caller's loop: settle each future (a cancelled caller's is skipped)."""
+    for future, result in items:
+        if future.done():
+            continue
+        if isinstance(result, BaseException):
+            future.set_exception(result)
+        else:
+            future.set_result(result)
