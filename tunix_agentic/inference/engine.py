@@ -306,6 +306,7 @@ class JaxEngine:
     @property
     def compiles(self) -> dict[str, int]:
         """Executables compiled so far for prefill and decode (each shape and placement counts)."""
+
         def count(fn) -> int:
             size = getattr(fn, "_cache_size", None)  # jax.jit's executable count
             return size() if size is not None else 0
