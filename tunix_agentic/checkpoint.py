@@ -70,9 +70,7 @@ class Checkpointer:
         self, params_like: Any, opt_state_like: Any, step: int | None = None
     ) -> tuple[Any, Any, dict, int]:
         """Restore into trees shaped like the given ones; returns (params, opt_state, meta, step)."""
-        step = self.latest_step() if step is None else step
-        if step is None:
-            raise FileNotFoundError(f"no checkpoint under {self.directory}")
+        step = self._step(step)
         out = self._manager.restore(
             step,
             args=ocp.args.Composite(
@@ -85,9 +83,7 @@ class Checkpointer:
 
     def restore_params(self, params_like: Any, step: int | None = None) -> tuple[Any, dict, int]:
         """The parameters alone (no optimizer needed); returns (params, meta, step)."""
-        step = self.latest_step() if step is None else step
-        if step is None:
-            raise FileNotFoundError(f"no checkpoint under {self.directory}")
+        step = self._step(step)
         out = self._manager.restore(
             step,
             args=ocp.args.Composite(
@@ -98,11 +94,16 @@ class Checkpointer:
 
     def read_meta(self, step: int | None = None) -> dict[str, Any]:
         """The JSON metadata of checkpoint ``step`` (default: the latest) alone."""
+        step = self._step(step)
+        out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return dict(out["meta"])
+
+    def _step(self, step: int | None) -> int:
+        """``step``, or the latest one; FileNotFoundError when there is none."""
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint under {self.directory}")
-        out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-        return dict(out["meta"])
+        return step
 
     def close(self) -> None:
         """Finish pending writes, then release the manager (idempotent)."""

@@ -317,7 +317,7 @@ class Trainer:
             learner.state.load(params, opt_state, step)
             probe = self._task_mixture()
             try:
-                probe.set_state(_rollout_state(meta)["task_iterator"])
+                probe.set_state(meta["rollout"]["task_iterator"])
             except (ValueError, KeyError) as exc:
                 raise ConfigError(f"tasks do not match the checkpoint: {exc}") from None
             return learner, meta, step
@@ -395,20 +395,20 @@ class Trainer:
         )
         orch.set_version(start_step)
         if restored:
-            orch.restore_state(_rollout_state(meta))
+            orch.restore_state(meta["rollout"])
         ctx = _RunContext(learner, orch, ckpt, metrics, t_start)
         # From here on a stop signal saves the last finished step before the stack closes.
         stack.callback(self._save_on_stop, ctx)
-        if "success_before" in meta:
+        if restored:
             before = float(meta["success_before"])
         else:
             with metrics.span("eval"):
                 before = (await self._signals.race(self.evaluate(orch, cfg.rl.eval_tasks))).success
             metrics.scalar("eval/success", before, start_step)
-            ctx.before = before
+        ctx.before = before
+        if not restored:
             self._done_step = 0
             self._save(ctx, 0)  # the warm start is never redone
-        ctx.before = before
         self._log(f"held-out success before RL: {before:.3f}")
 
         history = await self._rl_loop(ctx, engine, start_step)
@@ -549,11 +549,6 @@ class _RunContext:
     metrics: MetricsRecorder
     t_start: float
     before: float | None = None
-
-
-def _rollout_state(meta: dict[str, Any]) -> dict[str, Any]:
-    """The orchestrator's saved task stream (older checkpoints kept the iterator alone)."""
-    return meta.get("rollout") or {"task_iterator": meta["task_iterator"]}
 
 
 def _check_same_model(saved: dict[str, Any] | None, model: Any) -> None:

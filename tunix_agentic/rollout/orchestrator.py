@@ -341,8 +341,7 @@ class RolloutOrchestrator:
                 self._in_flight_groups += 1
                 self._spawn(self._produce_group(index, task, members))
         except Exception as exc:  # surface it to the learner instead of hanging get_batch
-            self._fatal = exc
-            self._ready_changed.set()
+            self._fail(exc)
             raise
 
     async def _prepare_group(
