@@ -3,7 +3,7 @@
 Importing this package registers the built-in environments (``"arithmetic"``).
 """
 
-from envs.base import (
+from tunix_agentic.envs.base import (
     Action,
     Environment,
     StepResult,
@@ -12,7 +12,7 @@ from envs.base import (
     make_env,
     register_env,
 )
-from envs.calculator import (
+from tunix_agentic.envs.calculator import (
     ArithmeticEnv,
     ArithmeticTask,
     CalculatorTool,
@@ -20,7 +20,7 @@ from envs.calculator import (
     make_arithmetic_task,
     safe_eval,
 )
-from envs.tools import Tool, ToolResult, ToolUnavailable, call_tool
+from tunix_agentic.envs.tools import Tool, ToolResult, ToolUnavailable, call_tool
 
 __all__ = [
     "Action",

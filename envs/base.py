@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from envs.tools import Tool, ToolCall
+from tunix_agentic.envs.tools import Tool, ToolCall
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class Environment(abc.ABC):
     ``reset(task)`` returns the first observation text (the user prompt); ``step(action)``
     returns a :class:`StepResult`; ``evaluate()`` returns the final reward (the verifier, run in
     the EVAL stage); ``close()`` frees resources and is idempotent. ``tools`` maps tool names to
-    :class:`~envs.tools.Tool` objects and may be empty.
+    :class:`~tunix_agentic.envs.tools.Tool` objects and may be empty.
 
     Subclasses call ``super().__init__()``. The default :meth:`evaluate` sums
     ``self.step_rewards``; a subclass that keeps it appends each step's reward there and

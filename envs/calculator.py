@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from envs.base import Action, Environment, StepResult, register_env
-from envs.tools import Tool, call_tool
+from tunix_agentic.envs.base import Action, Environment, StepResult, register_env
+from tunix_agentic.envs.tools import Tool, call_tool
 
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 10

@@ -10,9 +10,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from learners.advantages import get_advantage_fn
-from learners.losses import AGGREGATIONS, grpo_loss
-from learners.state import OptimizerConfig, TrainState, apply_gradients, make_optimizer
+from tunix_agentic.learners.advantages import get_advantage_fn
+from tunix_agentic.learners.losses import AGGREGATIONS, grpo_loss
+from tunix_agentic.learners.state import (
+    OptimizerConfig,
+    TrainState,
+    apply_gradients,
+    make_optimizer,
+)
 from tunix_agentic.models.transformer import token_logprobs
 
 
@@ -52,7 +57,7 @@ class GRPOConfig:
 class GRPOLearner:
     """Holds the policy's train state; ``train_step(batch)`` returns float metrics.
 
-    ``batch`` comes from :func:`learners.batching.grpo_batch`. With ``kl_coef >
+    ``batch`` comes from :func:`tunix_agentic.learners.batching.grpo_batch`. With ``kl_coef >
     0`` a frozen copy of the initial parameters serves as the reference policy.
     """
 

@@ -7,8 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from learners.losses import masked_cross_entropy
-from learners.state import OptimizerConfig, TrainState, apply_gradients, make_optimizer
+from tunix_agentic.learners.losses import masked_cross_entropy
+from tunix_agentic.learners.state import (
+    OptimizerConfig,
+    TrainState,
+    apply_gradients,
+    make_optimizer,
+)
 from tunix_agentic.models.transformer import sequence_logprobs
 
 

@@ -30,9 +30,9 @@ from typing import Any
 
 from common import InstantEngine, env_int, max_rss_mb
 
-from envs.calculator import ArithmeticEnv, make_arithmetic_task
 from tunix_agentic.agent.chat import ChatTemplate
 from tunix_agentic.agent.loop import AgentConfig
+from tunix_agentic.envs.calculator import ArithmeticEnv, make_arithmetic_task
 from tunix_agentic.models.tokenizer import CharTokenizer
 from tunix_agentic.rollout import Group, RolloutConfig, RolloutOrchestrator
 

@@ -9,10 +9,11 @@ latency, slow verifier).
 * sync: a batch of episodes is reset together, then turn by turn every active
   episode generates (one engine batch) and steps; then all are verified; then
   the learner trains (``train_s``) and only then the next batch starts.
-* async: :class:`RolloutOrchestrator` produces continuously (INIT/RUN/EVAL
-  pools); a simulated learner takes batches with ``get_batch()``, trains
-  ``train_s``, pushes weights with ``engine.update_weights`` (no drain) and
-  bumps the version (no DAPO filter). ``--max-staleness 1,2,4`` runs the
+* async: the trainer's RL loop (:func:`tunix_agentic.rl_loop.run_rl_steps`):
+  :class:`RolloutOrchestrator` produces continuously (INIT/RUN/EVAL pools); a
+  simulated learner takes each batch, trains ``train_s`` on its thread, and
+  its weights go to the engine (no drain) before the version is bumped (no
+  DAPO filter). ``--max-staleness 1,2,4`` runs the
   async mode once per bound, so the throughput each policy lag buys is seen
   in one run.
 
@@ -54,8 +55,6 @@ from common import (
 )
 from flax import nnx
 
-from envs.calculator import ArithmeticEnv
-from learners.sft import SFTTrainer
 from tunix_agentic.agent.chat import ChatTemplate
 from tunix_agentic.agent.context import get_context_rule
 from tunix_agentic.agent.loop import AgentConfig
@@ -63,9 +62,12 @@ from tunix_agentic.agent.tool_parser import get_parser
 from tunix_agentic.config import RunConfig, load_config
 from tunix_agentic.data.demos import demonstration_batches
 from tunix_agentic.data.tasks import heldout_tasks, task_iterator
+from tunix_agentic.envs.calculator import ArithmeticEnv
 from tunix_agentic.inference import JaxEngine, PromptTooLongError
+from tunix_agentic.learners.sft import SFTTrainer
 from tunix_agentic.models.tokenizer import CharTokenizer
 from tunix_agentic.models.transformer import Transformer, count_params
+from tunix_agentic.rl_loop import StepReport, run_rl_steps
 from tunix_agentic.rollout import RolloutConfig, RolloutOrchestrator, Step, Trajectory
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "calculator_tiny.yaml"
@@ -352,6 +354,21 @@ async def run_sync(
 
 
 # ------------------------------------------------------------------- async
+class SimulatedLearner:
+    """A learner for the RL loop whose step takes ``train_s`` (on the learner's thread, as
+    a jitted step would) and publishes the same parameters each time (the no-drain swap)."""
+
+    def __init__(self, params: Any, train_s: float):
+        self.params, self.train_s = params, train_s
+
+    def train_on(self, groups: list) -> dict[str, float]:
+        time.sleep(self.train_s)
+        return {}
+
+    def params_for_engine(self) -> Any:
+        return self.params
+
+
 async def run_async(
     engine: JaxEngine,
     template: ChatTemplate,
@@ -386,35 +403,44 @@ async def run_async(
     sampler, probe = InFlightSampler(engine), HandoffProbe()
     busy0 = engine.stats["busy_s"]
     other0 = _engine_other(engine)
+    steady_clock0: dict[str, float] = {}
+    ends: list[float] = []
+    last: dict[str, Any] = {}
+
+    def on_step(report: StepReport) -> None:
+        # Read at each step, so what is kept is the last step's (closing production is not timed).
+        ends.append(time.perf_counter())
+        last.update(clock=engine.clock(), busy=engine.stats["busy_s"])
+        waits.append(report.wait_s)
+        if len(waits) == 1:  # the pipeline is full from here on
+            steady_clock0.update(engine.clock())
+        for g in report.groups:
+            trajs.extend(g.trajectories)
+            lags.extend(
+                report.step - 1 - t.min_version for t in g.trajectories if t.min_version is not None
+            )
+
+    batch = p.groups_per_batch * p.group_size
     sampler.start()
     probe.start()
     t0 = time.perf_counter()
-    orch.start()
     try:
-        while len(trajs) < p.trajectories:
-            t = time.perf_counter()
-            groups = await orch.get_batch()
-            waits.append(time.perf_counter() - t)
-            if len(waits) == 1:  # the pipeline is full from here on
-                steady_clock0 = engine.clock()
-            for g in groups:
-                trajs += g.trajectories
-                lags += [
-                    version - t.min_version for t in g.trajectories if t.min_version is not None
-                ]
-            await asyncio.sleep(p.train_s)  # the train step; rollout goes on meanwhile
-            version += 1
-            engine.update_weights(params, version)  # same arrays: exercises the no-drain swap
-            orch.set_version(version)
-        end = time.perf_counter()
-        wall = end - t0
-        busy = engine.stats["busy_s"] - busy0
+        # The trainer's own loop; the learner's step is simulated (train_s on its thread).
+        await run_rl_steps(
+            orch,
+            engine,
+            SimulatedLearner(params, p.train_s),
+            start_step=version,
+            steps=version + -(-p.trajectories // batch),
+            on_step=on_step,
+        )
+        wall = ends[-1] - t0
+        busy = last["busy"] - busy0
         # Busy share of the engine time accounted since then (busy accrues when an op is
         # collected, so a plain busy/wall ratio may count an op begun before the window).
-        steady = {k: v - steady_clock0[k] for k, v in engine.clock().items()}
+        steady = {k: v - steady_clock0[k] for k, v in last["clock"].items()}
         steady_busy = steady["busy_s"] / max(sum(steady.values()), 1e-9)
     finally:
-        await orch.stop()
         handoff = probe.stop()
     in_flight = await sampler.stop()
     first = p.groups_per_batch * p.group_size

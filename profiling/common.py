@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from envs.calculator import ArithmeticEnv, ArithmeticTask, CalculatorTool
+from tunix_agentic.envs.calculator import ArithmeticEnv, ArithmeticTask, CalculatorTool
 from tunix_agentic.inference.base import TokenOutput
 from tunix_agentic.inference.engine import JaxEngine
 from tunix_agentic.inference.sampling import SamplingParams

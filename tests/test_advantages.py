@@ -1,12 +1,18 @@
-"""Tests for learners.advantages: GRPO, Dr. GRPO and RLOO on literal rewards, and the registry."""
+"""Tests for tunix_agentic.learners.advantages: GRPO, Dr. GRPO and RLOO on literal rewards, and the registry."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from learners import advantages
-from learners.advantages import dr_grpo, get_advantage_fn, grpo, register_advantage, rloo
+from tunix_agentic.learners import advantages
+from tunix_agentic.learners.advantages import (
+    dr_grpo,
+    get_advantage_fn,
+    grpo,
+    register_advantage,
+    rloo,
+)
 
 
 @pytest.mark.parametrize(

@@ -1,12 +1,12 @@
-"""Tests for learners.batching: bucketed padding and per-group advantages."""
+"""Tests for tunix_agentic.learners.batching: bucketed padding and per-group advantages."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from learners.advantages import dr_grpo, grpo
-from learners.batching import bucket_length, grpo_batch, pad_rows
+from tunix_agentic.learners.advantages import dr_grpo, grpo
+from tunix_agentic.learners.batching import bucket_length, grpo_batch, pad_rows
 from tunix_agentic.rollout.orchestrator import Group
 from tunix_agentic.trajectory import Step, Trajectory
 
@@ -149,7 +149,7 @@ def test_grpo_batch_rejects_advantage_length_mismatch():
 
 
 def test_task_normalization_standardizes_each_task_separately():
-    from learners.batching import normalize_by_task
+    from tunix_agentic.learners.batching import normalize_by_task
 
     adv = np.array([2.0, 0.0, 10.0, -10.0, 4.0], np.float32)
     out = normalize_by_task(adv, ["a", "a", "b", "b", "a"])

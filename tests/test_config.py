@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from learners.state import OptimizerConfig
 from tunix_agentic.config import (
     RLConfig,
     RunConfig,
@@ -19,6 +18,7 @@ from tunix_agentic.config import (
     save_config,
     to_dict,
 )
+from tunix_agentic.learners.state import OptimizerConfig
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "configs" / "calculator_tiny.yaml"

@@ -301,6 +301,35 @@ async def test_a_failed_device_call_fails_every_open_request(model):
     with pytest.raises(EngineError, match="device lost"):
         await engine.generate([1, 2], GREEDY)
     assert engine.in_flight == 0
+    from flax import nnx
+
+    with pytest.raises(EngineError, match="device lost"):  # no weights will ever be applied
+        await engine.update_weights(nnx.state(model, nnx.Param), version=1)
+
+
+async def test_update_weights_resolves_when_applied_superseded_or_never(model):
+    from flax import nnx
+
+    params = nnx.state(model, nnx.Param)
+    engine = JaxEngine(model, EngineConfig(max_slots=2, max_seq_len=64, decode_steps=2))
+    first = engine.update_weights(params, version=1)
+    second = engine.update_weights(params, version=2)  # may replace the first before it lands
+    assert await asyncio.wait_for(second, 30) == 2 and await asyncio.wait_for(first, 30) == 1
+    assert engine.version == 2 and engine.pending_version is None
+    # While a request decodes, the update lands at a chunk boundary and the request goes on.
+    task = asyncio.create_task(engine.generate([1, 2], SamplingParams(max_new_tokens=40)))
+    while engine.in_flight == 0 or engine.stats["decode_chunks"] == 0:
+        await asyncio.sleep(0.001)
+    assert await asyncio.wait_for(engine.update_weights(params, version=3), 30) == 3
+    out = await task
+    assert out.versions[-1] == 3 and out.finish_reason == "length"
+    # From plain threads, result() blocks until applied.
+    assert await asyncio.to_thread(lambda: engine.update_weights(params, 4).result(30)) == 4
+    await engine.close()
+    late = engine.update_weights(params, version=5)
+    with pytest.raises(EngineError, match="closed"):
+        await late
+    assert engine.pending_version == 5  # handed over, never applied
 
 
 async def test_update_weights_names_the_mismatched_array(model):
@@ -350,7 +379,7 @@ async def test_the_engine_keeps_its_own_copy_of_the_parameters():
     import numpy as np
     from flax import nnx
 
-    from learners.grpo import GRPOLearner
+    from tunix_agentic.learners.grpo import GRPOLearner
 
     model = tiny_model(seed=4)
     engine = JaxEngine(model, EngineConfig(max_slots=2, max_seq_len=48, decode_steps=4))

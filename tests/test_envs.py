@@ -1,4 +1,4 @@
-"""Tests for envs: the calculator, tool validation and calls, the registry, ArithmeticEnv."""
+"""Tests for tunix_agentic.envs: the calculator, tool validation and calls, the registry, ArithmeticEnv."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from envs import (
+from tunix_agentic.envs import (
     Action,
     ArithmeticEnv,
     ArithmeticTask,
@@ -25,7 +25,7 @@ from envs import (
     register_env,
     safe_eval,
 )
-from envs.calculator import answers_match, expression_split
+from tunix_agentic.envs.calculator import answers_match, expression_split
 
 # --- safe_eval / format_number -------------------------------------------------------------
 

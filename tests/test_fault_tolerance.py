@@ -9,11 +9,11 @@ import itertools
 import numpy as np
 import pytest
 
-from envs.calculator import ArithmeticEnv, make_arithmetic_task
-from envs.tools import ToolUnavailable
 from tunix_agentic.agent.chat import ChatTemplate
 from tunix_agentic.agent.loop import AgentConfig
 from tunix_agentic.data.demos import demonstration
+from tunix_agentic.envs.calculator import ArithmeticEnv, make_arithmetic_task
+from tunix_agentic.envs.tools import ToolUnavailable
 from tunix_agentic.inference import EngineConfig, JaxEngine
 from tunix_agentic.metrics import MetricsRecorder
 from tunix_agentic.models.tokenizer import CharTokenizer

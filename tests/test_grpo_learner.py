@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from learners.grpo import GRPOConfig, GRPOLearner
+from tunix_agentic.learners.grpo import GRPOConfig, GRPOLearner
 from tunix_agentic.models.transformer import sequence_logprobs
 from tunix_agentic.testing import tiny_model
 

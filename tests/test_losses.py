@@ -1,4 +1,4 @@
-"""Tests for learners.losses: the clipped GRPO surrogate, aggregations, KL and cross-entropy."""
+"""Tests for tunix_agentic.learners.losses: the clipped GRPO surrogate, aggregations, KL and cross-entropy."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from learners import losses
-from learners.losses import AGGREGATIONS, aggregate, masked_cross_entropy
+from tunix_agentic.learners import losses
+from tunix_agentic.learners.losses import AGGREGATIONS, aggregate, masked_cross_entropy
 
 # Tested under jit, as the learner calls it (one compile per shape instead of per op).
 grpo_loss = jax.jit(

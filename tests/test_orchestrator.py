@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from envs.base import Environment, StepResult
-from envs.calculator import ArithmeticEnv, CalculatorTool, make_arithmetic_task
-from envs.tools import ToolUnavailable
 from tunix_agentic.agent.chat import ChatTemplate
 from tunix_agentic.agent.loop import AgentConfig
 from tunix_agentic.data.demos import demonstration
+from tunix_agentic.envs.base import Environment, StepResult
+from tunix_agentic.envs.calculator import ArithmeticEnv, CalculatorTool, make_arithmetic_task
+from tunix_agentic.envs.tools import ToolUnavailable
 from tunix_agentic.inference import EngineConfig, JaxEngine
 from tunix_agentic.models.tokenizer import CharTokenizer
 from tunix_agentic.rollout import RolloutConfig, RolloutOrchestrator
@@ -84,7 +84,7 @@ async def test_uniform_groups_are_filtered(tool_user):
     agent = dataclasses.replace(AGENT, temperature=0.0)
     group = await orch.run_group(TASKS[0], agent_config=agent)
     assert group.rewards.tolist() == [1.0, 1.0, 1.0]
-    assert orch._accept(group) is False and orch.stats["groups_filtered"] == 1
+    assert orch.judge(group) == "filtered" and orch.stats["groups_filtered"] == 1
     await orch.engine.close()
 
 
@@ -205,10 +205,10 @@ async def test_stop_cancels_in_flight_episodes_and_closes_envs(random_model):
     orch.tasks = iter(TASKS * 10)
     orch.start()
     await asyncio.sleep(0.2)
-    in_flight = orch._in_flight_groups
+    in_flight = orch.running_groups
     assert in_flight > 0
     await orch.stop()
-    assert not orch._tasks and orch._in_flight_groups == 0
+    assert orch.pending_work == 0 and orch.running_groups == 0
     assert SlowEnv.closed == 2 * in_flight  # each started sandbox closed on cancellation
     await orch.engine.close()
 
@@ -221,7 +221,7 @@ async def test_production_batches_and_admission_pacing(random_model):
     assert len(batch) == 2 and batch[0].index < batch[1].index
     # Staleness 0: nothing new may start until the learner publishes version 1.
     await asyncio.sleep(0.3)
-    assert orch._in_flight_groups == 0 and not orch._ready
+    assert orch.running_groups == 0 and orch.pacer.ready == 0
     orch.engine.update_weights(nnx.state(random_model, nnx.Param), version=1)
     orch.set_version(1)
     batch2 = await asyncio.wait_for(orch.get_batch(), timeout=120)
@@ -285,7 +285,7 @@ async def test_learner_waits_for_a_straggler_instead_of_discarding_it(random_mod
     orch.start()
     await asyncio.sleep(0.2)
     # Admission paces to (1 + max_staleness) batches: tasks 0 and 1 are running.
-    assert orch._in_flight_groups == 2
+    assert orch.running_groups == 2
     GatedEnv.gates[tasks[0].task_id].set()
     (b0,) = await asyncio.wait_for(orch.get_batch(), timeout=60)
     assert b0.task.task_id == tasks[0].task_id
@@ -311,7 +311,8 @@ async def test_stragglers_older_than_the_bound_never_reach_the_learner(random_mo
     orch.engine.update_weights(nnx.state(random_model, nnx.Param), version=2)
     orch.set_version(2)
     fresh = await orch.run_group(TASKS[1])  # sampled by version 2
-    orch._ready += [(old.index, old), (fresh.index, fresh)]  # both finished, oldest first
+    orch.offer(old)  # both finished, oldest first
+    orch.offer(fresh)
     (batch,) = await orch.get_batch()
     assert batch is fresh and orch.stats["stale_dropped"] == 1
     assert 2 - batch.min_version <= 1
@@ -321,9 +322,10 @@ async def test_stragglers_older_than_the_bound_never_reach_the_learner(random_mo
 def test_resuming_at_a_version_paces_from_that_version(random_model):
     orch = make_orch(random_model, groups_per_batch=2, max_staleness=1)
     orch.set_version(5)  # a resumed run: five batches were consumed before
-    assert orch._batches_taken == 5 and orch._may_admit()
-    orch._in_flight_groups = 4  # two batches ahead is the most staleness 1 allows
-    assert not orch._may_admit()
+    assert orch.pacer.batches_taken == 5 and orch.pacer.may_admit()
+    for _ in range(4):  # two batches ahead is the most staleness 1 allows
+        orch.pacer.admitted(5)
+    assert not orch.pacer.may_admit()
 
 
 async def test_low_variance_groups_are_filtered_and_variable_batches_return_early(random_model):
@@ -331,12 +333,13 @@ async def test_low_variance_groups_are_filtered_and_variable_batches_return_earl
     low = await orch.run_group(TASKS[0])
     for t, r in zip(low.trajectories, [1.0, 1.0, 0.0], strict=True):
         t.reward = r  # std 0.47: kept
-    assert orch._accept(low)
+    assert orch.judge(low) == "keep"
     for t, r in zip(low.trajectories, [0.0, 0.0, 0.5], strict=True):
         t.reward = r  # std 0.24: too little signal
-    assert not orch._accept(low) and orch.stats["groups_filtered"] == 1
+    assert orch.judge(low) == "filtered" and orch.stats["groups_filtered"] == 1
     g1, g2 = await orch.run_group(TASKS[1]), await orch.run_group(TASKS[2])
-    orch._ready += [(g1.index, g1), (g2.index, g2)]
+    orch.offer(g1)
+    orch.offer(g2)
     batch = await asyncio.wait_for(orch.get_batch(), timeout=10)
     assert [g.index for g in batch] == [g1.index, g2.index]  # 2 of at most 4: returned early
     with pytest.raises(ValueError, match="min_groups_per_batch"):
@@ -391,10 +394,10 @@ async def test_prefetch_initialises_groups_ahead_of_the_staleness_gate(random_mo
     orch.start()
     (first,) = await asyncio.wait_for(orch.get_batch(), timeout=120)
     # The gate is shut until version 1, yet the next two groups' sandboxes are up and reset.
-    await _until(lambda: len(orch._prepared) == 2 and all(t.done() for t in orch._prepared))
-    assert orch._in_flight_groups == 0
+    await _until(lambda: len(orch.prefetched()) == 2)
+    assert orch.running_groups == 0
     assert env.reset_n == env.created == 2 + 2 * 2
-    prefetched = [m for t in orch._prepared for m in t.result()[2]]
+    prefetched = [m for group in orch.prefetched() for m in group]
     assert len(prefetched) == 4 and all(ids and error is None for _, ids, error in prefetched)
     assert not any(e.was_stepped for e, _, _ in prefetched)  # reset, never run
     orch.engine.update_weights(nnx.state(random_model, nnx.Param), version=1)
@@ -440,7 +443,7 @@ async def test_stop_closes_sandboxes_still_starting_in_the_prefetch(random_model
     orch.start()
     await _until(lambda: len(created) >= 2 * 3)
     await orch.stop()
-    assert not orch._prepared and not orch._tasks
+    assert orch.pending_work == 0
     assert SlowEnv.closed == len(created)
     await orch.engine.close()
 

@@ -21,6 +21,7 @@ from tunix_agentic.inference import (
     EngineError,
     JaxEngine,
     PromptTooLongError,
+    WeightUpdate,
 )
 from tunix_agentic.inference.pool import EnginePool
 from tunix_agentic.inference.sampling import SamplingParams
@@ -62,7 +63,7 @@ class FaultInjectedEngine(JaxEngine):
     def update_weights(self, params, version):
         if self.down:
             raise EngineError("injected fault: backend unreachable")
-        super().update_weights(params, version)
+        return super().update_weights(params, version)
 
     async def check_health(self) -> bool:
         return not self.down and not self._closed
@@ -343,20 +344,24 @@ async def test_update_weights_reaches_every_backend_and_stale_ones_catch_up(
         pool.update_weights(jax.tree.map(lambda x: np.zeros(1, np.float32), params), version=99)
     assert column(pool, "healthy") == [True, True, False]  # bad params blame nobody
 
+    recorded = column(pool, "version")
     version = engines[0].version + 1
     flaky.down = True
-    pool.update_weights(params, version)
+    update = pool.update_weights(params, version)
     assert pool.health()["version"] == version
     assert column(pool, "healthy") == [True, False, False]  # it missed the update: out of rotation
     assert dead.pending_version == version  # even the ejected backend was offered the weights
-    out = await pool.generate([5, 6], SHORT)  # the engine applies them at its next step
-    assert engines[0].version == version and out.versions == [version] * 9
+    assert await asyncio.wait_for(update, 10) == version  # applied by the one that could
+    assert column(pool, "version") == [version, *recorded[1:]]  # recorded only where applied
+    assert engines[0].version == version
+    out = await pool.generate([5, 6], SHORT)
+    assert out.versions == [version] * 9
 
     flaky.down = False
     async with asyncio.timeout(10):
         while not column(pool, "healthy")[1]:
             await asyncio.sleep(0.01)
-    assert column(pool, "version") == [version, version, version]
+    assert column(pool, "version") == [version, version, recorded[2]]  # closed: never applied
     outs = await asyncio.gather(pool.generate([5, 7], SHORT), pool.generate([5, 8], SHORT))
     assert column(pool, "served")[1] == 1
     assert flaky.version == version  # it came back with the new weights, not its old ones
@@ -404,3 +409,39 @@ async def test_close_stops_the_health_task_and_closes_owned_backends(model):
     assert engine.health()["ok"] is False
     with pytest.raises(EngineError, match="closed"):
         await pool.generate([1, 2], SHORT)
+
+
+class LateFailingEngine(JaxEngine):
+    """Accepts an update, then fails it after a while, as a server that cannot load it."""
+
+    def update_weights(self, params, version):
+        super().update_weights(params, version)
+        update = WeightUpdate(version)
+        asyncio.get_running_loop().call_later(
+            0.05, update.set_failed, EngineError("injected: the server could not load them")
+        )
+        return update
+
+
+async def test_an_update_that_fails_later_ejects_its_backend_and_records_nothing(model, engines):
+    late = LateFailingEngine(model, CONFIG)
+    pool = EnginePool([engines[0], late], names=["good", "late"], close_backends=False)
+    recorded = column(pool, "version")
+    version = engines[0].version + 1
+    update = pool.update_weights(nnx.state(model, nnx.Param), version)
+    assert column(pool, "healthy") == [True, True]  # accepted: nothing known yet
+    assert await asyncio.wait_for(update, 10) == version
+    assert column(pool, "healthy") == [True, False]  # its failure was observed: out of rotation
+    assert column(pool, "version") == [version, recorded[1]]
+    await pool.close()
+    await late.close()
+
+
+async def test_an_update_no_backend_applied_raises(model):
+    dead = await closed_engine(model)
+    pool = EnginePool([dead], close_backends=False)
+    update = pool.update_weights(nnx.state(model, nnx.Param), 7)
+    with pytest.raises(EngineError, match="applied by no backend.*engine is closed"):
+        await asyncio.wait_for(update, 10)
+    assert not pool.health()["ok"]
+    await pool.close()

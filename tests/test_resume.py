@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from learners.state import make_optimizer
 from tunix_agentic.checkpoint import Checkpointer
 from tunix_agentic.config import ConfigError, load_config
+from tunix_agentic.learners.state import make_optimizer
 from tunix_agentic.metrics import read_scalars
 from tunix_agentic.models.transformer import Transformer
 from tunix_agentic.testing import TINY_RUN_OVERRIDES

@@ -14,11 +14,11 @@ import pytest
 import pytest_asyncio
 from flax import nnx
 
-from learners.state import make_optimizer
 from tunix_agentic.checkpoint import Checkpointer, save_params
 from tunix_agentic.cli.main import main
 from tunix_agentic.config import load_config
 from tunix_agentic.inference import EngineConfig, EngineError, JaxEngine, SamplingParams
+from tunix_agentic.learners.state import make_optimizer
 from tunix_agentic.models.transformer import Transformer
 from tunix_agentic.serving import SGLangEngine, engine_from_config, start_server
 from tunix_agentic.testing import tiny_model
@@ -365,12 +365,19 @@ async def test_update_weights_from_disk(engine, url, tmp_path):
             await client.update_weights_from_disk(tmp_path / "nothing", v0 + 2)
 
         # The client's asynchronous path: write the original back, then load it as "v0 + 5".
-        client.update_weights(original, v0 + 5)
-        await client.wait_weights()
+        update = client.update_weights(original, v0 + 5)
+        assert await asyncio.wait_for(update, 60) == v0 + 5  # the server applied them
         assert (tmp_path / "sync" / f"v{v0 + 5}").is_dir()
         out = await client.generate(prompt, GREEDY)
         assert out.token_ids == before.token_ids and out.versions == [v0 + 5] * 9
         assert (await client.model_info())["weight_version"] == str(v0 + 5)
+        # A tree the server cannot load: the handle fails with the server's reason.
+        update = client.update_weights({"w": np.zeros((3, 5), np.float32)}, v0 + 6)
+        with pytest.raises(EngineError, match="cannot load weights"):
+            await asyncio.wait_for(update, 60)
+        with pytest.raises(EngineError, match="cannot load weights"):
+            await client.wait_weights()
+        assert engine.version == v0 + 5
     finally:
         await client.close()
         engine.update_weights(original, max(engine.version, v0 + 5))

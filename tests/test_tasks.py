@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from envs import ArithmeticTask, make_arithmetic_task
 from tunix_agentic.data import heldout_tasks, task_dataset, task_iterator
+from tunix_agentic.envs import ArithmeticTask, make_arithmetic_task
 
 
 def test_dataset_unshuffled_matches_generator() -> None:

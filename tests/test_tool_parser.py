@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from envs.base import Action, ToolCall
 from tunix_agentic.agent.tool_parser import format_tool_call, get_parser, parse_qwen3
+from tunix_agentic.envs.base import Action, ToolCall
 
 CALC = '<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>'
 

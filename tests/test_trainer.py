@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from envs.base import register_env
-from envs.calculator import ArithmeticEnv
 from tunix_agentic.cli.main import main
 from tunix_agentic.config import load_config
+from tunix_agentic.envs.base import register_env
+from tunix_agentic.envs.calculator import ArithmeticEnv
 from tunix_agentic.metrics import read_scalars
 from tunix_agentic.rollout.orchestrator import InfraFailureError
 from tunix_agentic.testing import TINY_RUN_OVERRIDES

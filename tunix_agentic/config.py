@@ -16,12 +16,12 @@ from typing import Any
 
 import yaml
 
-import envs  # noqa: F401  (registers the built-in environments, validated by name below)
-from envs.base import available_envs
-from learners.grpo import GRPOConfig
-from learners.state import OptimizerConfig
+import tunix_agentic.envs  # noqa: F401  (registers the built-in environments, validated by name below)
 from tunix_agentic.agent.loop import AgentConfig
+from tunix_agentic.envs.base import available_envs
 from tunix_agentic.inference.engine import EngineConfig
+from tunix_agentic.learners.grpo import GRPOConfig
+from tunix_agentic.learners.state import OptimizerConfig
 from tunix_agentic.models.transformer import ModelConfig
 from tunix_agentic.rollout.orchestrator import RolloutConfig
 
@@ -39,7 +39,7 @@ class EnvConfig:
         if self.name not in available_envs():
             raise ValueError(
                 f"env.name: unknown environment {self.name!r}; registered: "
-                f"{', '.join(available_envs())} (register yours with envs.register_env "
+                f"{', '.join(available_envs())} (register yours with tunix_agentic.envs.register_env "
                 "before loading the config)"
             )
         if self.tool_timeout_s <= 0:

@@ -7,9 +7,9 @@ import dataclasses
 import numpy as np
 from flax import nnx
 
-from learners.batching import pad_rows
-from learners.sft import SFTTrainer
-from learners.state import OptimizerConfig
+from tunix_agentic.learners.batching import pad_rows
+from tunix_agentic.learners.sft import SFTTrainer
+from tunix_agentic.learners.state import OptimizerConfig
 from tunix_agentic.models.transformer import ModelConfig, Transformer
 
 # Prime-ish, mutually distinct dims make shape mistakes show up as errors.

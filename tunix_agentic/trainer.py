@@ -1,15 +1,14 @@
 """The training run: SFT warm start, held-out evaluation, asynchronous GRPO, checkpoint.
 
-The loop only orchestrates. Rollout never stops for training: the
-orchestrator keeps producing groups on the event loop while the jitted train
-step runs on a worker thread; new weights go to the engine right after each
-step (no drain), and admission pacing keeps data within ``max_staleness``.
+:class:`Trainer` builds a run in one place (``_build``: every piece's lifetime
+on an ``AsyncExitStack``), then drives it: evaluation, the RL loop of
+:mod:`tunix_agentic.rl_loop` (shared with ``profiling/bench_rollout.py``),
+checkpoints, and a clean stop on SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -25,21 +24,22 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
-from envs.base import make_env
-from learners.batching import grpo_batch
-from learners.grpo import GRPOLearner
-from learners.sft import SFTTrainer
 from tunix_agentic.agent.chat import ChatTemplate
 from tunix_agentic.checkpoint import Checkpointer
 from tunix_agentic.config import ConfigError, RunConfig, load_config, save_config, to_dict
 from tunix_agentic.data.demos import demonstration_batches
 from tunix_agentic.data.mixture import TaskMixture
 from tunix_agentic.data.tasks import heldout_tasks, task_iterator
+from tunix_agentic.envs.base import make_env
 from tunix_agentic.inference.cross_policy import CrossPolicyEngine
 from tunix_agentic.inference.engine import JaxEngine
+from tunix_agentic.learners.batching import grpo_batch
+from tunix_agentic.learners.grpo import GRPOLearner
+from tunix_agentic.learners.sft import SFTTrainer
 from tunix_agentic.metrics.recorder import MetricsRecorder, drop_records_after
 from tunix_agentic.models.tokenizer import CharTokenizer
 from tunix_agentic.models.transformer import Transformer, count_params
+from tunix_agentic.rl_loop import StepReport, run_rl_steps
 from tunix_agentic.rollout.orchestrator import Group, RolloutOrchestrator
 
 
@@ -334,7 +334,11 @@ class Trainer:
             {t.name: t.weight for t in cfg.tasks},
         )
 
-    async def _run_in(self, stack: contextlib.AsyncExitStack) -> TrainResult:
+    async def _build(self, stack: contextlib.AsyncExitStack) -> tuple[_RunContext, dict[str, Any]]:
+        """Build the run, every piece's lifetime on ``stack``: model (restored, or warm-started
+        by SFT), learner, engine (compiled on a second thread beside SFT), metrics,
+        checkpointer, task stream and orchestrator. Returns them and the checkpoint's
+        metadata (empty on a fresh run)."""
         cfg = self.cfg
         model = Transformer(cfg.model, rngs=nnx.Rngs(cfg.seed))
         restored = self._restore(model) if self.resume else None
@@ -396,7 +400,14 @@ class Trainer:
         orch.set_version(start_step)
         if restored:
             orch.restore_state(meta["rollout"])
-        ctx = _RunContext(learner, orch, ckpt, metrics, t_start)
+        ctx = _RunContext(learner, orch, engine, ckpt, metrics, t_start, start_step)
+        return ctx, meta
+
+    async def _run_in(self, stack: contextlib.AsyncExitStack) -> TrainResult:
+        cfg = self.cfg
+        ctx, meta = await self._build(stack)
+        restored, start_step = bool(meta), ctx.start_step
+        orch, metrics, t_start = ctx.orch, ctx.metrics, ctx.t_start
         # From here on a stop signal saves the last finished step before the stack closes.
         stack.callback(self._save_on_stop, ctx)
         if restored:
@@ -411,7 +422,7 @@ class Trainer:
             self._save(ctx, 0)  # the warm start is never redone
         self._log(f"held-out success before RL: {before:.3f}")
 
-        history = await self._rl_loop(ctx, engine, start_step)
+        history = await self._rl_loop(ctx, ctx.engine, start_step)
         final_step = max(cfg.rl.steps, start_step)
         self._save(ctx, final_step)
         with metrics.span("eval"):
@@ -440,13 +451,10 @@ class Trainer:
 
     async def _rl_loop(self, ctx: _RunContext, engine, start_step: int) -> list[dict]:
         cfg = self.cfg
-        learner, orch, metrics = ctx.learner, ctx.orch, ctx.metrics
+        metrics = ctx.metrics
         history: list[dict[str, float]] = []
         if start_step >= cfg.rl.steps:
             return history
-        loop = asyncio.get_running_loop()
-        train_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="learner")
-        rows = cfg.rollout.groups_per_batch * cfg.rollout.group_size
         bar = tqdm(
             total=cfg.rl.steps,
             initial=start_step,
@@ -454,63 +462,53 @@ class Trainer:
             disable=not self.progress,
             file=sys.stderr,
         )
-        orch.start()
         # The engine's clock is read at the start of RL: its fractions are over the run so far
         # (a device call is accounted when collected, so single short steps would be noisy).
         rl_start, engine_at_start = time.perf_counter(), engine.clock()
+
+        def on_step(report: StepReport) -> None:
+            step, groups, out = report.step, report.groups, report.out
+            stats = rollout_stats(groups)
+            versions = [
+                t.min_version for g in groups for t in g.trajectories if t.min_version is not None
+            ]
+            extra = {
+                **stats,
+                **{f"learner/{k}": v for k, v in out.items()},
+                "rollout/staleness_max": float(step - 1 - min(versions)) if versions else 0.0,
+                "throughput/generated_tokens_per_s": stats.get("rollout/generated_tokens", 0.0)
+                / report.wall_s,
+                "throughput/step_s": report.wall_s,
+                "engine/busy_s_total": engine.stats["busy_s"],
+                # Where the engine's wall clock went since RL started: device calls,
+                # host-side gaps while work waited, and idle (nothing to generate).
+                **engine_fractions(engine.clock(), engine_at_start, rl_start),
+            }
+            history.append(metrics.write_step(step, extra))
+            self._done_step = step
+            bar.update(1)
+            bar.set_postfix(
+                reward=f"{stats.get('rollout/reward_mean', 0):.2f}", loss=f"{out['loss']:.3f}"
+            )
+            every = cfg.rl.checkpoint_every
+            if every and step % every == 0:
+                self._save(ctx, step)
+            if self._signals.requested:
+                raise _Stopped
+
         try:
-            for step in range(start_step, cfg.rl.steps):
-                t_step = time.perf_counter()
-                with metrics.span("wait_for_batch"):
-                    groups = await self._signals.race(orch.get_batch())
-                batch = grpo_batch(
-                    groups,
-                    learner.advantage_fn,
-                    pad_id=self.tokenizer.pad_id,
-                    num_rows=rows,
-                    task_normalize=cfg.learner.task_normalize,
-                )
-                with metrics.span("train"):
-                    # Not raced: a step under way finishes (and is kept) even after a signal.
-                    out = await loop.run_in_executor(train_thread, learner.train_step, batch)
-                with metrics.span("weight_sync"):
-                    engine.update_weights(learner.params_for_engine(), step + 1)
-                    orch.set_version(step + 1)
-                stats = rollout_stats(groups)
-                versions = [
-                    t.min_version
-                    for g in groups
-                    for t in g.trajectories
-                    if t.min_version is not None
-                ]
-                wall = time.perf_counter() - t_step
-                extra = {
-                    **stats,
-                    **{f"learner/{k}": v for k, v in out.items()},
-                    "rollout/staleness_max": float(step - min(versions)) if versions else 0.0,
-                    "throughput/generated_tokens_per_s": stats.get("rollout/generated_tokens", 0.0)
-                    / wall,
-                    "throughput/step_s": wall,
-                    "engine/busy_s_total": engine.stats["busy_s"],
-                    # Where the engine's wall clock went since RL started: device calls,
-                    # host-side gaps while work waited, and idle (nothing to generate).
-                    **engine_fractions(engine.clock(), engine_at_start, rl_start),
-                }
-                history.append(metrics.write_step(step + 1, extra))
-                self._done_step = step + 1
-                bar.update(1)
-                bar.set_postfix(
-                    reward=f"{stats.get('rollout/reward_mean', 0):.2f}", loss=f"{out['loss']:.3f}"
-                )
-                every = cfg.rl.checkpoint_every
-                if every and (step + 1) % every == 0:
-                    self._save(ctx, step + 1)
-                if self._signals.requested:
-                    raise _Stopped
+            await run_rl_steps(
+                ctx.orch,
+                engine,
+                _GRPOSteps(ctx.learner, cfg, self.tokenizer.pad_id),
+                start_step=start_step,
+                steps=cfg.rl.steps,
+                on_step=on_step,
+                race=self._signals.race,  # a step under way finishes (and is kept) after a signal
+                metrics=metrics,
+            )
         finally:
             bar.close()
-            await orch.stop()
-            train_thread.shutdown(wait=True)
         return history
 
     def _save(self, ctx: _RunContext, step: int) -> None:
@@ -539,15 +537,38 @@ class Trainer:
             tqdm.write(msg, file=sys.stderr)
 
 
+class _GRPOSteps:
+    """The GRPO learner as the RL loop sees it: groups in, one train step, figures out."""
+
+    def __init__(self, learner: GRPOLearner, cfg: RunConfig, pad_id: int):
+        self.learner, self.cfg, self.pad_id = learner, cfg, pad_id
+
+    def train_on(self, groups: list[Group]) -> dict[str, float]:
+        rollout = self.cfg.rollout
+        batch = grpo_batch(
+            groups,
+            self.learner.advantage_fn,
+            pad_id=self.pad_id,
+            num_rows=rollout.groups_per_batch * rollout.group_size,
+            task_normalize=self.cfg.learner.task_normalize,
+        )
+        return self.learner.train_step(batch)
+
+    def params_for_engine(self) -> Any:
+        return self.learner.params_for_engine()
+
+
 @dataclasses.dataclass
 class _RunContext:
-    """What a checkpoint is made of, gathered once the run is built."""
+    """The built run: what the loop drives and what a checkpoint is made of."""
 
     learner: GRPOLearner
     orch: RolloutOrchestrator
+    engine: Any
     ckpt: Checkpointer
     metrics: MetricsRecorder
     t_start: float
+    start_step: int
     before: float | None = None
 
 

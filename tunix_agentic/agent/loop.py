@@ -12,11 +12,11 @@ import asyncio
 import dataclasses
 import time
 
-from envs.base import Environment
-from envs.tools import ToolUnavailable
 from tunix_agentic.agent.chat import ChatTemplate
 from tunix_agentic.agent.context import get_context_rule
 from tunix_agentic.agent.tool_parser import get_parser
+from tunix_agentic.envs.base import Environment
+from tunix_agentic.envs.tools import ToolUnavailable
 from tunix_agentic.inference.base import InferenceEngine, PromptTooLongError
 from tunix_agentic.inference.sampling import SamplingParams
 from tunix_agentic.trajectory import Step, Trajectory

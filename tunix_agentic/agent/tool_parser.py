@@ -1,4 +1,4 @@
-"""Parse the agent's text into an :class:`envs.base.Action`.
+"""Parse the agent's text into an :class:`tunix_agentic.envs.base.Action`.
 
 Malformed tool calls are reported in ``Action.parse_errors`` (the environment
 turns each into an error observation); parsing never raises on model output.
@@ -11,7 +11,7 @@ import json
 import re
 from collections.abc import Callable
 
-from envs.base import Action, ToolCall
+from tunix_agentic.envs.base import Action, ToolCall
 
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)

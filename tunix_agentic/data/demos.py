@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from envs.calculator import ArithmeticTask
-from learners.batching import pad_rows
 from tunix_agentic.agent.chat import ChatTemplate
 from tunix_agentic.agent.tool_parser import format_tool_call
 from tunix_agentic.data.tasks import task_iterator
+from tunix_agentic.envs.calculator import ArithmeticTask
+from tunix_agentic.learners.batching import pad_rows
 
 
 def demonstration(

@@ -1,6 +1,6 @@
 """Task data through grain: shuffled, endlessly repeated, checkpointable task streams.
 
-Tasks are generated on the fly from their index (see :func:`envs.calculator.make_arithmetic_task`),
+Tasks are generated on the fly from their index (see :func:`tunix_agentic.envs.calculator.make_arithmetic_task`),
 so a dataset of a million tasks costs no memory, and the iterator's ``get_state()`` is just a
 position that orbax can save with the rest of a checkpoint.
 """
@@ -11,7 +11,7 @@ import functools
 
 import grain
 
-from envs.calculator import SPLITS, ArithmeticTask, make_arithmetic_task
+from tunix_agentic.envs.calculator import SPLITS, ArithmeticTask, make_arithmetic_task
 
 # "train" is effectively unbounded; "heldout" is a fixed evaluation pool.
 DEFAULT_NUM_TASKS = {"train": 1_000_000, "heldout": 10_000}

@@ -5,6 +5,7 @@ from tunix_agentic.inference.base import (
     InferenceEngine,
     PromptTooLongError,
     TokenOutput,
+    WeightUpdate,
 )
 from tunix_agentic.inference.cross_policy import CrossPolicyEngine
 from tunix_agentic.inference.engine import EngineConfig, JaxEngine
@@ -21,4 +22,5 @@ __all__ = [
     "PromptTooLongError",
     "SamplingParams",
     "TokenOutput",
+    "WeightUpdate",
 ]

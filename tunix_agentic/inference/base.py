@@ -8,7 +8,11 @@ the learner.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import dataclasses
+import threading
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
 from tunix_agentic.inference.sampling import SamplingParams
@@ -41,6 +45,122 @@ class TokenOutput:
     latency_s: float = 0.0
 
 
+class WeightUpdate:
+    """What ``update_weights`` returns: a handle that resolves once the backend applied
+    the weights (to their version), or raises :class:`EngineError` if it could not.
+
+    ``await update`` on an event loop; ``update.result(timeout)`` from plain threads.
+    Nothing needs to wait on it: generation goes on with the old weights until the
+    new ones are in (no drain). Thread-safe: engines complete it from their own threads.
+    """
+
+    def __init__(self, version: int, future: concurrent.futures.Future | None = None):
+        self.version = int(version)
+        self.future: concurrent.futures.Future = future or concurrent.futures.Future()
+
+    # -------------------------------------------------------- constructors
+    @classmethod
+    def applied(cls, version: int) -> WeightUpdate:
+        """A handle that is already resolved (the weights are in)."""
+        update = cls(version)
+        update.future.set_result(update.version)
+        return update
+
+    @classmethod
+    def failed(cls, version: int, error: BaseException) -> WeightUpdate:
+        update = cls(version)
+        update.future.set_exception(error)
+        return update
+
+    @classmethod
+    def of(cls, result: Any, version: int) -> WeightUpdate:
+        """Normalise what a backend's ``update_weights`` returned: a handle, an awaitable
+        (an asyncio task or future) or ``None`` (a backend that applies synchronously)."""
+        if isinstance(result, WeightUpdate):
+            return result
+        if result is None:
+            return cls.applied(version)
+        if isinstance(result, asyncio.Future):  # tasks included
+            update = cls(version)
+            result.add_done_callback(lambda done: update._copy_from(done))
+            return update
+        raise TypeError(f"update_weights returned {type(result).__name__}, not a WeightUpdate")
+
+    @classmethod
+    def all(cls, updates: Iterable[WeightUpdate], version: int) -> WeightUpdate:
+        """Resolves when every one of ``updates`` has; raises the first failure."""
+        updates = list(updates)
+        combined = cls(version)
+        if not updates:
+            combined.future.set_result(combined.version)
+            return combined
+        left = [len(updates)]
+        lock = threading.Lock()
+
+        def one_done(fut: concurrent.futures.Future) -> None:
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if combined.future.done():
+                return
+            error = fut.exception()
+            if error is not None:
+                _set(combined.future, exception=error)
+            elif last:
+                _set(combined.future, result=combined.version)
+
+        for update in updates:
+            update.future.add_done_callback(one_done)
+        return combined
+
+    # ------------------------------------------------------------ completing
+    def set_applied(self) -> None:
+        _set(self.future, result=self.version)
+
+    def set_failed(self, error: BaseException) -> None:
+        _set(self.future, exception=error)
+
+    def _copy_from(self, done: asyncio.Future) -> None:
+        if done.cancelled():
+            self.set_failed(EngineError(f"the update to version {self.version} was cancelled"))
+        elif done.exception() is not None:
+            self.set_failed(done.exception())
+        else:
+            self.set_applied()
+
+    # --------------------------------------------------------------- waiting
+    def done(self) -> bool:
+        return self.future.done()
+
+    def result(self, timeout: float | None = None) -> int:
+        """Block until resolved (not on an event loop's thread): the version, or raise."""
+        return self.future.result(timeout)
+
+    def add_done_callback(self, fn: Callable[[WeightUpdate], Any]) -> None:
+        """``fn(self)`` once resolved, on whichever thread resolves it."""
+        self.future.add_done_callback(lambda _: fn(self))
+
+    def __await__(self):
+        return asyncio.wrap_future(self.future).__await__()
+
+    def __repr__(self) -> str:
+        state = "pending"
+        if self.future.done():
+            state = "failed" if self.future.exception() is not None else "applied"
+        return f"WeightUpdate(version={self.version}, {state})"
+
+
+def _set(future: concurrent.futures.Future, *, result: Any = None, exception=None) -> None:
+    """Resolve ``future`` unless something else already did (races are benign here)."""
+    try:
+        if exception is not None:
+            future.set_exception(exception)
+        else:
+            future.set_result(result)
+    except concurrent.futures.InvalidStateError:
+        pass
+
+
 @runtime_checkable
 class InferenceEngine(Protocol):
     async def generate(
@@ -52,6 +172,9 @@ class InferenceEngine(Protocol):
         request_id: str | None = None,
     ) -> TokenOutput: ...
 
-    def update_weights(self, params: Any, version: int) -> None: ...
+    def update_weights(self, params: Any, version: int) -> WeightUpdate:
+        """Hand over new weights; generation continues meanwhile. The handle resolves
+        when this engine generates with them."""
+        ...
 
     def health(self) -> dict[str, Any]: ...

@@ -13,7 +13,7 @@ import random
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from tunix_agentic.inference.base import InferenceEngine, TokenOutput
+from tunix_agentic.inference.base import InferenceEngine, TokenOutput, WeightUpdate
 from tunix_agentic.inference.sampling import SamplingParams
 
 
@@ -68,13 +68,17 @@ class CrossPolicyEngine:
             prompt_ids, sampling, session_id=session_id, request_id=request_id
         )
 
-    def update_weights(self, params: Any, version: int) -> None:
-        """Engine 0 always; the stale engines when ``version`` is a multiple of ``stale_every``."""
+    def update_weights(self, params: Any, version: int) -> WeightUpdate:
+        """Engine 0 always; the stale engines when ``version`` is a multiple of ``stale_every``.
+
+        The handle resolves when every engine given the weights has applied them.
+        """
         self.version = version
-        self.engines[0].update_weights(params, version)
-        if version % self.stale_every == 0:
-            for engine in self.engines[1:]:
-                engine.update_weights(params, version)
+        updated = self.engines[:1] if version % self.stale_every else self.engines
+        return WeightUpdate.all(
+            [WeightUpdate.of(e.update_weights(params, version), version) for e in updated],
+            version,
+        )
 
     @property
     def in_flight(self) -> int:

@@ -51,7 +51,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from tunix_agentic.inference.base import EngineError, PromptTooLongError, TokenOutput
+from tunix_agentic.inference.base import (
+    EngineError,
+    PromptTooLongError,
+    TokenOutput,
+    WeightUpdate,
+)
 from tunix_agentic.inference.device_step import PrefillBatch, RowSampling, StepConfig
 from tunix_agentic.inference.sampling import SamplingParams
 from tunix_agentic.inference.scheduler import (
@@ -142,7 +147,7 @@ class JaxEngine:
             open_requests=self._open,
         )
         self._latest: tuple[Any, int] = (params, version)  # the newest weights handed over
-        self._weights_sent = 0
+        self._latest_update = WeightUpdate.applied(version)
         self._rid_counter = itertools.count()
         # Requests made in one pass of a caller's loop reach the scheduler as one Submit.
         self._staged: dict[asyncio.AbstractEventLoop, list[Request]] = {}
@@ -237,8 +242,14 @@ class JaxEngine:
         self._scheduler.send(Abort(req))
         return True
 
-    def update_weights(self, params: Any, version: int) -> None:
-        """Swap in new parameters at the next chunk boundary; in-flight requests continue."""
+    def update_weights(self, params: Any, version: int) -> WeightUpdate:
+        """Swap in new parameters at the next chunk boundary; in-flight requests continue.
+
+        Returns a :class:`WeightUpdate` that resolves when the scheduler has applied them
+        (an update superseded before that resolves with its successor); on a closed or
+        failed engine it fails with :class:`EngineError`. A parameter tree that does not
+        fit the model raises ``ValueError`` here and changes nothing.
+        """
         leaves_new = jax.tree_util.tree_leaves_with_path(params)
         leaves_old = jax.tree.leaves(self._device_specs[0])
         if len(leaves_new) != len(leaves_old):
@@ -256,9 +267,13 @@ class JaxEngine:
         # Committed like the current params, so the swap never triggers a silent recompile.
         params = commit(params)
         self._latest = (params, int(version))
-        self._weights_sent += 1
-        if not self.closed:  # a closed engine keeps them as pending: nothing will apply them
-            self._scheduler.send(Weights(params, int(version)))
+        if self.closed:  # kept as the pending weights: nothing will apply them
+            update = WeightUpdate.failed(version, self._closed_error())
+        else:
+            update = WeightUpdate(version)
+            self._scheduler.send(Weights(params, int(version), update))
+        self._latest_update = update
+        return update
 
     @property
     def version(self) -> int:
@@ -323,10 +338,11 @@ class JaxEngine:
 
     @property
     def pending_version(self) -> int | None:
-        """The version of weights handed over and not yet applied, if any."""
-        if self._weights_sent > self._scheduler.weights_applied:
-            return self._latest[1]
-        return None
+        """The version of weights handed over and not (or never to be) applied, if any."""
+        update = self._latest_update
+        if update.done() and update.future.exception() is None:
+            return None
+        return self._latest[1]
 
     @property
     def in_flight(self) -> int:

@@ -33,7 +33,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from tunix_agentic.inference.base import EngineError, TokenOutput
+from tunix_agentic.inference.base import EngineError, TokenOutput, WeightUpdate
 from tunix_agentic.inference.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -48,6 +48,8 @@ FAILOVER_ERRORS: tuple[type[BaseException], ...] = (
 )
 # A health probe that hangs longer than this counts as a failed probe.
 _PROBE_TIMEOUT_S = 5.0
+# A recovering backend that does not apply the latest weights within this stays out.
+_READMIT_WEIGHTS_TIMEOUT_S = 120.0
 _NO_PARAMS = object()
 
 
@@ -144,6 +146,7 @@ class EnginePool:
             self._push(b)
         self._sessions: OrderedDict[str, int] = OrderedDict()  # session id -> backend index
         self._health_task: asyncio.Task | None = None
+        self._background: set[asyncio.Task] = set()  # weight updates being settled
         self._closed = False
 
     # ------------------------------------------------------------- public API
@@ -204,36 +207,75 @@ class EnginePool:
             f"request failed on all max_attempts={self.max_attempts} attempts ({'; '.join(errors)})"
         ) from last_error
 
-    def update_weights(self, params: Any, version: int) -> None:
-        """Hand new weights to every backend, healthy or not.
+    def update_weights(self, params: Any, version: int) -> WeightUpdate:
+        """Hand new weights to every backend, healthy or not (call on the pool's loop).
 
-        A backend that raises is taken out of rotation and marked stale; the
-        health task pushes the latest weights to it before letting it back in,
-        so no backend ever returns with old weights. A ``ValueError`` raised
-        before any backend accepted the update (params that fit no backend)
+        Returns a :class:`WeightUpdate` that resolves once every backend has applied
+        them or failed: to the version if at least one applied, else :class:`EngineError`.
+        A backend's version is recorded only when it has applied them; one whose update
+        fails (at once or later) is taken out of rotation and marked stale, and the health
+        task pushes the latest weights to it, and waits for them to be applied, before
+        letting it back in: no backend ever returns with old weights. A ``ValueError``
+        raised before any backend accepted the update (params that fit no backend)
         propagates and nothing changes.
         """
         version = int(version)
-        accepted = 0
+        loop = asyncio.get_running_loop()
+        handed: list[tuple[_Backend, WeightUpdate]] = []
+        errors: list[str] = []
         for b in self._backends:
             try:
-                b.engine.update_weights(params, version)
-            except ValueError:
-                if accepted == 0:
+                update = WeightUpdate.of(b.engine.update_weights(params, version), version)
+            except ValueError as exc:
+                if not handed:
                     raise
-                logger.exception("update_weights v%d failed on %s", version, b.name)
-                self._eject(b, "update_weights failed")
+                self._weights_failed(b, version, exc, errors)
                 continue
-            except Exception:
-                logger.exception("update_weights v%d failed on %s", version, b.name)
-                self._eject(b, "update_weights failed")
+            except Exception as exc:
+                self._weights_failed(b, version, exc, errors)
                 continue
-            b.weights_version = version
-            accepted += 1
+            handed.append((b, update))
         self.version = version
         self._params = params
-        if accepted == 0:
-            logger.error("update_weights v%d reached no backend; all are out of rotation", version)
+        combined = WeightUpdate(version)
+        task = loop.create_task(self._settle_weights(version, handed, errors, combined))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return combined
+
+    async def _settle_weights(
+        self,
+        version: int,
+        handed: list[tuple[_Backend, WeightUpdate]],
+        errors: list[str],
+        combined: WeightUpdate,
+    ) -> None:
+        """Record each backend's outcome of one update, then resolve ``combined``."""
+        applied = 0
+        results = await asyncio.gather(*(update for _, update in handed), return_exceptions=True)
+        for (b, _), result in zip(handed, results, strict=True):
+            if isinstance(result, BaseException):
+                self._weights_failed(b, version, result, errors)
+            else:
+                # Each backend applies its updates in order; keep the newest it confirmed.
+                b.weights_version = max(version, b.weights_version or version)
+                applied += 1
+        if applied:
+            combined.set_applied()
+        else:
+            reasons = "; ".join(errors) or "no backends"
+            logger.error("update_weights v%d reached no backend: %s", version, reasons)
+            combined.set_failed(
+                EngineError(f"update_weights v{version} was applied by no backend ({reasons})")
+            )
+
+    def _weights_failed(
+        self, b: _Backend, version: int, error: BaseException, errors: list[str]
+    ) -> None:
+        logger.warning("update_weights v%d failed on %s: %r", version, b.name, error)
+        errors.append(f"{b.name}: {type(error).__name__}: {error}")
+        self._count("pool/weight_update_failures")
+        self._eject(b, "update_weights failed")
 
     def health(self) -> dict[str, Any]:
         """``ok`` when any backend is in rotation, the pool's version, and per-backend state."""
@@ -275,6 +317,8 @@ class EnginePool:
         for result in await asyncio.gather(*closers, return_exceptions=True):
             if isinstance(result, Exception):
                 logger.warning("closing a pool backend failed: %r", result)
+        # Closed backends resolve their pending updates (applied or failed): settle them.
+        await asyncio.gather(*self._background, return_exceptions=True)
 
     # ---------------------------------------------------------------- routing
     def _choose(self, session_id: str | None, tried: set[int]) -> _Backend | None:
@@ -370,17 +414,21 @@ class EnginePool:
         self._count("pool/ejections")
         logger.warning("backend %s taken out of rotation: %s", b.name, reason)
 
-    def _readmit(self, b: _Backend) -> None:
-        """Put ``b`` back in rotation, first bringing its weights up to date."""
+    async def _readmit(self, b: _Backend) -> None:
+        """Put ``b`` back in rotation, first bringing its weights up to date (applied)."""
         if b.healthy:
             return
         if self._params is not _NO_PARAMS and b.weights_version != self.version:
+            version = self.version
             try:
-                b.engine.update_weights(self._params, self.version)
-            except Exception:
-                logger.exception("backend %s answers but could not take weights", b.name)
+                async with asyncio.timeout(_READMIT_WEIGHTS_TIMEOUT_S):
+                    await WeightUpdate.of(b.engine.update_weights(self._params, version), version)
+            except Exception as exc:
+                logger.warning("backend %s answers but could not take weights: %r", b.name, exc)
                 return
-            b.weights_version = self.version
+            b.weights_version = version
+            if version != self.version:
+                return  # newer weights came meanwhile: the next probe brings those
         b.healthy = True
         b.failures = 0
         self._count("pool/recoveries")
@@ -402,7 +450,7 @@ class EnginePool:
         results = await asyncio.gather(*(self._probe(b) for b in backends))
         for b, ok in zip(backends, results, strict=True):
             if ok:
-                self._readmit(b)
+                await self._readmit(b)
             else:
                 self._eject(b, "health probe failed")
 

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
-from tunix_agentic.inference.base import EngineError, TokenOutput
+from tunix_agentic.inference.base import EngineError, TokenOutput, WeightUpdate
 from tunix_agentic.inference.clock import EngineClock
 from tunix_agentic.inference.device_step import (
     DecodeState,
@@ -110,6 +110,7 @@ class Abort:
 class Weights:
     params: Any
     version: int
+    update: WeightUpdate  # resolved when applied (or failed if the engine stops first)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,7 +189,6 @@ class Scheduler:
         s = config.max_slots
         self.params = params
         self.version = version
-        self.weights_applied = 0  # Weights commands applied so far
         self.cache = cache
         self.state = commit(DecodeState.fresh(s, config.max_seq_len))
         self.sampling = RowSampling.host(s)  # per slot, on the host
@@ -212,6 +212,7 @@ class Scheduler:
         self.prefill_fn = jax.jit(functools.partial(prefill, step), donate_argnums=(1, 2))
         self.decode_fn = jax.jit(functools.partial(decode, step), donate_argnums=(1, 2))
         self._pending_weights: Weights | None = None
+        self._superseded: list[Weights] = []  # replaced before applied: resolved with it
         self._outbox: list[tuple[Request, TokenOutput | BaseException]] = []
         self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -263,11 +264,27 @@ class Scheduler:
             for req in self.open.drain():
                 self._outbox.append((req, error))
             self._flush()
+            self._fail_weights(error)
             with self._thread_lock:
                 self._thread = None
             _log.exception("engine scheduler failed; every open request got an EngineError")
         finally:
             waiter.shutdown(wait=False)
+
+    def _fail_weights(self, error: EngineError) -> None:
+        """Every weight update not applied (pending, superseded, still queued) fails."""
+        unapplied = [*self._superseded, *([self._pending_weights] if self._pending_weights else [])]
+        self._superseded.clear()
+        self._pending_weights = None
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(command, Weights):
+                unapplied.append(command)
+        for command in unapplied:
+            command.update.set_failed(error)
 
     def _schedule(self, waiter: concurrent.futures.ThreadPoolExecutor) -> None:
         self.clock.start(time.perf_counter())
@@ -326,6 +343,8 @@ class Scheduler:
             if isinstance(command, Abort):
                 command.request.aborted = True  # finished at this iteration, or when submitted
             elif isinstance(command, Weights):
+                if self._pending_weights is not None:
+                    self._superseded.append(self._pending_weights)
                 self._pending_weights = command
             elif isinstance(command, Close):
                 self.closing = True
@@ -335,7 +354,9 @@ class Scheduler:
         if pending is None:
             return
         self.params, self.version = pending.params, pending.version
-        self.weights_applied += 1
+        for done in (*self._superseded, pending):
+            done.update.set_applied()  # the engine is at (or past) their version now
+        self._superseded.clear()
         if not self.config.reuse_kv_across_versions:
             self.slots.drop_parked_except(self.version)
 

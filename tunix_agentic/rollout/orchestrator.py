@@ -8,7 +8,9 @@ its last episode ends, in completion order, onto a queue the learner reads.
 
 Admission pacing bounds staleness without throwing finished work away: a new
 group is admitted only while the step that will consume it is at most
-``max_staleness`` versions ahead of the policy that starts it.
+``max_staleness`` versions ahead of the policy that starts it. Which groups are
+kept and when the next may start are decided by the pure objects of
+:mod:`tunix_agentic.rollout.grouping`; this module runs the episodes.
 
 INIT ahead of admission (``prefetch_groups``): creating and resetting a
 sandbox involves no policy, so during continuous production up to that many
@@ -22,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import heapq
 import itertools
 import time
 import traceback
@@ -31,10 +32,11 @@ from typing import Any
 
 import numpy as np
 
-from envs.base import Environment
 from tunix_agentic.agent.chat import ChatTemplate
 from tunix_agentic.agent.loop import AgentConfig, run_agent
+from tunix_agentic.envs.base import Environment
 from tunix_agentic.inference.base import InferenceEngine
+from tunix_agentic.rollout.grouping import GroupFilter, StalenessPacer
 from tunix_agentic.trajectory import Trajectory
 
 
@@ -194,14 +196,11 @@ class RolloutOrchestrator:
         self.config = config
         self.tasks = tasks
         self.metrics = metrics
-        self.version = 0
-        self._batches_taken = 0
-        self._in_flight_groups = 0
-        self._ready: list[tuple[int, Group]] = []  # heap by admission index: oldest first
+        self.pacer = StalenessPacer(config.groups_per_batch, config.max_staleness)
+        self.group_filter = GroupFilter(
+            config.group_size, config.filter_uniform_groups, config.min_reward_std
+        )
         self._ready_changed = asyncio.Event()
-        self._in_flight_versions: collections.Counter[int] = collections.Counter()
-        self._partial_batch = 0  # groups already pulled into a get_batch that is still filling
-        self._filtered_streak = 0
         self._infra_streak = 0
         self._fatal: Exception | None = None
         self._changed = asyncio.Event()
@@ -269,16 +268,30 @@ class RolloutOrchestrator:
         except Exception:  # closing must never mask the episode's own outcome
             self._count("rollout/env_close_errors")
 
+    @property
+    def version(self) -> int:
+        """The newest policy version the learner published."""
+        return self.pacer.version
+
     def set_version(self, version: int) -> None:
-        self.version = version
-        # Publishing version v means v batches were consumed (also when resuming at v).
-        self._batches_taken = max(self._batches_taken, version)
+        """The learner published ``version``: v batches were consumed (also on resume)."""
+        self.pacer.set_version(version)
         self._changed.set()
 
-    def _may_admit(self) -> bool:
-        queued = self._in_flight_groups + len(self._ready) + self._partial_batch
-        ahead = queued // self.config.groups_per_batch
-        return self._batches_taken + ahead - self.version <= self.config.max_staleness
+    @property
+    def running_groups(self) -> int:
+        """Groups admitted and not yet finished."""
+        return self.pacer.running
+
+    @property
+    def pending_work(self) -> int:
+        """Tasks this orchestrator still owns: episodes and groups under way, prefetches."""
+        return len(self._tasks) + len(self._prepared)
+
+    def prefetched(self) -> list[list[tuple[Any, Any, str | None]]]:
+        """The INIT results of prefetched groups ready to run, in task order:
+        ``[(env, prompt_ids, error), ...]`` per group (still-initialising ones left out)."""
+        return [t.result()[2] for t in self._prepared if t.done() and not t.cancelled()]
 
     def _next_task(self) -> tuple[int, Any]:
         """``(group index, task)``: a task to replay after a restart, else the stream's next."""
@@ -330,7 +343,7 @@ class RolloutOrchestrator:
             while True:
                 if self.config.prefetch_groups:
                     self._fill_prefetch()
-                while not self._may_admit():
+                while not self.pacer.may_admit():
                     self._changed.clear()
                     await self._changed.wait()
                 if self.config.prefetch_groups:
@@ -338,7 +351,7 @@ class RolloutOrchestrator:
                     self._prepared.popleft()
                 else:
                     (index, task), members = self._next_task(), None
-                self._in_flight_groups += 1
+                self.pacer.admitted(self.version)
                 self._spawn(self._produce_group(index, task, members))
         except Exception as exc:  # surface it to the learner instead of hanging get_batch
             self._fail(exc)
@@ -391,12 +404,11 @@ class RolloutOrchestrator:
         return t
 
     async def _produce_group(self, index: int, task: Any, members: list | None = None) -> None:
-        admitted = self.version
-        self._in_flight_versions[admitted] += 1
+        admitted, kept = self.version, None
         try:
             group = await self.run_group(task, prepared=members, index=index)
-            if self._accept(group):
-                heapq.heappush(self._ready, (group.index, group))
+            if self.judge(group) == "keep":
+                kept = group
                 self.stats["groups_emitted"] += 1
             else:
                 self._done_with(group)
@@ -404,43 +416,34 @@ class RolloutOrchestrator:
             self._fail(exc)
             raise
         finally:
-            self._in_flight_groups -= 1
-            self._in_flight_versions[admitted] -= 1
-            if not self._in_flight_versions[admitted]:
-                del self._in_flight_versions[admitted]
+            self.pacer.finished(admitted, kept)
             self._changed.set()
             self._ready_changed.set()
             if self.metrics is not None:
-                self.metrics.gauge("queue/ready_groups", len(self._ready))
-                self.metrics.gauge("queue/in_flight_groups", self._in_flight_groups)
+                self.metrics.gauge("queue/ready_groups", self.pacer.ready)
+                self.metrics.gauge("queue/in_flight_groups", self.pacer.running)
 
-    def _accept(self, group: Group) -> bool:
-        if len(group.trajectories) < 2 and self.config.group_size >= 2:
+    def judge(self, group: Group) -> str:
+        """The group filter's verdict on ``group`` ("keep", "too_small" or "filtered"),
+        counted; too many "filtered" in a row stop the run with an error."""
+        verdict = self.group_filter.verdict(group)
+        if verdict == "too_small":
             self.stats["groups_too_small"] += 1
             self._count("rollout/groups_too_small")
-            return False
-        rewards = group.rewards
-        uniform = (
-            self.config.filter_uniform_groups and rewards.size and np.all(rewards == rewards[0])
-        )
-        low_signal = (
-            self.config.min_reward_std > 0 and float(rewards.std()) <= self.config.min_reward_std
-        )
-        if uniform or low_signal:
+        elif verdict == "filtered":
             self.stats["groups_filtered"] += 1
             self._count("rollout/groups_filtered")
-            self._filtered_streak += 1
-            if self._filtered_streak >= self.config.max_filtered_in_a_row:
+            streak = self.group_filter.filtered_in_a_row
+            if streak >= self.config.max_filtered_in_a_row:
                 self._fail(
                     RuntimeError(
-                        f"{self._filtered_streak} groups in a row had identical or low-variance rewards (last: {rewards.tolist()}) and were "
-                        "filtered out: the policy never or always succeeds. Check the reward, the warm start, "
-                        "or set rollout.filter_uniform_groups=false"
+                        f"{streak} groups in a row had identical or low-variance rewards "
+                        f"(last: {group.rewards.tolist()}) and were filtered out: the policy "
+                        "never or always succeeds. Check the reward, the warm start, or set "
+                        "rollout.filter_uniform_groups=false"
                     )
                 )
-            return False
-        self._filtered_streak = 0
-        return True
+        return verdict
 
     def _fail(self, exc: Exception) -> None:
         """Stop the run with ``exc``: the learner's next (or current) ``get_batch`` raises it."""
@@ -448,20 +451,11 @@ class RolloutOrchestrator:
             self._fatal = exc
         self._ready_changed.set()
 
-    def _urgent_in_flight(self) -> int:
-        """Running groups that go stale unless they make the batch for the current version."""
-        limit = self.version - self.config.max_staleness
-        return sum(n for admitted, n in self._in_flight_versions.items() if admitted <= limit)
-
-    def _next_ready(self, slots_left: int) -> Group | None:
-        """The oldest finished group, unless its slot is needed by a running urgent one."""
-        if not self._ready:
-            return None
-        _, oldest = self._ready[0]
-        urgent = oldest.admitted_version <= self.version - self.config.max_staleness
-        if not urgent and slots_left <= self._urgent_in_flight():
-            return None  # wait: taking a younger group now would strand an older one
-        return heapq.heappop(self._ready)[1]
+    def offer(self, group: Group) -> None:
+        """Hand a finished group straight to batch assembly (groups from :meth:`run_group`
+        outside production: tests, replays); it is not filtered."""
+        self.pacer.add_ready(group)
+        self._ready_changed.set()
 
     async def get_batch(self) -> list[Group]:
         """The next ``groups_per_batch`` groups; waits for them while rollout goes on.
@@ -476,26 +470,26 @@ class RolloutOrchestrator:
         dropped and counted.
         """
         batch: list[Group] = []
+        pacer = self.pacer
         at_least = self.config.min_groups_per_batch or self.config.groups_per_batch
         while len(batch) < self.config.groups_per_batch:
             if self._fatal is not None:
                 raise self._fatal
-            group = self._next_ready(self.config.groups_per_batch - len(batch))
-            if group is None and len(batch) >= at_least and not self._urgent_in_flight():
+            group = pacer.next_ready(self.config.groups_per_batch - len(batch))
+            if group is None and len(batch) >= at_least and not pacer.urgent_running():
                 break  # variable batch size: enough to train on, and nothing old is left behind
             if group is None:
                 self._ready_changed.clear()
                 await self._ready_changed.wait()
                 continue
-            if self.version - group.min_version > self.config.max_staleness:
+            if pacer.too_stale(group):
                 self.stats["stale_dropped"] += 1
                 self._count("rollout/stale_dropped")
                 self._done_with(group)
                 continue
             batch.append(group)
-            self._partial_batch = len(batch)
-        self._partial_batch = 0
-        self._batches_taken += 1
+            pacer.filling = len(batch)
+        pacer.batch_done()
         self._changed.set()
         for group in batch:
             self._done_with(group)

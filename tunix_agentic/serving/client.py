@@ -8,10 +8,11 @@ Errors are sorted for a pool: a request the server rejects (HTTP 400) raises
 ``ValueError`` (the caller's fault; retrying elsewhere will not help), while a
 refused connection, a timeout or a 5xx raises :class:`EngineError` (fail over).
 
-Weight updates are *asynchronous* here, unlike the in-process engine:
-``update_weights`` returns at once; the parameters are written to disk and the
-server is told to load them in a background task. ``await wait_weights()`` to
-know they landed. The server must see ``weights_dir`` (a shared filesystem).
+Weight updates run in the background, as on every engine: ``update_weights``
+returns at once; the parameters are written to disk and the server is told to
+load them in a background task; the returned handle resolves when the server
+has applied them (``await wait_weights()`` awaits every update sent). The
+server must see ``weights_dir`` (a shared filesystem).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 import aiohttp
 
 from tunix_agentic.checkpoint import save_params
-from tunix_agentic.inference.base import EngineError, TokenOutput
+from tunix_agentic.inference.base import EngineError, TokenOutput, WeightUpdate
 from tunix_agentic.inference.sampling import SamplingParams
 
 _MAX_CONNECTIONS = 1024  # one per in-flight request; aiohttp's default of 100 would queue
@@ -289,10 +290,12 @@ class SGLangEngine:
             )
         self._version = int(version)
 
-    def update_weights(self, params: Any, version: int) -> None:
+    def update_weights(self, params: Any, version: int) -> WeightUpdate:
         """Start an asynchronous update: write ``params`` under ``weights_dir/v{version}``
-        (in an executor), then ``update_weights_from_disk``. Returns at once; call
-        from the event loop. Updates run in order; see :meth:`wait_weights`."""
+        (in an executor), then ``update_weights_from_disk``. Returns at once (call from
+        the event loop) a :class:`WeightUpdate` that resolves when the server has loaded
+        them, or fails with the server's error. Updates run in order; :meth:`wait_weights`
+        awaits all of them."""
         # Keep unfinished tasks and failures (for wait_weights); drop the ones that landed.
         self._weight_tasks = [
             t for t in self._weight_tasks if not t.done() or t.cancelled() or t.exception()
@@ -304,6 +307,7 @@ class SGLangEngine:
         # Retrieve the exception here so an unawaited failure is not logged as lost.
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
         self._weight_tasks.append(task)
+        return WeightUpdate.of(task, version)
 
     async def _write_and_load(self, params: Any, version: int, previous: asyncio.Task | None):
         if previous is not None:

@@ -43,8 +43,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 from aiohttp import web
 
 from tunix_agentic.checkpoint import load_params
@@ -451,14 +449,21 @@ async def handle_update_weights(request: web.Request) -> web.Response:
         params_like = engine.params  # the tree to restore into
         try:
             params = await loop.run_in_executor(None, _load_like, path, params_like)
-            engine.update_weights(params, version)
+            update = engine.update_weights(params, version)
         except Exception as exc:  # a missing path, a mismatched tree, an unreadable checkpoint
             return fail(f"cannot load weights from {path!r}: {type(exc).__name__}: {exc}")
         state.requested_version = version
+        try:
+            await update  # answered once the engine generates with them
+        except EngineError as exc:
+            return web.json_response(
+                {"success": False, "message": f"the engine did not apply {path!r}: {exc}"},
+                status=503,
+            )
     return web.json_response(
         {
             "success": True,
-            "message": f"loaded {path}; weight version {version} from the next decode chunk",
+            "message": f"loaded {path}; the engine generates with weight version {version}",
             "weight_version": str(version),
             "num_paused_requests": 0,
         }
@@ -472,20 +477,14 @@ def _inside(path: str, roots: tuple[Path, ...]) -> bool:
 
 
 def _load_like(path: str, params_like: Any) -> Any:
-    """``load_params``, placed like the engine's current arrays.
+    """``load_params``, each array placed where the engine's current one lives.
 
-    Orbax hands back arrays committed to a device; the engine's are usually
-    uncommitted (built eagerly), and jit treats the two as different input
-    shardings: swapping one for the other would recompile prefill and decode.
+    The engine keeps its parameters committed to their devices (it commits what
+    ``update_weights`` gets), so arrays placed like them reuse the compiled
+    prefill and decode; another placement would compile them again.
     """
     loaded = load_params(path, params_like)
-
-    def place(new: jax.Array, old: Any) -> jax.Array:
-        if getattr(old, "committed", True):
-            return jax.device_put(new, old.sharding)
-        return jnp.asarray(np.asarray(new))
-
-    return jax.tree.map(place, loaded, params_like)
+    return jax.tree.map(lambda new, old: jax.device_put(new, old.sharding), loaded, params_like)
 
 
 def build_app(

@@ -1,0 +1,112 @@
+"""The house's structure: imports run one way between packages, every module says what it is
+for, and the top-level API is curated, lazy and resolvable."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import tunix_agentic
+
+ROOT = Path(__file__).resolve().parents[1]
+# Source folder -> import name (envs/ and learners/ install inside the package).
+FOLDERS = {
+    "tunix_agentic": "tunix_agentic",
+    "envs": "tunix_agentic.envs",
+    "learners": "tunix_agentic.learners",
+}
+
+
+def _modules() -> list[tuple[str, Path]]:
+    out = []
+    for folder, prefix in FOLDERS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = [p for p in path.relative_to(ROOT / folder).with_suffix("").parts]
+            parts = [p for p in parts if p != "__init__"]
+            out.append((".".join([prefix, *parts]), path))
+    return out
+
+
+def _room(module: str) -> str:
+    """The package (or top-level module) of ``tunix_agentic`` that ``module`` lives in."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "tunix_agentic"
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Room -> rooms it imports at module level (imports inside functions and under
+    ``TYPE_CHECKING`` do not run at import time and are left out)."""
+    graph: dict[str, set[str]] = {}
+    for module, path in _modules():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                if name.startswith("tunix_agentic.") and _room(name) != _room(module):
+                    graph.setdefault(_room(module), set()).add(_room(name))
+    return graph
+
+
+def test_imports_between_packages_form_no_cycle():
+    graph = _import_graph()
+    assert graph["trainer"] >= {"rollout", "learners", "inference"}  # the walk sees real edges
+    state: dict[str, str] = {}
+
+    def visit(room: str, path: list[str]) -> None:
+        if state.get(room) == "done":
+            return
+        assert state.get(room) != "open", f"import cycle: {' -> '.join([*path, room])}"
+        state[room] = "open"
+        for nxt in sorted(graph.get(room, ())):
+            visit(nxt, [*path, room])
+        state[room] = "done"
+
+    for room in sorted(graph):
+        visit(room, [])
+    # The leaves stay leaves: a trajectory, an environment and the model know no engine.
+    for leaf in ("trajectory", "envs", "models"):
+        assert not graph.get(leaf, set()) - {"models"}, (leaf, graph.get(leaf))
+
+
+def test_every_module_opens_with_a_docstring():
+    missing = [
+        str(path.relative_to(ROOT))
+        for _, path in _modules()
+        if not ast.get_docstring(ast.parse(path.read_text()))
+    ]
+    assert not missing, missing
+
+
+def test_the_public_api_resolves_to_its_defining_modules():
+    assert tunix_agentic.__all__ and "Trainer" in tunix_agentic.__all__
+    for name in tunix_agentic.__all__:
+        obj = getattr(tunix_agentic, name)
+        module = importlib.import_module(tunix_agentic._API[name])
+        assert obj is getattr(module, name), name
+    assert set(tunix_agentic.__all__) <= set(dir(tunix_agentic))
+    try:
+        tunix_agentic.NoSuchThing  # noqa: B018
+    except AttributeError as exc:
+        assert "NoSuchThing" in str(exc)
+    else:
+        raise AssertionError("an unknown name must raise AttributeError")
+
+
+def test_importing_the_package_imports_no_jax():
+    probe = (
+        "import sys, tunix_agentic\n"
+        "assert 'jax' not in sys.modules, 'jax imported eagerly'\n"
+        "tunix_agentic.RolloutConfig\n"
+        "print(sorted(m for m in ('jax', 'flax') if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], check=True, capture_output=True, text=True, cwd=ROOT
+    ).stdout
+    assert out.strip() == "['flax', 'jax']"  # and a name's use imports what it needs
