@@ -13,6 +13,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 # A cache is one (k, v) pair per layer; each is [slots, kv_heads, max_len, head_dim].
@@ -35,6 +36,13 @@ class ModelConfig:
     qk_norm: bool = False
     tie_embeddings: bool = True
     dtype: str = "float32"
+    # RoPE frequency scaling: "none", or "llama3" (Llama 3.1+: long wavelengths divided by
+    # rope_scaling_factor, short ones kept, a smooth blend between; see rope_frequencies).
+    rope_scaling: str = "none"
+    rope_scaling_factor: float = 8.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_len: int = 8192
 
     def __post_init__(self):
         for name in (
@@ -55,6 +63,19 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"model.head_dim must be even for RoPE, got {self.head_dim}")
+        if self.rope_scaling not in ("none", "llama3"):
+            raise ValueError(
+                f"model.rope_scaling must be 'none' or 'llama3', got {self.rope_scaling!r}"
+            )
+        if self.rope_scaling == "llama3" and not (
+            self.rope_scaling_factor > 0
+            and self.rope_high_freq_factor > self.rope_low_freq_factor > 0
+            and self.rope_original_max_len > 0
+        ):
+            raise ValueError(
+                "model.rope_scaling=llama3 needs rope_scaling_factor > 0, "
+                "rope_high_freq_factor > rope_low_freq_factor > 0 and rope_original_max_len > 0"
+            )
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(
                 f"model.dtype must be float32, bfloat16 or float16, got {self.dtype!r}"
@@ -65,10 +86,28 @@ class ModelConfig:
         return jnp.dtype(self.dtype)
 
 
-def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+def rope_frequencies(cfg: ModelConfig) -> np.ndarray:
+    """The rotary inverse frequencies, ``[head_dim / 2]`` float32 (a trace-time constant).
+
+    ``theta ** (-2i / d)``; with ``rope_scaling="llama3"``, components whose
+    wavelength exceeds ``original_max_len / low_freq_factor`` are slowed down by
+    ``factor``, those shorter than ``original_max_len / high_freq_factor`` are
+    kept, and those between are blended linearly in ``original_max_len / wavelength``.
+    """
+    d = cfg.head_dim
+    inv = cfg.rope_theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    if cfg.rope_scaling == "llama3":
+        wavelength = 2 * np.pi / inv
+        ratio = cfg.rope_original_max_len / wavelength  # how many waves fit the old context
+        lo, hi = cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+        blend = np.clip((ratio - lo) / (hi - lo), 0.0, 1.0)  # 0: long wave, 1: short wave
+        inv = (1 - blend) * inv / cfg.rope_scaling_factor + blend * inv
+    return inv.astype(np.float32)
+
+
+def rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
     """Rotary embedding (rotate-half convention, as in HF Llama/Qwen). x: [B, T, H, D]."""
-    d = x.shape[-1]
-    freq = theta ** (-jnp.arange(0, d, 2, dtype=jnp.float32) / d)  # [D/2]
+    freq = jnp.asarray(inv_freq)  # [D/2]
     angles = positions[..., None].astype(jnp.float32) * freq  # [B, T, D/2]
     cos = jnp.cos(angles)[:, :, None, :]
     sin = jnp.sin(angles)[:, :, None, :]
@@ -110,8 +149,9 @@ class Attention(nnx.Module):
         v = self.v_proj(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = rope(q, positions, cfg.rope_theta)
-        k = rope(k, positions, cfg.rope_theta)
+        inv_freq = rope_frequencies(cfg)
+        q = rope(q, positions, inv_freq)
+        k = rope(k, positions, inv_freq)
         if cache is None:
             keys, values = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, S, D]
             key_pos = positions  # [B, S]

@@ -1,0 +1,337 @@
+"""Hugging Face checkpoints: a local directory in, our Transformer out, and back again.
+
+Reads ``config.json`` and ``*.safetensors`` (one file or a sharded
+``model.safetensors.index.json``) of the Qwen3 dense family or Llama 3
+(``rope_scaling`` of type ``llama3`` included) into :class:`Transformer`,
+tensor by tensor: each one goes from the memory-mapped file to its device (or to
+the sharding a caller names), so no full host copy of the model is made.
+Configurations the model cannot run exactly (biases, sliding windows, mixtures
+of experts, other rope scalings) are refused with an error naming the field.
+
+:func:`save_hf` writes the same layout back (safetensors with ``format: pt``
+metadata, ``config.json``, and the tokenizer files of a source directory), so
+``transformers`` and SGLang load what we train. Nothing here touches the network.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from tunix_agentic.models.transformer import ModelConfig, Transformer
+
+# What a model directory's tokenizer and generation settings live in (copied on export).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "generation_config.json",
+)
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+_ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
+
+
+class UnsupportedCheckpointError(ValueError):
+    """The checkpoint's configuration is one this model cannot run exactly."""
+
+
+# ------------------------------------------------------------------ config
+def _rope(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """``(theta, scaling)`` from either layout: transformers 5 ``rope_parameters`` or the
+    older ``rope_theta`` + ``rope_scaling``."""
+    params = hf.get("rope_parameters")
+    if isinstance(params, dict):
+        theta = params.get("rope_theta", hf.get("rope_theta", 10_000.0))
+        kind = params.get("rope_type", params.get("type", "default"))
+        return float(theta), (None if kind == "default" else params)
+    scaling = hf.get("rope_scaling")
+    if scaling is not None:
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        scaling = None if kind == "default" else scaling
+    return float(hf.get("rope_theta", 10_000.0)), scaling
+
+
+def config_from_hf(hf: dict[str, Any], *, dtype: str | None = None) -> ModelConfig:
+    """Our :class:`ModelConfig` for a Hugging Face ``config.json`` (as a dict).
+
+    ``dtype`` overrides the checkpoint's (``torch_dtype`` / ``dtype``; float32 if none).
+    Raises :class:`UnsupportedCheckpointError` naming the first field we cannot honour.
+    """
+    kind = hf.get("model_type")
+    if kind not in _ARCHITECTURES:
+        raise UnsupportedCheckpointError(
+            f"model_type={kind!r} is not supported (supported: {', '.join(_ARCHITECTURES)})"
+        )
+
+    def refuse(field: str, why: str) -> None:
+        raise UnsupportedCheckpointError(f"{kind} checkpoint: {field}={hf.get(field)!r}: {why}")
+
+    if hf.get("attention_bias"):
+        refuse("attention_bias", "attention projections with biases are not supported")
+    if hf.get("mlp_bias"):
+        refuse("mlp_bias", "MLP biases are not supported")
+    if hf.get("use_sliding_window") or (hf.get("sliding_window") is not None and kind == "llama"):
+        refuse("use_sliding_window", "sliding-window attention is not supported")
+    layer_types = hf.get("layer_types") or []
+    if any(t != "full_attention" for t in layer_types):
+        refuse("layer_types", "only full attention in every layer is supported")
+    for moe in ("num_experts", "num_local_experts", "moe_intermediate_size"):
+        if hf.get(moe):
+            refuse(moe, "mixtures of experts are not supported")
+    if hf.get("hidden_act", "silu") != "silu":
+        refuse("hidden_act", "only SiLU (SwiGLU) MLPs are supported")
+    theta, scaling = _rope(hf)
+    rope: dict[str, Any] = {"rope_theta": theta}
+    if scaling is not None:
+        rope_type = scaling.get("rope_type", scaling.get("type"))
+        if rope_type != "llama3":
+            raise UnsupportedCheckpointError(
+                f"{kind} checkpoint: rope scaling of type {rope_type!r} is not supported "
+                "(supported: default, llama3)"
+            )
+        rope.update(
+            rope_scaling="llama3",
+            rope_scaling_factor=float(scaling["factor"]),
+            rope_low_freq_factor=float(scaling.get("low_freq_factor", 1.0)),
+            rope_high_freq_factor=float(scaling.get("high_freq_factor", 4.0)),
+            rope_original_max_len=int(scaling["original_max_position_embeddings"]),
+        )
+    dtype = dtype or str(hf.get("dtype") or hf.get("torch_dtype") or "float32")
+    if dtype not in _DTYPES:
+        raise UnsupportedCheckpointError(f"dtype {dtype!r}: use one of {', '.join(_DTYPES)}")
+    heads = int(hf["num_attention_heads"])
+    return ModelConfig(
+        vocab_size=int(hf["vocab_size"]),
+        d_model=int(hf["hidden_size"]),
+        num_layers=int(hf["num_hidden_layers"]),
+        num_heads=heads,
+        num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+        head_dim=int(hf.get("head_dim") or int(hf["hidden_size"]) // heads),
+        ffn_dim=int(hf["intermediate_size"]),
+        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        qk_norm=kind == "qwen3",
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        dtype=dtype,
+        **rope,
+    )
+
+
+def config_to_hf(cfg: ModelConfig, *, max_position_embeddings: int = 32_768) -> dict[str, Any]:
+    """The ``config.json`` for ``cfg``: Qwen3 when it has q/k norms, else Llama."""
+    kind = "qwen3" if cfg.qk_norm else "llama"
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    if cfg.rope_scaling == "llama3":
+        rope = {
+            "rope_type": "llama3",
+            "rope_theta": cfg.rope_theta,
+            "factor": cfg.rope_scaling_factor,
+            "low_freq_factor": cfg.rope_low_freq_factor,
+            "high_freq_factor": cfg.rope_high_freq_factor,
+            "original_max_position_embeddings": cfg.rope_original_max_len,
+        }
+    out = {
+        "architectures": [_ARCHITECTURES[kind]],
+        "model_type": kind,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.ffn_dim,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.norm_eps,
+        "max_position_embeddings": max_position_embeddings,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "attention_bias": False,
+        "rope_parameters": rope,
+        # The older spelling too, for readers before transformers 5 (SGLang, vLLM).
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": None if rope["rope_type"] == "default" else rope,
+        "dtype": cfg.dtype,
+        "torch_dtype": cfg.dtype,
+    }
+    if kind == "llama":
+        out["mlp_bias"] = False
+    return out
+
+
+# ------------------------------------------------------------- weight names
+def weight_names(cfg: ModelConfig) -> Iterator[tuple[tuple[Any, ...], str, bool]]:
+    """``(our parameter path, HF tensor name, transposed)`` for every parameter.
+
+    HF linear weights are ``[out, in]``; ours (``nnx.Linear.kernel``) are ``[in, out]``.
+    """
+    yield ("embed", "embedding"), "model.embed_tokens.weight", False
+    for i in range(cfg.num_layers):
+        hf = f"model.layers.{i}."
+        for ours in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            yield ("layers", i, "attn", ours, "kernel"), f"{hf}self_attn.{ours}.weight", True
+        if cfg.qk_norm:
+            yield ("layers", i, "attn", "q_norm", "scale"), f"{hf}self_attn.q_norm.weight", False
+            yield ("layers", i, "attn", "k_norm", "scale"), f"{hf}self_attn.k_norm.weight", False
+        for ours in ("gate_proj", "up_proj", "down_proj"):
+            yield ("layers", i, "mlp", ours, "kernel"), f"{hf}mlp.{ours}.weight", True
+        yield ("layers", i, "input_norm", "scale"), f"{hf}input_layernorm.weight", False
+        yield (
+            ("layers", i, "post_attn_norm", "scale"),
+            f"{hf}post_attention_layernorm.weight",
+            False,
+        )
+    yield ("final_norm", "scale"), "model.norm.weight", False
+    if not cfg.tie_embeddings:
+        yield ("lm_head", "kernel"), "lm_head.weight", True
+
+
+def _tensor_files(directory: Path) -> dict[str, Path]:
+    """HF tensor name -> the safetensors file holding it."""
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {name: directory / file for name, file in weight_map.items()}
+    single = directory / "model.safetensors"
+    files = [single] if single.is_file() else sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors under {directory}")
+    from safetensors import safe_open
+
+    out: dict[str, Path] = {}
+    for file in files:
+        with safe_open(str(file), framework="flax") as f:
+            out.update({name: file for name in f.keys()})
+    return out
+
+
+# ------------------------------------------------------------------ loading
+def read_hf_config(path: str | Path, *, dtype: str | None = None) -> ModelConfig:
+    directory = Path(path)
+    config = directory / "config.json"
+    if not config.is_file():
+        raise FileNotFoundError(f"{directory} has no config.json (not a Hugging Face model dir)")
+    return config_from_hf(json.loads(config.read_text()), dtype=dtype)
+
+
+def load_hf_model(
+    path: str | Path,
+    *,
+    dtype: str | None = None,
+    sharding: Callable[[tuple[Any, ...]], jax.sharding.Sharding] | None = None,
+) -> Transformer:
+    """A :class:`Transformer` with the weights of the HF model directory ``path``.
+
+    ``dtype`` casts the weights (norm scales stay float32, as the model keeps
+    them); ``sharding(param_path)`` places each parameter (default: the default
+    device). Tensors are read one at a time from the memory-mapped files.
+    """
+    from safetensors import safe_open
+
+    directory = Path(path)
+    cfg = read_hf_config(directory, dtype=dtype)
+    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    pure = nnx.to_pure_dict(state)
+    files = _tensor_files(directory)
+    names = list(weight_names(cfg))
+    missing = [hf for _, hf, _ in names if hf not in files]
+    if missing:
+        raise UnsupportedCheckpointError(
+            f"{directory}: {len(missing)} tensors the model needs are missing, e.g. {missing[:3]}"
+        )
+    handles: dict[Path, Any] = {}
+    try:
+        for ours, hf, transposed in names:
+            file = files[hf]
+            if file not in handles:
+                handles[file] = safe_open(str(file), framework="flax").__enter__()
+            node = pure
+            for key in ours[:-1]:
+                node = node[key]
+            like = node[ours[-1]]
+            tensor = handles[file].get_tensor(hf)
+            if transposed:
+                tensor = tensor.T
+            if tuple(tensor.shape) != tuple(like.shape):
+                raise UnsupportedCheckpointError(
+                    f"{hf}: shape {tuple(tensor.shape)} does not match config.json "
+                    f"(expected {tuple(like.shape)})"
+                )
+            tensor = tensor.astype(like.dtype)
+            node[ours[-1]] = (
+                jax.device_put(tensor, sharding(ours)) if sharding is not None else tensor
+            )
+    finally:
+        for handle in handles.values():
+            handle.__exit__(None, None, None)
+    nnx.replace_by_pure_dict(state, pure)
+    return nnx.merge(graphdef, state)
+
+
+# ------------------------------------------------------------------- saving
+def save_hf(
+    model: Transformer,
+    out_dir: str | Path,
+    *,
+    tokenizer_dir: str | Path | None = None,
+    dtype: str | None = None,
+    max_shard_bytes: int = 4 * 2**30,
+) -> Path:
+    """Write ``model`` as a Hugging Face directory: ``config.json``, safetensors (sharded
+    with an index past ``max_shard_bytes``), and ``tokenizer_dir``'s tokenizer files.
+
+    ``dtype`` casts every tensor on the way out (default: the model's dtype).
+    """
+    from safetensors.flax import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = model.cfg
+    dtype = dtype or cfg.dtype
+    pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    shards: list[dict[str, jax.Array]] = [{}]
+    size = 0
+    for ours, hf, transposed in weight_names(cfg):
+        node = pure
+        for key in ours:
+            node = node[key]
+        array = jnp.asarray(node)
+        if transposed:
+            array = array.T
+        array = array.astype(dtype)
+        if size and size + array.nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][hf] = array
+        size += array.nbytes
+    for stale in out.glob("model*.safetensors*"):
+        stale.unlink()
+    metadata = {"format": "pt"}  # transformers refuses safetensors files without it
+    if len(shards) == 1:
+        save_file(shards[0], str(out / "model.safetensors"), metadata=metadata)
+    else:
+        weight_map = {}
+        for i, shard in enumerate(shards, 1):
+            name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(out / name), metadata=metadata)
+            weight_map.update(dict.fromkeys(shard, name))
+        total = sum(a.nbytes for shard in shards for a in shard.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    hf_config = config_to_hf(dataclasses.replace(cfg, dtype=dtype))
+    (out / "config.json").write_text(json.dumps(hf_config, indent=2))
+    if tokenizer_dir is not None:
+        for name in TOKENIZER_FILES:
+            src = Path(tokenizer_dir) / name
+            if src.is_file() and src.resolve() != (out / name).resolve():
+                shutil.copy(src, out / name)
+    return out
