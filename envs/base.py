@@ -35,14 +35,18 @@ class Action:
 class StepResult:
     """The environment's reply to one action.
 
-    ``observation`` is the text of the next user/tool turn (``""`` when ``done``). ``info``
-    carries diagnostics such as ``{"status": "answered", "tool_calls": [...]}``.
+    ``observation`` is the text of the next user/tool turn (``""`` when ``done``).
+    ``messages``, when given, is that turn as chat messages (``{"role": "tool",
+    "content": ...}`` per tool output), which the chat template frames in its own
+    format; without it the observation is one user message. ``info`` carries
+    diagnostics such as ``{"status": "answered", "tool_calls": [...]}``.
     """
 
     observation: str
     reward: float
     done: bool
     info: dict[str, Any] = field(default_factory=dict)
+    messages: list[dict[str, Any]] | None = None
 
 
 class Environment(abc.ABC):

@@ -271,7 +271,8 @@ class ArithmeticEnv(Environment):
         outputs.extend(f"error: {message}" for message in action.parse_errors)
         observation = "".join(f"<tool_response>{out}</tool_response>" for out in outputs)
         info = {"status": "tool", "tool_calls": records, "parse_errors": len(action.parse_errors)}
-        return StepResult(observation=observation, reward=0.0, done=False, info=info)
+        messages = [{"role": "tool", "content": out} for out in outputs]
+        return StepResult(observation, reward=0.0, done=False, info=info, messages=messages)
 
     async def evaluate(self) -> float:
         """The reward of the final answer; 0.0 if the agent never answered."""

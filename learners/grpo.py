@@ -11,6 +11,8 @@ import numpy as np
 from flax import nnx
 
 from tunix_agentic.learners.advantages import get_advantage_fn
+from tunix_agentic.learners.lora import LoRAConfig, init_adapters
+from tunix_agentic.learners.lora import merge as lora_merge
 from tunix_agentic.learners.losses import AGGREGATIONS, grpo_loss
 from tunix_agentic.learners.state import (
     OptimizerConfig,
@@ -34,6 +36,8 @@ class GRPOConfig:
     # Truncated importance sampling: > 0 turns on the decoupled objective (ratio to the
     # learner's own pre-update policy, per-token weight min(p_prox / p_sampler, tis_cap)).
     tis_cap: float = 0.0
+    # Low-rank adapters (rank > 0): only they are trained; the engine gets them merged.
+    lora: LoRAConfig = LoRAConfig()
 
     def __post_init__(self):
         try:
@@ -58,16 +62,34 @@ class GRPOLearner:
     """Holds the policy's train state; ``train_step(batch)`` returns float metrics.
 
     ``batch`` comes from :func:`tunix_agentic.learners.batching.grpo_batch`. With ``kl_coef >
-    0`` a frozen copy of the initial parameters serves as the reference policy.
+    0`` a frozen copy of the initial parameters serves as the reference policy. With
+    ``lora.rank > 0`` the model's parameters are frozen (``base``) and only adapters are
+    trained (``state.params``); :meth:`params_for_engine` returns them merged.
     """
 
-    def __init__(self, model: nnx.Module, config: GRPOConfig = GRPOConfig()):
+    def __init__(self, model: nnx.Module, config: GRPOConfig = GRPOConfig(), *, seed: int = 0):
         self.config = config
-        self.state = TrainState(model, make_optimizer(config.optimizer))
-        self.ref_params = self.state.params_copy() if config.kl_coef > 0 else None
+        optimizer = make_optimizer(config.optimizer)
+        self.base = None
+        if config.lora.enabled:
+            _, base = nnx.split(model, nnx.Param)
+            self.base = jax.tree.map(jnp.copy, base)
+            adapters = init_adapters(self.base, config.lora, jax.random.key(seed))
+            self.state = TrainState(model, optimizer, trainable=adapters)
+        else:
+            self.state = TrainState(model, optimizer)
+        ref = self.base if self.base is not None else self.state.params
+        self.ref_params = jax.tree.map(jnp.copy, ref) if config.kl_coef > 0 else None
         self.advantage_fn = get_advantage_fn(config.advantage)
         self.compiles = 0
         self._step = jax.jit(self._step_impl, donate_argnums=(0, 1))
+        self._merge = jax.jit(self._full)
+
+    def _full(self, params, base):
+        """The policy's full parameter tree: ``params`` itself, or base + merged adapters."""
+        if base is None:
+            return params
+        return lora_merge(base, params, self.config.lora.scale)
 
     def _logprobs(self, params, input_ids):
         model = nnx.merge(self.state.graphdef, params)
@@ -77,7 +99,7 @@ class GRPOLearner:
         logits = logits[:, :-1] / self.config.temperature
         return logits, token_logprobs(logits, input_ids[:, 1:])
 
-    def _step_impl(self, params, opt_state, ref_params, batch):
+    def _step_impl(self, params, opt_state, ref_params, base, batch):
         self.compiles += 1  # counted while tracing only
         cfg = self.config
         ids = batch["input_ids"]
@@ -89,10 +111,10 @@ class GRPOLearner:
         behaviour = None
         if cfg.tis_cap > 0:  # the sampler's logprobs weigh; the ratio is to our own policy
             behaviour = old
-            old = jax.lax.stop_gradient(self._logprobs(params, ids)[1])
+            old = jax.lax.stop_gradient(self._logprobs(self._full(params, base), ids)[1])
 
         def loss_fn(p):
-            logits, lp = self._logprobs(p, ids)
+            logits, lp = self._logprobs(self._full(p, base), ids)
             loss, aux = grpo_loss(
                 lp,
                 old,
@@ -118,9 +140,32 @@ class GRPOLearner:
 
     def train_step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         s = self.state
-        s.params, s.opt_state, metrics = self._step(s.params, s.opt_state, self.ref_params, batch)
+        s.params, s.opt_state, metrics = self._step(
+            s.params, s.opt_state, self.ref_params, self.base, batch
+        )
         s.step += 1
         return {k: float(v) for k, v in metrics.items()}
 
     def params_for_engine(self) -> Any:
-        return self.state.params_copy()
+        """The policy's full parameters, fresh arrays (LoRA adapters merged in)."""
+        if self.base is None:
+            return self.state.params_copy()
+        return self._merge(self.state.params, self.base)
+
+    def policy_model(self) -> nnx.Module:
+        """A module of the current policy (a copy; LoRA adapters merged in)."""
+        return nnx.merge(self.state.graphdef, self.params_for_engine())
+
+    def checkpoint_params(self) -> Any:
+        """What a checkpoint holds besides the optimizer state: the parameters, or under
+        LoRA the frozen base and the adapters (the base may differ from its source, e.g.
+        after a warm start)."""
+        if self.base is None:
+            return self.state.params
+        return {"base": self.base, "adapters": self.state.params}
+
+    def load_checkpoint(self, params: Any, opt_state: Any | None, step: int) -> None:
+        """Restore what :meth:`checkpoint_params` saved."""
+        if self.base is not None:
+            self.base, params = params["base"], params["adapters"]
+        self.state.load(params, opt_state, step)

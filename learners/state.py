@@ -68,8 +68,17 @@ def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
 class TrainState:
     """graphdef + params + optimizer state + step for one model."""
 
-    def __init__(self, model: nnx.Module, optimizer: optax.GradientTransformation):
-        self.graphdef, self.params = nnx.split(model, nnx.Param)
+    def __init__(
+        self,
+        model: nnx.Module,
+        optimizer: optax.GradientTransformation,
+        *,
+        trainable: Any = None,
+    ):
+        """``trainable``: the tree to optimise instead of the model's parameters (LoRA
+        adapters); ``params`` then holds it, and ``graphdef`` still the model's graph."""
+        self.graphdef, params = nnx.split(model, nnx.Param)
+        self.params = params if trainable is None else trainable
         self.optimizer = optimizer
         self.opt_state = optimizer.init(self.params)
         self.step = 0

@@ -119,6 +119,7 @@ class NonAsciiObservation(_Counted):
         result = await super().step(action)
         if self.number == 0 and not result.done:
             result.observation = "<tool_response>résultat 3523 ✓</tool_response>"
+            result.messages = [{"role": "tool", "content": "résultat 3523 ✓"}]
         return result
 
 

@@ -267,11 +267,26 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             if loaded is not None and not isinstance(loaded, dict):
                 raise ValueError(f"config file {str(path)!r} must hold a mapping at the top level")
             data = loaded or {}
-        return from_dict(RunConfig, apply_overrides(data, overrides))
+        return resolve_model(from_dict(RunConfig, apply_overrides(data, overrides)))
     except ConfigError:
         raise
     except (ValueError, yaml.YAMLError) as exc:
         raise ConfigError(str(exc)) from None
+
+
+def resolve_model(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with a ``model.source: hf`` shape read from the model directory.
+
+    Raises :class:`ConfigError` if the directory is missing or holds a model we cannot run.
+    """
+    if cfg.model.source != "hf":
+        return cfg
+    from tunix_agentic.models.hf import resolve_model_config
+
+    try:
+        return dataclasses.replace(cfg, model=resolve_model_config(cfg.model))
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"model.path={cfg.model.path!r}: {exc}") from None
 
 
 def save_config(cfg: RunConfig, path: str | Path) -> None:

@@ -9,6 +9,7 @@ checkpoints, and a clean stop on SIGINT/SIGTERM.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -21,12 +22,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flax import nnx
 from tqdm.auto import tqdm
 
-from tunix_agentic.agent.chat import ChatTemplate
+from tunix_agentic.agent.chat import make_chat_template
 from tunix_agentic.checkpoint import Checkpointer
-from tunix_agentic.config import ConfigError, RunConfig, load_config, save_config, to_dict
+from tunix_agentic.config import (
+    ConfigError,
+    RunConfig,
+    load_config,
+    resolve_model,
+    save_config,
+    to_dict,
+)
 from tunix_agentic.data.demos import demonstration_batches
 from tunix_agentic.data.mixture import TaskMixture
 from tunix_agentic.data.tasks import heldout_tasks, task_iterator
@@ -37,7 +44,8 @@ from tunix_agentic.learners.batching import grpo_batch
 from tunix_agentic.learners.grpo import GRPOLearner
 from tunix_agentic.learners.sft import SFTTrainer
 from tunix_agentic.metrics.recorder import MetricsRecorder, drop_records_after
-from tunix_agentic.models.tokenizer import CharTokenizer
+from tunix_agentic.models.hf import build_model
+from tunix_agentic.models.tokenizer import load_tokenizer
 from tunix_agentic.models.transformer import Transformer, count_params
 from tunix_agentic.rl_loop import StepReport, run_rl_steps
 from tunix_agentic.rollout.orchestrator import Group, RolloutOrchestrator
@@ -194,14 +202,15 @@ class Trainer:
     """
 
     def __init__(self, config: RunConfig, *, resume: bool = False, progress: bool = True):
-        self.cfg = config
+        self.cfg = config = resolve_model(config)
         self.resume = resume
         self.progress = progress
         self.run_dir = Path(config.run_dir) if resume else fresh_run_dir(Path(config.run_dir))
         if self.run_dir != Path(config.run_dir):
             self.cfg = config = dataclasses.replace(config, run_dir=str(self.run_dir))
-        self.tokenizer = CharTokenizer(config.model.vocab_size)
-        self.template = ChatTemplate(self.tokenizer)
+        model = config.model
+        self.tokenizer = load_tokenizer(model.source, model.path, model.vocab_size)
+        self.template = make_chat_template(self.tokenizer)
         self.env_factory = functools.partial(
             make_env, config.env.name, tool_timeout=config.env.tool_timeout_s
         )
@@ -275,7 +284,15 @@ class Trainer:
 
     # ---------------------------------------------------------------- run
     def run(self) -> TrainResult:
-        return asyncio.run(self._run())
+        """Run to the end (blocking). Inside a running event loop (Jupyter, Colab) the run
+        gets a thread and a loop of its own; SIGINT/SIGTERM handling then stays the
+        notebook's (signals reach only the main thread)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self._run())
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tunix-run") as pool:
+            return pool.submit(asyncio.run, self._run()).result()
 
     async def _run(self) -> TrainResult:
         loop = asyncio.get_running_loop()
@@ -304,17 +321,17 @@ class Trainer:
                 return None
             meta = ckpt.read_meta(step)
             _check_same_model(meta.get("model"), self.cfg.model)
-            learner = GRPOLearner(model, self.cfg.learner)
+            learner = GRPOLearner(model, self.cfg.learner, seed=self.cfg.seed)
             try:
                 params, opt_state, meta, step = ckpt.restore(
-                    learner.state.params, learner.state.opt_state, step
+                    learner.checkpoint_params(), learner.state.opt_state, step
                 )
             except Exception as exc:
                 raise ConfigError(
                     f"cannot restore checkpoint {step} of {self.run_dir} with this config "
                     f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
                 ) from None
-            learner.state.load(params, opt_state, step)
+            learner.load_checkpoint(params, opt_state, step)
             probe = self._task_mixture()
             try:
                 probe.set_state(meta["rollout"]["task_iterator"])
@@ -340,7 +357,7 @@ class Trainer:
         checkpointer, task stream and orchestrator. Returns them and the checkpoint's
         metadata (empty on a fresh run)."""
         cfg = self.cfg
-        model = Transformer(cfg.model, rngs=nnx.Rngs(cfg.seed))
+        model = build_model(cfg.model, seed=cfg.seed)
         restored = self._restore(model) if self.resume else None
         # Nothing was written before this line: a resume that failed above changed nothing.
         meta: dict[str, Any] = restored[1] if restored else {}
@@ -359,7 +376,7 @@ class Trainer:
         self._log(f"model: {count_params(model):,} parameters; run dir {self.run_dir}")
         if restored:
             learner = restored[0]
-            model = learner.state.model()
+            model = learner.policy_model()
             self._saved_step = self._done_step = start_step
             self._log(f"resumed from step {start_step}")
         elif self.resume:
@@ -377,7 +394,7 @@ class Trainer:
         if not restored:
             with metrics.span("sft"):
                 model = self.warm_start(model, metrics)
-            learner = GRPOLearner(model, cfg.learner)
+            learner = GRPOLearner(model, cfg.learner, seed=cfg.seed)
             params = learner.params_for_engine()
             for member in members:
                 member.update_weights(params, start_step)
@@ -524,7 +541,7 @@ class Trainer:
             "wall_time": time.time(),  # a resume drops what was logged after this
             "model": to_dict(self.cfg.model),
         }
-        ctx.ckpt.save(step, ctx.learner.state.params, ctx.learner.state.opt_state, meta)
+        ctx.ckpt.save(step, ctx.learner.checkpoint_params(), ctx.learner.state.opt_state, meta)
         self._saved_step = step
 
     def _save_on_stop(self, ctx: _RunContext) -> None:

@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import time
 
-from tunix_agentic.agent.chat import ChatTemplate
+from tunix_agentic.agent.chat import ChatFormat
 from tunix_agentic.agent.context import get_context_rule
 from tunix_agentic.agent.tool_parser import get_parser
 from tunix_agentic.envs.base import Environment
@@ -65,7 +65,7 @@ async def run_agent(
     engine: InferenceEngine,
     env: Environment,
     traj: Trajectory,
-    template: ChatTemplate,
+    template: ChatFormat,
     config: AgentConfig,
     *,
     seed: int | None = None,
@@ -139,7 +139,7 @@ async def run_agent(
             traj.status = "ok"
             return traj
         try:
-            observation = template.observation_ids(result.observation)
+            observation = template.observation_ids(result.messages or result.observation)
         except ValueError as exc:  # e.g. a character the built-in tokenizer does not have
             traj.status, traj.error = (
                 "env_error",

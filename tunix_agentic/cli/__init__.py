@@ -1,1 +1,1 @@
-"""The command line: ``tunix-agentic train`` and ``tunix-agentic serve-engine`` (``main.py``)."""
+"""The command line: ``tunix-agentic train``, ``export`` and ``serve-engine`` (``main.py``)."""

@@ -1,6 +1,7 @@
 """Command line.
 
 ``tunix-agentic train [--config PATH] [--resume RUN_DIR] [key.path=value ...]``
+``tunix-agentic export RUN_DIR --to OUT_DIR [--dtype bfloat16]``
 ``tunix-agentic serve-engine [--config PATH] [--params DIR] [--host H] [--port P]
 [--api-key KEY] [--weights-dir DIR ...] [key.path=value ...]``
 """
@@ -84,7 +85,32 @@ def main(argv: list[str] | None = None) -> int:
     )
     se.add_argument("--port", type=int, default=30000, help="port to listen on (0: a free one)")
     se.add_argument("overrides", nargs="*", help="dotted overrides, e.g. engine.max_slots=16")
+    ex = sub.add_parser(
+        "export", help="write a run's latest checkpoint as a Hugging Face model directory"
+    )
+    ex.add_argument("run_dir", help="the run directory (holding config.yaml and checkpoints/)")
+    ex.add_argument("--to", required=True, metavar="OUT_DIR", help="where to write it")
+    ex.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "bfloat16", "float16"],
+        help="cast the weights (default: the run's model.dtype)",
+    )
     args = parser.parse_args(argv)
+
+    if args.command == "export":
+        from tunix_agentic.config import ConfigError
+        from tunix_agentic.export import export_run
+
+        try:
+            done = export_run(args.run_dir, args.to, dtype=args.dtype)
+        except (ConfigError, FileNotFoundError) as exc:
+            print(f"tunix-agentic: error: {exc}", file=sys.stderr)
+            return 2
+        print(
+            f"exported step {done['step']} of {args.run_dir} to {done['out_dir']} ({done['dtype']})"
+        )
+        return 0
 
     if args.command == "serve-engine":
         return _serve_engine(args)

@@ -8,41 +8,43 @@ tool only part of the time, and reward teaches it to always do so.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
-from tunix_agentic.agent.chat import ChatTemplate
+from tunix_agentic.agent.chat import ChatFormat
 from tunix_agentic.agent.tool_parser import format_tool_call
 from tunix_agentic.data.tasks import task_iterator
-from tunix_agentic.envs.calculator import ArithmeticTask
+from tunix_agentic.envs.calculator import ArithmeticEnv, ArithmeticTask
 from tunix_agentic.learners.batching import pad_rows
 
 
 def demonstration(
-    task: ArithmeticTask, template: ChatTemplate, *, use_tool: bool, rng: np.random.Generator
+    task: ArithmeticTask, template: ChatFormat, *, use_tool: bool, rng: np.random.Generator
 ) -> dict[str, np.ndarray]:
-    """Token ids and loss mask (1 on the assistant's tokens) of one demonstration."""
-    end = "<|im_end|>"
+    """Token ids and loss mask (1 on the assistant's tokens) of one demonstration.
+
+    Framed by ``template`` exactly as a rollout frames it (the same prompt, tool
+    schemas included, the same observation delta), so SFT teaches the ids RL sees.
+    """
+    prompt = template.prompt_ids(task.prompt, tools=_calculator_schemas())
     if use_tool:
         call = format_tool_call("calculator", {"expression": task.expression})
         segments = [
-            (template.prompt_text(task.prompt), 0.0),
-            (call + end, 1.0),
-            (template.observation_text(f"<tool_response>{task.answer}</tool_response>"), 0.0),
-            (f"<answer>{task.answer}</answer>{end}", 1.0),
+            (prompt, 0.0),
+            (template.assistant_ids(call), 1.0),
+            (template.observation_ids([{"role": "tool", "content": task.answer}]), 0.0),
+            (template.assistant_ids(f"<answer>{task.answer}</answer>"), 1.0),
         ]
     else:
         value = int(float(task.answer))
         guess = value + int(rng.choice([-1, 1])) * int(
             rng.integers(1, max(10, abs(value) // 4 + 2))
         )
-        segments = [
-            (template.prompt_text(task.prompt), 0.0),
-            (f"<answer>{guess}</answer>{end}", 1.0),
-        ]
+        segments = [(prompt, 0.0), (template.assistant_ids(f"<answer>{guess}</answer>"), 1.0)]
     ids: list[int] = []
     mask: list[float] = []
-    for text, m in segments:
-        seg = template.tokenizer.encode(text)
+    for seg, m in segments:
         ids += seg
         mask += [m] * len(seg)
     return {
@@ -52,8 +54,13 @@ def demonstration(
     }
 
 
+@functools.cache
+def _calculator_schemas() -> list[dict]:
+    return ArithmeticEnv().tool_schemas()
+
+
 def demonstration_batches(
-    template: ChatTemplate, *, seed: int, batch_size: int, tool_fraction: float
+    template: ChatFormat, *, seed: int, batch_size: int, tool_fraction: float
 ):
     """Endless padded SFT batches from the train split; ``tool_fraction`` of rows use the tool."""
     if not 0.0 <= tool_fraction <= 1.0:

@@ -213,13 +213,36 @@ def _tensor_files(directory: Path) -> dict[str, Path]:
     return out
 
 
+def resolve_model_config(cfg: ModelConfig) -> ModelConfig:
+    """``cfg`` with its shape read from ``cfg.path`` when ``cfg.source == "hf"``
+    (source, path and dtype kept); a built-in config unchanged."""
+    if cfg.source != "hf":
+        return cfg
+    return read_hf_config(cfg.path, dtype=cfg.dtype)
+
+
+def build_model(cfg: ModelConfig, *, seed: int = 0) -> Transformer:
+    """The run's model: loaded from ``cfg.path`` (source hf) or freshly initialised."""
+    if cfg.source == "hf":
+        return load_hf_model(cfg.path, dtype=cfg.dtype)
+    return Transformer(cfg, rngs=nnx.Rngs(seed))
+
+
 # ------------------------------------------------------------------ loading
 def read_hf_config(path: str | Path, *, dtype: str | None = None) -> ModelConfig:
+    """The :class:`ModelConfig` of a HF model directory (``source="hf"``, ``path`` set)."""
     directory = Path(path)
     config = directory / "config.json"
     if not config.is_file():
         raise FileNotFoundError(f"{directory} has no config.json (not a Hugging Face model dir)")
-    return config_from_hf(json.loads(config.read_text()), dtype=dtype)
+    cfg = config_from_hf(json.loads(config.read_text()), dtype=dtype)
+    return dataclasses.replace(cfg, source="hf", path=str(path))
+
+
+def is_hf_dir(path: str | Path) -> bool:
+    """Whether ``path`` looks like a Hugging Face model directory."""
+    p = Path(path)
+    return (p / "config.json").is_file() and any(p.glob("*.safetensors"))
 
 
 def load_hf_model(
@@ -234,13 +257,32 @@ def load_hf_model(
     them); ``sharding(param_path)`` places each parameter (default: the default
     device). Tensors are read one at a time from the memory-mapped files.
     """
+    cfg = read_hf_config(path, dtype=dtype)
+    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    return nnx.merge(graphdef, load_hf_params(path, state, cfg=cfg, sharding=sharding))
+
+
+def load_hf_params(
+    path: str | Path,
+    params_like: Any,
+    *,
+    cfg: ModelConfig | None = None,
+    sharding: Callable[[tuple[Any, ...]], jax.sharding.Sharding] | None = None,
+) -> Any:
+    """``params_like`` (an ``nnx.State`` of the model's parameters; arrays or shapes)
+    filled with the HF directory's tensors, each cast to the dtype it has there.
+
+    Without ``sharding`` a tensor goes where the one it replaces lives (an array of
+    ``params_like``), else to the default device. Raises
+    :class:`UnsupportedCheckpointError` for a missing tensor or a shape that differs.
+    """
     from safetensors import safe_open
 
     directory = Path(path)
-    cfg = read_hf_config(directory, dtype=dtype)
-    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-    graphdef, state = nnx.split(abstract)
-    pure = nnx.to_pure_dict(state)
+    cfg = cfg or read_hf_config(directory)
+    params_like = jax.tree.map(lambda x: x, params_like)  # a new tree: the caller's is not touched
+    pure = nnx.to_pure_dict(params_like)
     files = _tensor_files(directory)
     names = list(weight_names(cfg))
     missing = [hf for _, hf, _ in names if hf not in files]
@@ -263,18 +305,20 @@ def load_hf_model(
                 tensor = tensor.T
             if tuple(tensor.shape) != tuple(like.shape):
                 raise UnsupportedCheckpointError(
-                    f"{hf}: shape {tuple(tensor.shape)} does not match config.json "
+                    f"{hf}: shape {tuple(tensor.shape)} does not match the model "
                     f"(expected {tuple(like.shape)})"
                 )
             tensor = tensor.astype(like.dtype)
-            node[ours[-1]] = (
-                jax.device_put(tensor, sharding(ours)) if sharding is not None else tensor
-            )
+            if sharding is not None:
+                tensor = jax.device_put(tensor, sharding(ours))
+            elif isinstance(like, jax.Array):
+                tensor = jax.device_put(tensor, like.sharding)
+            node[ours[-1]] = tensor
     finally:
         for handle in handles.values():
             handle.__exit__(None, None, None)
-    nnx.replace_by_pure_dict(state, pure)
-    return nnx.merge(graphdef, state)
+    nnx.replace_by_pure_dict(params_like, pure)
+    return params_like
 
 
 # ------------------------------------------------------------------- saving

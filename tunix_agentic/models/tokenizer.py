@@ -1,4 +1,11 @@
-"""A small character-level tokenizer for the built-in tiny model.
+"""The tokenizer interface, and a small character-level tokenizer for the built-in model.
+
+:class:`Tokenizer` is what the rest of the package may know of a tokenizer;
+two implement it: :class:`CharTokenizer` here, and
+:class:`~tunix_agentic.models.hf_tokenizer.HFTokenizer` (a Hugging Face
+``tokenizer.json`` from a model directory). :func:`load_tokenizer` picks one.
+
+The character tokenizer:
 
 Every printable ASCII character and newline is one token, the chat/tool
 markers of the Qwen3 template (``<|im_start|>``, ``<tool_call>``, ...) are single
@@ -12,6 +19,47 @@ exact and reversible: ``decode(encode(s)) == s`` for every string it accepts.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """Text <-> ids, exactly: whatever the model saw is what the learner trains on."""
+
+    vocab_size: int
+
+    @property
+    def pad_id(self) -> int: ...
+
+    @property
+    def eos_id(self) -> int: ...
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """Ids that end an assistant turn (kept as the turn's last generated id)."""
+        ...
+
+    def encode(self, text: str) -> list[int]:
+        """Text to ids; special-token strings in the text become their single ids."""
+        ...
+
+    def decode(self, ids: Iterable[int]) -> str: ...
+
+    def token_id(self, token: str) -> int:
+        """The id of one token string (ValueError if it is not a single token)."""
+        ...
+
+
+def load_tokenizer(source: str = "builtin", path: str = "", vocab_size: int | None = None):
+    """The run's tokenizer: ``"builtin"`` (characters) or ``"hf"`` (``path``'s tokenizer.json)."""
+    if source == "builtin":
+        return CharTokenizer(vocab_size)
+    if source == "hf":
+        from tunix_agentic.models.hf_tokenizer import HFTokenizer
+
+        return HFTokenizer.from_dir(path, model_vocab_size=vocab_size)
+    raise ValueError(f"tokenizer source must be 'builtin' or 'hf', got {source!r}")
+
 
 SPECIAL_TOKENS: tuple[str, ...] = (
     "<pad>",
@@ -71,6 +119,15 @@ class CharTokenizer:
     @property
     def im_end_id(self) -> int:
         return self._token_to_id["<|im_end|>"]
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        return (self.im_end_id, self.eos_id)
+
+    @property
+    def tokens(self) -> list[str]:
+        """Every token string, by id (the padding ids past the natural vocabulary excluded)."""
+        return list(self._id_to_token)
 
     def token_id(self, token: str) -> int:
         """Id of one token (a special token or a single character)."""

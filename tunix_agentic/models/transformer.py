@@ -22,7 +22,14 @@ KVCache = tuple[tuple[jax.Array, jax.Array], ...]
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Shape of the transformer. Frozen and hashable, so it can be a jit static."""
+    """Shape of the transformer. Frozen and hashable, so it can be a jit static.
+
+    ``source: builtin`` (the default): the fields below define a fresh model and
+    the run uses the built-in character tokenizer. ``source: hf``: ``path`` is a
+    local Hugging Face model directory; its ``config.json`` fills in the shape
+    (:func:`tunix_agentic.models.hf.resolve_model_config`), its weights are
+    loaded, its tokenizer and chat template are used; ``dtype`` still applies.
+    """
 
     vocab_size: int = 128
     d_model: int = 64
@@ -43,6 +50,8 @@ class ModelConfig:
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_max_len: int = 8192
+    source: str = "builtin"
+    path: str = ""
 
     def __post_init__(self):
         for name in (
@@ -63,6 +72,10 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"model.head_dim must be even for RoPE, got {self.head_dim}")
+        if self.source not in ("builtin", "hf"):
+            raise ValueError(f"model.source must be 'builtin' or 'hf', got {self.source!r}")
+        if self.source == "hf" and not self.path:
+            raise ValueError("model.source=hf needs model.path (a local Hugging Face model dir)")
         if self.rope_scaling not in ("none", "llama3"):
             raise ValueError(
                 f"model.rope_scaling must be 'none' or 'llama3', got {self.rope_scaling!r}"

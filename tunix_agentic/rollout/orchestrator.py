@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from tunix_agentic.agent.chat import ChatTemplate
+from tunix_agentic.agent.chat import ChatFormat
 from tunix_agentic.agent.loop import AgentConfig, run_agent
 from tunix_agentic.envs.base import Environment
 from tunix_agentic.inference.base import InferenceEngine
@@ -182,7 +182,7 @@ class RolloutOrchestrator:
         self,
         engine: InferenceEngine,
         env_factory: Callable[[], Environment],
-        template: ChatTemplate,
+        template: ChatFormat,
         agent_config: AgentConfig,
         config: RolloutConfig,
         *,
@@ -387,7 +387,7 @@ class RolloutOrchestrator:
             try:
                 env = self.env_factory()
                 prompt = await env.reset(task)
-                ids = self.template.prompt_ids(prompt)
+                ids = self.template.prompt_ids(prompt, tools=env.tool_schemas())
             except asyncio.CancelledError:
                 if env is not None:
                     await self._close_env(env)

@@ -49,6 +49,7 @@ from tunix_agentic.checkpoint import load_params
 from tunix_agentic.inference.base import EngineError, PromptTooLongError, TokenOutput
 from tunix_agentic.inference.engine import JaxEngine
 from tunix_agentic.inference.sampling import SamplingParams
+from tunix_agentic.models.hf import is_hf_dir, load_hf_params
 
 if TYPE_CHECKING:
     from tunix_agentic.config import RunConfig
@@ -477,12 +478,15 @@ def _inside(path: str, roots: tuple[Path, ...]) -> bool:
 
 
 def _load_like(path: str, params_like: Any) -> Any:
-    """``load_params``, each array placed where the engine's current one lives.
+    """``load_params`` (or, for a Hugging Face model directory, its safetensors), each
+    array placed where the engine's current one lives.
 
     The engine keeps its parameters committed to their devices (it commits what
     ``update_weights`` gets), so arrays placed like them reuse the compiled
     prefill and decode; another placement would compile them again.
     """
+    if is_hf_dir(path):
+        return load_hf_params(path, params_like)
     loaded = load_params(path, params_like)
     return jax.tree.map(lambda new, old: jax.device_put(new, old.sharding), loaded, params_like)
 
@@ -631,27 +635,34 @@ def engine_from_config(
 ) -> tuple[JaxEngine, dict[str, Any]]:
     """Build the engine ``serve-engine`` serves, and its model info.
 
-    ``params_path`` is a directory written by ``save_params``, or a run
+    ``params_path`` is a directory written by ``save_params``, a run
     directory (one holding ``checkpoints/``), whose latest checkpoint is
-    served with its step as the weight version. Without it the model keeps its
-    random initialisation from ``cfg.seed``. Raises FileNotFoundError or
-    ValueError when the parameters cannot be loaded.
+    served with its step as the weight version, or a Hugging Face model
+    directory (its ``config.json`` gives the model's shape). Without it the
+    model keeps its random initialisation from ``cfg.seed``. Raises
+    FileNotFoundError or ValueError when the parameters cannot be loaded.
     """
     from flax import nnx
 
-    from tunix_agentic.checkpoint import load_run_params
-    from tunix_agentic.models.transformer import Transformer
+    from tunix_agentic.export import load_run_policy
+    from tunix_agentic.models.hf import build_model, load_hf_model, read_hf_config
 
     if params_path is not None and not Path(params_path).exists():
         raise FileNotFoundError(f"--params {params_path!r} does not exist")
-    model = Transformer(cfg.model, rngs=nnx.Rngs(cfg.seed))
     version = 0
     model_path = f"random-init(seed={cfg.seed})"
+    if params_path is not None and is_hf_dir(params_path):
+        cfg = dataclasses.replace(cfg, model=read_hf_config(params_path, dtype=cfg.model.dtype))
+        model = load_hf_model(params_path, dtype=cfg.model.dtype)
+        params_path, model_path = None, str(Path(model.cfg.path).absolute())
+    else:
+        model = build_model(cfg.model, seed=cfg.seed)
     if params_path is not None:
         path = Path(params_path)
         params = nnx.state(model, nnx.Param)
         if (path / "checkpoints").is_dir():
-            params, version = load_run_params(path, params)
+            policy, version = load_run_policy(path, cfg)
+            params = nnx.state(policy, nnx.Param)
         else:
             params = load_params(path, params)
         nnx.update(model, params)

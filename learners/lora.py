@@ -1,0 +1,92 @@
+"""LoRA: train low-rank adapters on a frozen model; the engine gets them merged.
+
+For each targeted linear kernel ``W [in, out]`` an adapter holds ``a [in, r]``
+(random) and ``b [r, out]`` (zeros, so training starts at the base policy);
+the policy's kernel is ``W + (alpha / r) * a @ b``. The adapters are a plain
+dict of arrays, keyed by the kernel's path, so optimizers, checkpoints and
+jitted steps treat them like any parameter tree. :func:`merge` returns the
+full parameter tree (the base's structure, no adapter leaves): what the learner
+differentiates through and what the engine receives on every weight sync, so
+rollouts never keep sampling the base policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoRAConfig:
+    """``rank`` 0 turns LoRA off (full fine-tuning)."""
+
+    rank: int = 0
+    alpha: float = 16.0
+    targets: tuple[str, ...] = ALL_LINEAR
+
+    def __post_init__(self):
+        if self.rank < 0:
+            raise ValueError(f"lora.rank must be >= 0, got {self.rank}")
+        if not self.alpha > 0:
+            raise ValueError(f"lora.alpha must be > 0, got {self.alpha}")
+        unknown = set(self.targets) - set(ALL_LINEAR)
+        if unknown or not self.targets:
+            raise ValueError(
+                f"lora.targets must be a non-empty subset of {ALL_LINEAR}, got {self.targets}"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+
+def _targets(params: Any, cfg: LoRAConfig) -> dict[str, tuple[Any, ...]]:
+    """Adapter key -> path of each targeted kernel in ``params`` (an nnx State)."""
+    out = {}
+    for path, _ in nnx.to_flat_state(params):
+        if len(path) >= 2 and path[-1] == "kernel" and path[-2] in cfg.targets:
+            out["/".join(map(str, path))] = tuple(path)
+    if not out:
+        raise ValueError(f"no linear kernels named {cfg.targets} in the model")
+    return out
+
+
+def init_adapters(params: Any, cfg: LoRAConfig, key: jax.Array) -> dict[str, dict[str, jax.Array]]:
+    """Fresh adapters for every targeted kernel of ``params``; ``b`` is zero."""
+    flat = dict(nnx.to_flat_state(params))
+    adapters = {}
+    for i, (name, path) in enumerate(sorted(_targets(params, cfg).items())):
+        kernel = flat[path]
+        value = kernel.get_value() if hasattr(kernel, "get_value") else kernel.value
+        fan_in, fan_out = value.shape
+        a = jax.random.normal(jax.random.fold_in(key, i), (fan_in, cfg.rank), jnp.float32)
+        adapters[name] = {
+            "a": (a / jnp.sqrt(fan_in)).astype(value.dtype),
+            "b": jnp.zeros((cfg.rank, fan_out), value.dtype),
+        }
+    return adapters
+
+
+def merge(base: Any, adapters: dict[str, dict[str, jax.Array]], scale: float) -> Any:
+    """``base`` with ``scale * a @ b`` added to each adapted kernel (jit-friendly)."""
+
+    def add(path, leaf):
+        # A State's leaves sit under their Variable (a trailing ``.value``): keys only.
+        name = "/".join(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
+        adapter = adapters.get(name)
+        if adapter is None:
+            return leaf
+        delta = (adapter["a"].astype(jnp.float32) @ adapter["b"].astype(jnp.float32)) * scale
+        return (leaf.astype(jnp.float32) + delta).astype(leaf.dtype)
+
+    return jax.tree_util.tree_map_with_path(add, base)

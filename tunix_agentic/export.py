@@ -1,0 +1,67 @@
+"""``tunix-agentic export``: a run's latest checkpoint as a Hugging Face model directory.
+
+What is written (safetensors, ``config.json``, tokenizer files) loads in
+transformers and in SGLang, and back here through ``model.source: hf``. A run
+of a Hugging Face model ships its original tokenizer files; a run of the
+built-in model ships the character tokenizer in ``tokenizer.json`` form with
+the built-in framing as its chat template, so the two give the same ids.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+from flax import nnx
+
+from tunix_agentic.agent.chat import BUILTIN_CHAT_TEMPLATE
+from tunix_agentic.checkpoint import load_run_params
+from tunix_agentic.config import ConfigError, RunConfig, load_config
+from tunix_agentic.learners.lora import init_adapters
+from tunix_agentic.learners.lora import merge as lora_merge
+from tunix_agentic.models.hf import save_hf
+from tunix_agentic.models.hf_tokenizer import save_char_tokenizer
+from tunix_agentic.models.tokenizer import CharTokenizer
+from tunix_agentic.models.transformer import Transformer
+
+
+def load_run_policy(run_dir: str | Path, cfg: RunConfig) -> tuple[Transformer, int]:
+    """The policy of a run's newest checkpoint (LoRA adapters merged) and its version.
+
+    The one way a trained run's model is read outside training: ``export`` and
+    ``serve-engine --params RUN_DIR`` both use it.
+    """
+    abstract = nnx.eval_shape(lambda: Transformer(cfg.model, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    lora = cfg.learner.lora
+    if not lora.enabled:
+        params, version = load_run_params(run_dir, state)
+        return nnx.merge(graphdef, params), version
+    adapters: Any = jax.eval_shape(lambda: init_adapters(state, lora, jax.random.key(0)))
+    saved, version = load_run_params(run_dir, {"base": state, "adapters": adapters})
+    params = lora_merge(saved["base"], saved["adapters"], lora.scale)
+    return nnx.merge(graphdef, params), version
+
+
+def export_run(run_dir: str | Path, out_dir: str | Path, *, dtype: str | None = None) -> dict:
+    """Write ``run_dir``'s newest checkpoint to ``out_dir``; returns what was written."""
+    run = Path(run_dir)
+    saved = run / "config.yaml"
+    if not saved.is_file():
+        raise ConfigError(f"{run}: no config.yaml there (not a run directory)")
+    if not (run / "checkpoints").is_dir():
+        raise ConfigError(f"{run}: no checkpoints/ (nothing trained to export)")
+    cfg = load_config(saved, [f"run_dir={run}"])
+    out = Path(out_dir)
+    if out.resolve() == Path(cfg.model.path or "/nonexistent").resolve():
+        raise ConfigError(f"--to {out} is the model the run started from; choose another dir")
+    model, version = load_run_policy(run, cfg)
+    if cfg.model.source == "hf":
+        save_hf(model, out, tokenizer_dir=cfg.model.path, dtype=dtype)
+    else:
+        save_hf(model, out, dtype=dtype)
+        save_char_tokenizer(
+            CharTokenizer(cfg.model.vocab_size), out, chat_template=BUILTIN_CHAT_TEMPLATE
+        )
+    return {"out_dir": str(out), "step": version, "dtype": dtype or cfg.model.dtype}
