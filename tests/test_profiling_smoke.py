@@ -86,3 +86,23 @@ def test_bench_seeds_runs_each_seed(bench, capsys):
     assert all(0 <= r["before"] <= 1 and 0 <= r["after"] <= 1 for r in rows)
     out = capsys.readouterr().out
     assert "seed 0: held-out success" in out and "over 2 seeds" in out
+
+
+def test_bench_engine_qwen3_runs_at_a_tiny_depth(bench, monkeypatch):
+    for name, value in {
+        "QWEN3_LAYERS": "1",
+        "QWEN3_VOCAB": "2048",
+        "QWEN3_BATCHES": "1,2",
+        "QWEN3_PROMPT": "8",
+        "QWEN3_NEW": "4",
+        "QWEN3_REPEATS": "1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    import asyncio
+
+    figures = asyncio.run(bench("bench_engine_qwen3").main())
+    assert set(figures["batches"]) == {1, 2}
+    for f in figures["batches"].values():
+        assert f["tok_per_s"] > 0 and f["host_rss_gib"] > 0
+        assert all(f[f"sampler_{m}_s"] > 0 for m in ("greedy", "temperature 1", "top-k/top-p"))
+    assert figures["ratio"] > 0
