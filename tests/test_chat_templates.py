@@ -17,6 +17,7 @@ from tunix_agentic.agent.chat import (
     TemplateError,
     make_chat_template,
 )
+from tunix_agentic.agent.loop import AgentConfig
 from tunix_agentic.agent.tool_parser import format_tool_call
 from tunix_agentic.data.demos import demonstration
 from tunix_agentic.envs.calculator import ArithmeticEnv, make_arithmetic_task
@@ -224,3 +225,17 @@ def test_a_template_without_a_stop_token_at_the_end_of_a_turn_is_refused(char_di
         JinjaChatTemplate(hf, "{% for m in messages %}{{ m.content }}{% endfor %}")
     with pytest.raises(TemplateError, match="refused: no"):
         JinjaChatTemplate(hf, "{{ raise_exception('no') }}")
+
+
+def test_template_kwargs_reach_the_template(bpe_dir):
+    tok = HFTokenizer.from_dir(bpe_dir)
+    source = (
+        tok.chat_template
+        + "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}"
+    )
+    off = JinjaChatTemplate(tok, source, kwargs={"enable_thinking": False})
+    plain = JinjaChatTemplate(tok, source)
+    assert tok.decode(off.prompt_ids("hi")).endswith("<think></think>")
+    assert not tok.decode(plain.prompt_ids("hi")).endswith("</think>")
+    assert AgentConfig(enable_thinking=False).template_kwargs() == {"enable_thinking": False}
+    assert AgentConfig().template_kwargs() == {}

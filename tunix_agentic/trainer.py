@@ -210,7 +210,7 @@ class Trainer:
             self.cfg = config = dataclasses.replace(config, run_dir=str(self.run_dir))
         model = config.model
         self.tokenizer = load_tokenizer(model.source, model.path, model.vocab_size)
-        self.template = make_chat_template(self.tokenizer)
+        self.template = make_chat_template(self.tokenizer, kwargs=config.agent.template_kwargs())
         self.env_factory = functools.partial(
             make_env, config.env.name, tool_timeout=config.env.tool_timeout_s
         )

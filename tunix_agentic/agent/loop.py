@@ -31,6 +31,13 @@ class AgentConfig:
     top_k: int = 0
     parser: str = "qwen3"
     context_rule: str = "append_only"
+    # Passed to a Hugging Face chat template as ``enable_thinking`` (Qwen3 reads it: false
+    # renders an empty <think></think> so the model answers at once); None: not passed.
+    enable_thinking: bool | None = None
+
+    def template_kwargs(self) -> dict:
+        """Extra variables for a Jinja chat template."""
+        return {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
 
     def __post_init__(self):
         if self.max_turns < 1:
