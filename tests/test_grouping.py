@@ -82,3 +82,20 @@ def test_pacer_holds_a_slot_for_a_running_straggler_and_spots_stale_groups():
     assert p.next_ready(1).index == 0  # oldest admission first
     p.set_version(3)
     assert p.too_stale(G(5, min_version=1)) and not p.too_stale(G(6, min_version=2))
+
+
+def test_pacer_refuses_to_finish_a_group_it_never_admitted():
+    """The orchestrator once released a group under a version read later than its admission
+    (a version published in between): counts went {0: 1, 1: -1} and get_batch waited forever
+    for a phantom straggler. The pacer now refuses such a release."""
+    p = StalenessPacer(groups_per_batch=1, max_staleness=1)
+    p.admitted(0)
+    p.set_version(1)
+    try:
+        p.finished(1, G(0))
+    except RuntimeError as exc:
+        assert "version 1" in str(exc)
+    else:
+        raise AssertionError("finishing under a version never admitted must raise")
+    p.finished(0, G(0))
+    assert p.running == 0 and p.urgent_running() == 0 and p.next_ready(1).index == 0

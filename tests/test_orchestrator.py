@@ -483,3 +483,23 @@ async def test_a_tool_whose_infrastructure_fails_ends_the_episode_as_tool_error(
     (traj,) = group.trajectories
     assert traj.status == "ok" and traj.reward == 1.0
     await orch.engine.close()
+
+
+async def test_a_version_published_before_admitted_groups_start_does_not_strand_them(
+    random_model,
+):
+    """Groups admitted under version 0 whose tasks first run after version 1 is published
+    are still accounted to version 0 (once, they were released under 1 and the pacer
+    kept waiting for a phantom straggler: get_batch hung)."""
+    orch = make_orch(random_model, group_size=2, groups_per_batch=1, max_staleness=1)
+    orch.tasks = iter([make_arithmetic_task(i, seed=4, split="train") for i in range(50)])
+    orch.start()
+    await asyncio.sleep(0)  # the producer admits; the groups' own tasks have not run yet
+    assert orch.running_groups == 2
+    orch.set_version(1)
+    first = await asyncio.wait_for(orch.get_batch(), timeout=120)
+    assert first[0].admitted_version == 0
+    second = await asyncio.wait_for(orch.get_batch(), timeout=120)
+    assert len(second) == 1
+    await orch.stop()
+    await orch.engine.close()

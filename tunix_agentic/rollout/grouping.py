@@ -111,6 +111,8 @@ class StalenessPacer:
 
     def finished(self, admitted_version: int, group: FinishedGroup | None = None) -> None:
         """A group admitted under ``admitted_version`` ended; ``group`` if it is kept."""
+        if self._running[admitted_version] <= 0:
+            raise RuntimeError(f"no group admitted under version {admitted_version} is running")
         self._running[admitted_version] -= 1
         if not self._running[admitted_version]:
             del self._running[admitted_version]

@@ -351,8 +351,11 @@ class RolloutOrchestrator:
                     self._prepared.popleft()
                 else:
                     (index, task), members = self._next_task(), None
-                self.pacer.admitted(self.version)
-                self._spawn(self._produce_group(index, task, members))
+                # The version is read once: the pacer's count and the group's stamp must agree
+                # even when a new version is published before the group's task first runs.
+                admitted = self.version
+                self.pacer.admitted(admitted)
+                self._spawn(self._produce_group(index, task, members, admitted))
         except Exception as exc:  # surface it to the learner instead of hanging get_batch
             self._fail(exc)
             raise
@@ -403,10 +406,12 @@ class RolloutOrchestrator:
         t.add_done_callback(self._tasks.discard)
         return t
 
-    async def _produce_group(self, index: int, task: Any, members: list | None = None) -> None:
-        admitted, kept = self.version, None
+    async def _produce_group(
+        self, index: int, task: Any, members: list | None, admitted: int
+    ) -> None:
+        kept = None
         try:
-            group = await self.run_group(task, prepared=members, index=index)
+            group = await self.run_group(task, prepared=members, index=index, version=admitted)
             if self.judge(group) == "keep":
                 kept = group
                 self.stats["groups_emitted"] += 1
@@ -533,19 +538,21 @@ class RolloutOrchestrator:
         prepared: list | None = None,
         index: int | None = None,
         stream: int = PRODUCTION_STREAM,
+        version: int | None = None,
     ) -> Group:
         """Run one group of ``task``; ``prepared`` holds environments already INIT'ed.
 
         ``index`` numbers the group within its seed ``stream`` (by default the
         next of a private counter); with the run's seed it fixes every member's
-        sampling seed.
+        sampling seed. ``version``: the policy version that admitted the group
+        (default: the current one).
         """
         if index is None:
             index = 1_000_000_000 + next(self._group_counter)  # apart from the task stream's
         g = len(prepared) if prepared is not None else (group_size or self.config.group_size)
         prefix = "g" if stream == PRODUCTION_STREAM else f"s{stream}g"
         group_id = f"{prefix}{index}-{getattr(task, 'task_id', index)}"
-        version = self.version
+        version = self.version if version is None else version
         if agent_config is None:
             turns = self.config.max_turns_at(version, self.agent_config.max_turns)
             agent_config = dataclasses.replace(self.agent_config, max_turns=turns)
