@@ -78,8 +78,11 @@ class GRPOLearner:
             self.state = TrainState(model, optimizer, trainable=adapters)
         else:
             self.state = TrainState(model, optimizer)
-        ref = self.base if self.base is not None else self.state.params
-        self.ref_params = jax.tree.map(jnp.copy, ref) if config.kl_coef > 0 else None
+        # The KL reference: the policy as it starts. Under LoRA that is the frozen base itself
+        # (fresh adapters add nothing; neither is donated, so no copy is needed).
+        self.ref_params = None
+        if config.kl_coef > 0:
+            self.ref_params = self.base if self.base is not None else self.state.params_copy()
         self.advantage_fn = get_advantage_fn(config.advantage)
         self.compiles = 0
         self._step = jax.jit(self._step_impl, donate_argnums=(0, 1))
@@ -168,4 +171,6 @@ class GRPOLearner:
         """Restore what :meth:`checkpoint_params` saved."""
         if self.base is not None:
             self.base, params = params["base"], params["adapters"]
+            if self.ref_params is not None:
+                self.ref_params = self.base  # the base the run's adapters were trained on
         self.state.load(params, opt_state, step)

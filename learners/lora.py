@@ -70,15 +70,22 @@ def init_adapters(params: Any, cfg: LoRAConfig, key: jax.Array) -> dict[str, dic
         value = kernel.get_value() if hasattr(kernel, "get_value") else kernel.value
         fan_in, fan_out = value.shape
         a = jax.random.normal(jax.random.fold_in(key, i), (fan_in, cfg.rank), jnp.float32)
+        # float32 whatever the model's dtype: bf16 would round away the small updates
+        # (a step of 1e-5 on a weight near 0.01 does not change its bf16 value).
         adapters[name] = {
-            "a": (a / jnp.sqrt(fan_in)).astype(value.dtype),
-            "b": jnp.zeros((cfg.rank, fan_out), value.dtype),
+            "a": a / jnp.sqrt(fan_in),
+            "b": jnp.zeros((cfg.rank, fan_out), jnp.float32),
         }
     return adapters
 
 
 def merge(base: Any, adapters: dict[str, dict[str, jax.Array]], scale: float) -> Any:
-    """``base`` with ``scale * a @ b`` added to each adapted kernel (jit-friendly)."""
+    """``base`` with ``scale * a @ b`` added to each adapted kernel (jit-friendly).
+
+    Raises ``ValueError`` if an adapter matches no kernel of ``base`` (it would train
+    nothing the policy uses).
+    """
+    used: set[str] = set()
 
     def add(path, leaf):
         # A State's leaves sit under their Variable (a trailing ``.value``): keys only.
@@ -86,7 +93,12 @@ def merge(base: Any, adapters: dict[str, dict[str, jax.Array]], scale: float) ->
         adapter = adapters.get(name)
         if adapter is None:
             return leaf
+        used.add(name)
         delta = (adapter["a"].astype(jnp.float32) @ adapter["b"].astype(jnp.float32)) * scale
         return (leaf.astype(jnp.float32) + delta).astype(leaf.dtype)
 
-    return jax.tree_util.tree_map_with_path(add, base)
+    merged = jax.tree_util.tree_map_with_path(add, base)
+    if len(used) != len(adapters):
+        unused = sorted(set(adapters) - used)
+        raise ValueError(f"LoRA adapters match no kernel of the model: {unused[:3]}")
+    return merged

@@ -239,3 +239,12 @@ def test_template_kwargs_reach_the_template(bpe_dir):
     assert not tok.decode(plain.prompt_ids("hi")).endswith("</think>")
     assert AgentConfig(enable_thinking=False).template_kwargs() == {"enable_thinking": False}
     assert AgentConfig().template_kwargs() == {}
+
+
+def test_a_hugging_face_tokenizer_without_a_template_is_refused(bpe_dir, tmp_path):
+    config = json.loads((bpe_dir / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    (tmp_path / "tokenizer.json").write_text((bpe_dir / "tokenizer.json").read_text())
+    with pytest.raises(TemplateError, match="no chat template"):
+        make_chat_template(HFTokenizer.from_dir(tmp_path))

@@ -118,7 +118,10 @@ def test_kv_cache_decode_equals_the_full_forward(checkpoint):
 def test_export_loads_back_in_transformers(checkpoint, tmp_path):
     _, hf, path = checkpoint
     model = load_hf_model(path, dtype="float32")
-    out = save_hf(model, tmp_path / "export")
+    source = json.loads((path / "config.json").read_text())
+    out = save_hf(model, tmp_path / "export", base_config=source)
+    written = json.loads((out / "config.json").read_text())
+    assert written["max_position_embeddings"] == source["max_position_embeddings"]
     again = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     ids = np.random.default_rng(2).integers(0, DIMS["vocab_size"], (1, 30))
     np.testing.assert_allclose(_hf_logits(again, ids), _hf_logits(hf, ids), atol=1e-5, rtol=0)

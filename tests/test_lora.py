@@ -202,3 +202,20 @@ def test_export_and_serving_merge_trained_adapters(tmp_path):
     served = nnx.merge(nnx.graphdef(policy), engine.params)
     np.testing.assert_allclose(np.asarray(sequence_logprobs(served, ids)), want, atol=1e-6)
     asyncio.run(engine.close())
+
+
+def test_adapters_stay_float32_on_a_bfloat16_model_so_small_steps_count():
+    model = tiny_model(seed=3, dtype="bfloat16")
+    config = GRPOConfig(lora=LoRAConfig(rank=2))
+    learner = GRPOLearner(
+        model,
+        dataclasses.replace(
+            config, optimizer=dataclasses.replace(config.optimizer, learning_rate=1e-5)
+        ),
+    )
+    assert all(a["a"].dtype == jnp.float32 for a in learner.state.params.values())
+    learner.train_step(_batch(model))
+    assert any(np.any(np.asarray(a["b"]) != 0) for a in learner.state.params.values())
+    assert learner.params_for_engine()["embed"]["embedding"].dtype == jnp.bfloat16
+    with pytest.raises(ValueError, match="match no kernel"):
+        merge(learner.base, {"layers/0/attn/nope/kernel": {"a": 0, "b": 0}}, 1.0)

@@ -9,6 +9,7 @@ the built-in framing as its chat template, so the two give the same ids.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,8 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, dtype: str | None = 
         raise ConfigError(f"--to {out} is the model the run started from; choose another dir")
     model, version = load_run_policy(run, cfg)
     if cfg.model.source == "hf":
-        save_hf(model, out, tokenizer_dir=cfg.model.path, dtype=dtype)
+        source = json.loads((Path(cfg.model.path) / "config.json").read_text())
+        save_hf(model, out, tokenizer_dir=cfg.model.path, dtype=dtype, base_config=source)
     else:
         save_hf(model, out, dtype=dtype)
         save_char_tokenizer(

@@ -14,12 +14,15 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from tunix_agentic.inference.base import WeightUpdate
+from tunix_agentic.inference.base import EngineError, WeightUpdate
 from tunix_agentic.rollout.orchestrator import Group, RolloutOrchestrator
+
+_log = logging.getLogger(__name__)
 
 
 class StepLearner(Protocol):
@@ -89,7 +92,15 @@ async def run_rl_steps(
                 update = WeightUpdate.of(
                     engine.update_weights(learner.params_for_engine(), step + 1), step + 1
                 )
-                await update  # resolved at the engine's next chunk boundary
+                try:
+                    await update  # resolved at the engine's next chunk boundary
+                except EngineError as exc:
+                    # No backend took them (a pool in an outage): rollout goes on with what
+                    # it has, a recovering backend gets the newest weights before it serves,
+                    # and a dead engine ends the run through its failed episodes.
+                    _log.warning("weights of step %d were applied nowhere: %s", step + 1, exc)
+                    if metrics is not None:
+                        metrics.count("weight_sync/failures")
                 orch.set_version(step + 1)
             t3 = time.perf_counter()
             on_step(StepReport(step + 1, groups, out, t1 - t0, t2 - t1, t3 - t2, t3 - t0))

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from tunix_agentic.agent.chat import make_chat_template
+from tunix_agentic.agent.chat import TemplateError, make_chat_template
 from tunix_agentic.checkpoint import Checkpointer
 from tunix_agentic.config import (
     ConfigError,
@@ -210,7 +210,12 @@ class Trainer:
             self.cfg = config = dataclasses.replace(config, run_dir=str(self.run_dir))
         model = config.model
         self.tokenizer = load_tokenizer(model.source, model.path, model.vocab_size)
-        self.template = make_chat_template(self.tokenizer, kwargs=config.agent.template_kwargs())
+        try:
+            self.template = make_chat_template(
+                self.tokenizer, kwargs=config.agent.template_kwargs()
+            )
+        except TemplateError as exc:
+            raise ConfigError(f"model.path={model.path!r}: {exc}") from None
         self.env_factory = functools.partial(
             make_env, config.env.name, tool_timeout=config.env.tool_timeout_s
         )
@@ -595,6 +600,8 @@ def _check_same_model(saved: dict[str, Any] | None, model: Any) -> None:
         return
     now = to_dict(model)
     for key, value in now.items():
+        if key == "path":  # a model directory may move; its shape is what must match
+            continue
         if key in saved and saved[key] != value:
             raise ConfigError(
                 f"model.{key}={value} does not match the checkpoint ({saved[key]}); "

@@ -218,8 +218,14 @@ ChatFormat = ChatTemplate | JinjaChatTemplate
 def make_chat_template(
     tokenizer: Tokenizer, *, system: str | None = None, kwargs: dict[str, Any] | None = None
 ):
-    """The tokenizer's own chat template when it has one, else the built-in framing."""
-    source = getattr(tokenizer, "chat_template", None)
-    if source:
-        return JinjaChatTemplate(tokenizer, source, system=system, kwargs=kwargs)
-    return ChatTemplate(tokenizer, system=system)
+    """The tokenizer's own chat template (a Hugging Face tokenizer), else the built-in
+    framing (the character tokenizer, which has none). A Hugging Face tokenizer without a
+    template raises :class:`TemplateError`: the built-in markers are not its tokens."""
+    if not hasattr(tokenizer, "chat_template"):
+        return ChatTemplate(tokenizer, system=system)
+    if not tokenizer.chat_template:
+        raise TemplateError(
+            f"the tokenizer at {getattr(tokenizer, 'path', '?')} has no chat template "
+            "(tokenizer_config.json chat_template or chat_template.jinja)"
+        )
+    return JinjaChatTemplate(tokenizer, tokenizer.chat_template, system=system, kwargs=kwargs)

@@ -57,6 +57,10 @@ class WeightUpdate:
     def __init__(self, version: int, future: concurrent.futures.Future | None = None):
         self.version = int(version)
         self.future: concurrent.futures.Future = future or concurrent.futures.Future()
+        # Running: a waiter that gives up (a timeout, a cancelled handler) cancels its own
+        # wait, never the update, which the engine still resolves.
+        if not (self.future.running() or self.future.done()):
+            self.future.set_running_or_notify_cancel()
 
     # -------------------------------------------------------- constructors
     @classmethod
@@ -103,7 +107,7 @@ class WeightUpdate:
                 last = left[0] == 0
             if combined.future.done():
                 return
-            error = fut.exception()
+            error = fut.exception() if not fut.cancelled() else EngineError("cancelled")
             if error is not None:
                 _set(combined.future, exception=error)
             elif last:
@@ -141,7 +145,7 @@ class WeightUpdate:
         self.future.add_done_callback(lambda _: fn(self))
 
     def __await__(self):
-        return asyncio.wrap_future(self.future).__await__()
+        return asyncio.shield(asyncio.wrap_future(self.future)).__await__()
 
     def __repr__(self) -> str:
         state = "pending"

@@ -48,6 +48,7 @@ FAILOVER_ERRORS: tuple[type[BaseException], ...] = (
 )
 # A health probe that hangs longer than this counts as a failed probe.
 _PROBE_TIMEOUT_S = 5.0
+_CLOSE_SETTLE_S = 5.0
 # A recovering backend that does not apply the latest weights within this stays out.
 _READMIT_WEIGHTS_TIMEOUT_S = 120.0
 _NO_PARAMS = object()
@@ -208,22 +209,26 @@ class EnginePool:
         ) from last_error
 
     def update_weights(self, params: Any, version: int) -> WeightUpdate:
-        """Hand new weights to every backend, healthy or not (call on the pool's loop).
+        """Hand new weights to every backend in rotation (call on the pool's loop).
 
-        Returns a :class:`WeightUpdate` that resolves once every backend has applied
-        them or failed: to the version if at least one applied, else :class:`EngineError`.
-        A backend's version is recorded only when it has applied them; one whose update
-        fails (at once or later) is taken out of rotation and marked stale, and the health
-        task pushes the latest weights to it, and waits for them to be applied, before
-        letting it back in: no backend ever returns with old weights. A ``ValueError``
-        raised before any backend accepted the update (params that fit no backend)
-        propagates and nothing changes.
+        Returns a :class:`WeightUpdate` that resolves as soon as one backend has
+        applied them (the new policy is being served), or fails with
+        :class:`EngineError` once every backend has failed; the rest settle in the
+        background, so a slow or hung backend never holds the learner. A backend's
+        version is recorded only when it has applied them; one whose update fails (at
+        once or later) is taken out of rotation, and one out of rotation gets no
+        update: the health task pushes it the latest weights, and waits for them to be
+        applied, before letting it back in, so no backend ever returns with old
+        weights. A ``ValueError`` raised before any backend accepted the update
+        (params that fit no backend) propagates and nothing changes.
         """
         version = int(version)
         loop = asyncio.get_running_loop()
         handed: list[tuple[_Backend, WeightUpdate]] = []
         errors: list[str] = []
         for b in self._backends:
+            if not b.healthy:
+                continue
             try:
                 update = WeightUpdate.of(b.engine.update_weights(params, version), version)
             except ValueError as exc:
@@ -250,19 +255,26 @@ class EnginePool:
         errors: list[str],
         combined: WeightUpdate,
     ) -> None:
-        """Record each backend's outcome of one update, then resolve ``combined``."""
+        """Record each backend's outcome of one update as it comes; ``combined`` resolves
+        at the first success (or fails when none is left)."""
         applied = 0
-        results = await asyncio.gather(*(update for _, update in handed), return_exceptions=True)
-        for (b, _), result in zip(handed, results, strict=True):
-            if isinstance(result, BaseException):
-                self._weights_failed(b, version, result, errors)
-            else:
-                # Each backend applies its updates in order; keep the newest it confirmed.
-                b.weights_version = max(version, b.weights_version or version)
-                applied += 1
-        if applied:
-            combined.set_applied()
-        else:
+
+        async def outcome(b: _Backend, update: WeightUpdate):
+            try:
+                return b, await update, None
+            except Exception as exc:
+                return b, None, exc
+
+        for done in asyncio.as_completed([outcome(b, u) for b, u in handed]):
+            b, _, error = await done
+            if error is not None:
+                self._weights_failed(b, version, error, errors)
+                continue
+            # Each backend applies its updates in order; keep the newest it confirmed.
+            b.weights_version = max(version, b.weights_version or version)
+            applied += 1
+            combined.set_applied()  # (from the first success on, a no-op)
+        if not applied:
             reasons = "; ".join(errors) or "no backends"
             logger.error("update_weights v%d reached no backend: %s", version, reasons)
             combined.set_failed(
@@ -317,8 +329,14 @@ class EnginePool:
         for result in await asyncio.gather(*closers, return_exceptions=True):
             if isinstance(result, Exception):
                 logger.warning("closing a pool backend failed: %r", result)
-        # Closed backends resolve their pending updates (applied or failed): settle them.
-        await asyncio.gather(*self._background, return_exceptions=True)
+        # Closed backends resolve their pending updates (applied or failed): settle them;
+        # one that never answers is not waited for past a few seconds.
+        background = set(self._background)
+        if background:
+            _, stuck = await asyncio.wait(background, timeout=_CLOSE_SETTLE_S)
+            for task in stuck:
+                task.cancel()
+            await asyncio.gather(*stuck, return_exceptions=True)
 
     # ---------------------------------------------------------------- routing
     def _choose(self, session_id: str | None, tried: set[int]) -> _Backend | None:
@@ -426,8 +444,8 @@ class EnginePool:
             except Exception as exc:
                 logger.warning("backend %s answers but could not take weights: %r", b.name, exc)
                 return
-            b.weights_version = version
-            if version != self.version:
+            b.weights_version = max(version, b.weights_version or version)
+            if b.weights_version != self.version:
                 return  # newer weights came meanwhile: the next probe brings those
         b.healthy = True
         b.failures = 0
@@ -448,10 +466,11 @@ class EnginePool:
 
     async def _probe_and_update(self, backends: list[_Backend]) -> None:
         results = await asyncio.gather(*(self._probe(b) for b in backends))
+        await asyncio.gather(
+            *(self._readmit(b) for b, ok in zip(backends, results, strict=True) if ok)
+        )
         for b, ok in zip(backends, results, strict=True):
-            if ok:
-                await self._readmit(b)
-            else:
+            if not ok:
                 self._eject(b, "health probe failed")
 
     def _ensure_health_task(self) -> None:

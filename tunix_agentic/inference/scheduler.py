@@ -221,7 +221,14 @@ class Scheduler:
 
     # ------------------------------------------------------ from callers
     def send(self, command: Command) -> None:
-        """Hand a command to the thread (starting one if none runs)."""
+        """Hand a command to the thread (starting one if none runs).
+
+        After a failure no thread starts again: weights sent then fail at once.
+        """
+        if self.failure is not None:
+            if isinstance(command, Weights):
+                command.update.set_failed(EngineError(f"engine scheduler failed: {self.failure}"))
+            return
         self._commands.put(command)
         self._ensure_thread()
         self._wake.set()

@@ -329,11 +329,14 @@ def save_hf(
     tokenizer_dir: str | Path | None = None,
     dtype: str | None = None,
     max_shard_bytes: int = 4 * 2**30,
+    base_config: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``model`` as a Hugging Face directory: ``config.json``, safetensors (sharded
     with an index past ``max_shard_bytes``), and ``tokenizer_dir``'s tokenizer files.
 
     ``dtype`` casts every tensor on the way out (default: the model's dtype).
+    ``base_config``: the ``config.json`` the model came from; its other fields
+    (``max_position_embeddings``, token ids, ...) are kept, the shape is ours.
     """
     from safetensors.flax import save_file
 
@@ -371,7 +374,14 @@ def save_hf(
         total = sum(a.nbytes for shard in shards for a in shard.values())
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    hf_config = config_to_hf(dataclasses.replace(cfg, dtype=dtype))
+    base_config = dict(base_config or {})
+    hf_config = {
+        **base_config,
+        **config_to_hf(
+            dataclasses.replace(cfg, dtype=dtype),
+            max_position_embeddings=int(base_config.get("max_position_embeddings", 32_768)),
+        ),
+    }
     (out / "config.json").write_text(json.dumps(hf_config, indent=2))
     if tokenizer_dir is not None:
         for name in TOKENIZER_FILES:

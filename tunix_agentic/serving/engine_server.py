@@ -652,8 +652,9 @@ def engine_from_config(
     version = 0
     model_path = f"random-init(seed={cfg.seed})"
     if params_path is not None and is_hf_dir(params_path):
-        cfg = dataclasses.replace(cfg, model=read_hf_config(params_path, dtype=cfg.model.dtype))
-        model = load_hf_model(params_path, dtype=cfg.model.dtype)
+        # Served at the checkpoint's own dtype (a bf16 checkpoint stays bf16).
+        cfg = dataclasses.replace(cfg, model=read_hf_config(params_path))
+        model = load_hf_model(params_path)
         params_path, model_path = None, str(Path(model.cfg.path).absolute())
     else:
         model = build_model(cfg.model, seed=cfg.seed)
