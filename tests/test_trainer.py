@@ -164,3 +164,42 @@ def test_names_and_sampling_values_are_checked_at_config_load(override, names, c
     assert main(["train", "--config", CONFIG, override]) == 2
     err = capsys.readouterr().err
     assert "error" in err and override.split("=")[0].split(".")[-1] in err and names in err
+
+
+async def test_a_run_inside_a_running_event_loop_stops_cleanly_on_interrupt(tmp_path):
+    """As in a notebook: run() is called while an event loop runs on this thread. The
+    run gets its own thread; interrupting the kernel (SIGINT to the main thread) stops it
+    like Ctrl-C: the last finished step is checkpointed and RunInterrupted is raised."""
+    import signal
+    import threading
+    import time
+
+    from tunix_agentic.trainer import RunInterrupted
+
+    run_dir = tmp_path / "nb"
+    cfg = load_config(
+        CONFIG,
+        [*TINY_RUN_OVERRIDES, "engine.max_seq_len=128", "rl.steps=500", f"run_dir={run_dir}"],
+    )
+    main_thread = threading.main_thread().ident
+
+    def interrupt_once_rl_runs():
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if (run_dir / "checkpoints" / "0").exists():  # the warm start is saved: RL runs
+                time.sleep(1.0)
+                signal.pthread_kill(main_thread, signal.SIGINT)
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=interrupt_once_rl_runs, daemon=True).start()
+    # As ipykernel does while a cell runs: SIGINT raises KeyboardInterrupt where the main
+    # thread is (asyncio's runner would instead cancel its task at the next await).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(RunInterrupted) as info:
+            Trainer(cfg, progress=False).run()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert info.value.exit_code == 130 and info.value.step is not None
+    assert (run_dir / "checkpoints" / str(info.value.step)).exists()

@@ -162,11 +162,15 @@ class StopSignals:
         self._previous.clear()
 
     def _handle(self, signum: int, frame: Any) -> None:
+        self.request(signum)
+        for sig, handler in self._previous.items():  # a second signal is not ours to soften
+            signal.signal(sig, handler)
+
+    def request(self, signum: int) -> None:
+        """Ask for a clean stop as signal ``signum`` would (callable from any thread)."""
         if self.signum is None:
             self.signum = signum
             self.loop.call_soon_threadsafe(self.event.set)
-        for sig, handler in self._previous.items():  # a second signal is not ours to soften
-            signal.signal(sig, handler)
 
     @property
     def requested(self) -> bool:
@@ -290,14 +294,25 @@ class Trainer:
     # ---------------------------------------------------------------- run
     def run(self) -> TrainResult:
         """Run to the end (blocking). Inside a running event loop (Jupyter, Colab) the run
-        gets a thread and a loop of its own; SIGINT/SIGTERM handling then stays the
-        notebook's (signals reach only the main thread)."""
+        gets a thread and a loop of its own; interrupting the kernel then stops it the way
+        Ctrl-C does (the step under way finishes, it is checkpointed, RunInterrupted is
+        raised), and a second interrupt returns at once, leaving the run's thread to end."""
         try:
             asyncio.get_running_loop()
         except RuntimeError:
             return asyncio.run(self._run())
-        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tunix-run") as pool:
-            return pool.submit(asyncio.run, self._run()).result()
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tunix-run")
+        future = pool.submit(asyncio.run, self._run())
+        try:
+            try:
+                return future.result()
+            except KeyboardInterrupt:
+                if self._signals is None:
+                    raise
+                self._signals.request(signal.SIGINT)
+                return future.result()  # raises RunInterrupted once the run has stopped
+        finally:
+            pool.shutdown(wait=False)
 
     async def _run(self) -> TrainResult:
         loop = asyncio.get_running_loop()

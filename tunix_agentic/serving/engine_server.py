@@ -651,22 +651,18 @@ def engine_from_config(
         raise FileNotFoundError(f"--params {params_path!r} does not exist")
     version = 0
     model_path = f"random-init(seed={cfg.seed})"
-    if params_path is not None and is_hf_dir(params_path):
+    path = None if params_path is None else Path(params_path)
+    if path is not None and is_hf_dir(path):
         # Served at the checkpoint's own dtype (a bf16 checkpoint stays bf16).
-        cfg = dataclasses.replace(cfg, model=read_hf_config(params_path))
-        model = load_hf_model(params_path)
-        params_path, model_path = None, str(Path(model.cfg.path).absolute())
+        cfg = dataclasses.replace(cfg, model=read_hf_config(path))
+        model = load_hf_model(path)
+    elif path is not None and (path / "checkpoints").is_dir():
+        model, version = load_run_policy(path, cfg)  # no random init, no source weights read
     else:
         model = build_model(cfg.model, seed=cfg.seed)
-    if params_path is not None:
-        path = Path(params_path)
-        params = nnx.state(model, nnx.Param)
-        if (path / "checkpoints").is_dir():
-            policy, version = load_run_policy(path, cfg)
-            params = nnx.state(policy, nnx.Param)
-        else:
-            params = load_params(path, params)
-        nnx.update(model, params)
+        if path is not None:
+            nnx.update(model, load_params(path, nnx.state(model, nnx.Param)))
+    if path is not None:
         model_path = str(path.absolute())
     engine = JaxEngine(model, cfg.engine, version=version)
     info = {
