@@ -77,7 +77,7 @@ class GRPOLearner:
             adapters = init_adapters(self.base, config.lora, jax.random.key(seed))
             self.state = TrainState(model, optimizer, trainable=adapters)
         else:
-            self.state = TrainState(model, optimizer)
+            self.state = TrainState(model, optimizer, master_dtype=config.optimizer.master_dtype)
         # The KL reference: the policy as it starts. Under LoRA that is the frozen base itself
         # (fresh adapters add nothing; neither is donated, so no copy is needed).
         self.ref_params = None
@@ -152,7 +152,7 @@ class GRPOLearner:
     def params_for_engine(self) -> Any:
         """The policy's full parameters, fresh arrays (LoRA adapters merged in)."""
         if self.base is None:
-            return self.state.params_copy()
+            return self.state.params_for_model()
         return self._merge(self.state.params, self.base)
 
     def policy_model(self) -> nnx.Module:

@@ -24,7 +24,9 @@ class SFTTrainer:
     """
 
     def __init__(self, model: nnx.Module, optimizer: OptimizerConfig = OptimizerConfig()):
-        self.state = TrainState(model, make_optimizer(optimizer))
+        self.state = TrainState(
+            model, make_optimizer(optimizer), master_dtype=optimizer.master_dtype
+        )
         self._step = jax.jit(self._step_impl, donate_argnums=(0, 1))
 
     def _step_impl(self, params, opt_state, batch):

@@ -28,6 +28,10 @@ class OptimizerConfig:
     final_lr_fraction: float = 0.0
     b1: float = 0.9
     b2: float = 0.99
+    # "float32": keep a float32 master copy of bfloat16/float16 weights (the optimizer's
+    # state too); the model still computes in its own dtype and the engine gets its dtype
+    # back. "": train the weights in their own dtype (small steps round away in bf16).
+    master_dtype: str = ""
 
     def __post_init__(self):
         if not self.learning_rate > 0:
@@ -40,6 +44,10 @@ class OptimizerConfig:
             raise ValueError(
                 "optimizer.warmup_steps and optimizer.decay_steps must be >= 0, got "
                 f"{self.warmup_steps} and {self.decay_steps}"
+            )
+        if self.master_dtype not in ("", "float32"):
+            raise ValueError(
+                f"optimizer.master_dtype must be '' or 'float32', got {self.master_dtype!r}"
             )
         if not 0.0 <= self.final_lr_fraction <= 1.0:
             raise ValueError(
@@ -74,10 +82,16 @@ class TrainState:
         optimizer: optax.GradientTransformation,
         *,
         trainable: Any = None,
+        master_dtype: str = "",
     ):
         """``trainable``: the tree to optimise instead of the model's parameters (LoRA
-        adapters); ``params`` then holds it, and ``graphdef`` still the model's graph."""
+        adapters); ``params`` then holds it, and ``graphdef`` still the model's graph.
+        ``master_dtype="float32"``: the parameters are kept (and optimised) in float32;
+        :meth:`params_for_model` gives them back in the model's own dtypes."""
         self.graphdef, params = nnx.split(model, nnx.Param)
+        self.model_dtypes = jax.tree.map(lambda x: x.dtype, params)
+        if trainable is None and master_dtype:
+            params = jax.tree.map(lambda x: x.astype(master_dtype), params)
         self.params = params if trainable is None else trainable
         self.optimizer = optimizer
         self.opt_state = optimizer.init(self.params)
@@ -85,11 +99,16 @@ class TrainState:
 
     def model(self) -> nnx.Module:
         """A module view of the current parameters (shares no buffers that a step donates)."""
-        return nnx.merge(self.graphdef, self.params_copy())
+        return nnx.merge(self.graphdef, self.params_for_model())
 
     def params_copy(self) -> Any:
         """A copy of the parameters that stays valid after the next (donating) step."""
         return jax.tree.map(jnp.copy, self.params)
+
+    def params_for_model(self) -> Any:
+        """A copy of the parameters in the model's own dtypes (a float32 master copy cast
+        back), valid after the next (donating) step."""
+        return jax.tree.map(lambda x, dt: jnp.array(x, dtype=dt), self.params, self.model_dtypes)
 
     def load(self, params: Any, opt_state: Any | None, step: int) -> None:
         self.params = params
