@@ -12,6 +12,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -204,3 +207,27 @@ def test_missing_tensors_are_named(checkpoint, tmp_path):
     (broken / "config.json").write_text((path / "config.json").read_text())
     with pytest.raises(UnsupportedCheckpointError, match="model.norm.weight"):
         load_hf_model(broken)
+
+
+def test_loading_onto_a_mesh_reads_shards_and_keeps_the_logits(checkpoint, tmp_path):
+    """Four CPU devices (a subprocess: the device count is fixed when JAX starts): every
+    matrix whose first dimension divides is split over them, and the logits are the
+    single-device ones."""
+    _, _, path = checkpoint
+    ids = np.random.default_rng(5).integers(0, DIMS["vocab_size"], (1, 12))
+    want = _our_logits(load_hf_model(path, dtype="float32"), ids)
+    np.save(tmp_path / "ids.npy", ids)
+    probe = f"""
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh
+from tunix_agentic.models.hf import first_axis_sharding, load_hf_model
+mesh = Mesh(np.array(jax.devices()), ("fsdp",))
+model = load_hf_model({str(path)!r}, dtype="float32", sharding=first_axis_sharding(mesh, "fsdp"))
+kernel = model.layers[0].mlp.gate_proj.kernel[...]
+assert len(kernel.sharding.device_set) == 4 and kernel.addressable_shards[0].data.shape[0] == kernel.shape[0] // 4
+ids = jnp.asarray(np.load({str(tmp_path / "ids.npy")!r}))
+np.save({str(tmp_path / "got.npy")!r}, np.asarray(model(ids, jnp.arange(ids.shape[1])[None])[0]))
+"""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    subprocess.run([sys.executable, "-c", probe], check=True, env=env, timeout=300)
+    np.testing.assert_allclose(np.load(tmp_path / "got.npy"), want, atol=1e-5, rtol=0)

@@ -3,8 +3,9 @@
 Reads ``config.json`` and ``*.safetensors`` (one file or a sharded
 ``model.safetensors.index.json``) of the Qwen3 dense family or Llama 3
 (``rope_scaling`` of type ``llama3`` included) into :class:`Transformer`,
-tensor by tensor: each one goes from the memory-mapped file to its device (or to
-the sharding a caller names), so no full host copy of the model is made.
+tensor by tensor: each one goes from the memory-mapped file to its device, or, where
+a sharding is named, each device reads only its own shard of it, so no full
+host copy of the model is made.
 Configurations the model cannot run exactly (biases, sliding windows, mixtures
 of experts, other rope scalings) are refused with an error naming the field.
 
@@ -24,6 +25,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from tunix_agentic.models.transformer import ModelConfig, Transformer
@@ -249,13 +251,14 @@ def load_hf_model(
     path: str | Path,
     *,
     dtype: str | None = None,
-    sharding: Callable[[tuple[Any, ...]], jax.sharding.Sharding] | None = None,
+    sharding: Callable[[tuple[Any, ...], tuple[int, ...]], jax.sharding.Sharding] | None = None,
 ) -> Transformer:
     """A :class:`Transformer` with the weights of the HF model directory ``path``.
 
     ``dtype`` casts the weights (norm scales stay float32, as the model keeps
-    them); ``sharding(param_path)`` places each parameter (default: the default
-    device). Tensors are read one at a time from the memory-mapped files.
+    them); ``sharding(param_path, shape)`` places each parameter (default: the
+    default device; see :func:`first_axis_sharding`). Tensors are read one at a
+    time from the memory-mapped files; with a sharding, shard by shard.
     """
     cfg = read_hf_config(path, dtype=dtype)
     abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
@@ -268,7 +271,7 @@ def load_hf_params(
     params_like: Any,
     *,
     cfg: ModelConfig | None = None,
-    sharding: Callable[[tuple[Any, ...]], jax.sharding.Sharding] | None = None,
+    sharding: Callable[[tuple[Any, ...], tuple[int, ...]], jax.sharding.Sharding] | None = None,
 ) -> Any:
     """``params_like`` (an ``nnx.State`` of the model's parameters; arrays or shapes)
     filled with the HF directory's tensors, each cast to the dtype it has there.
@@ -300,18 +303,21 @@ def load_hf_params(
             for key in ours[:-1]:
                 node = node[key]
             like = node[ours[-1]]
-            tensor = handles[file].get_tensor(hf)
-            if transposed:
-                tensor = tensor.T
-            if tuple(tensor.shape) != tuple(like.shape):
+            want = tuple(like.shape)
+            stored = tuple(handles[file].get_slice(hf).get_shape())
+            if (stored[::-1] if transposed else stored) != want:
                 raise UnsupportedCheckpointError(
-                    f"{hf}: shape {tuple(tensor.shape)} does not match the model "
-                    f"(expected {tuple(like.shape)})"
+                    f"{hf}: shape {stored} does not match the model (expected "
+                    f"{want[::-1] if transposed else want})"
                 )
-            tensor = tensor.astype(like.dtype)
             if sharding is not None:
-                tensor = jax.device_put(tensor, sharding(ours))
-            elif isinstance(like, jax.Array):
+                node[ours[-1]] = _read_sharded(
+                    handles[file].get_slice(hf), transposed, want, like.dtype, sharding(ours, want)
+                )
+                continue
+            tensor = handles[file].get_tensor(hf)
+            tensor = (tensor.T if transposed else tensor).astype(like.dtype)
+            if isinstance(like, jax.Array):
                 tensor = jax.device_put(tensor, like.sharding)
             node[ours[-1]] = tensor
     finally:
@@ -319,6 +325,36 @@ def load_hf_params(
             handle.__exit__(None, None, None)
     nnx.replace_by_pure_dict(params_like, pure)
     return params_like
+
+
+def _read_sharded(
+    stored: Any, transposed: bool, shape: tuple[int, ...], dtype: Any, target: Any
+) -> jax.Array:
+    """One parameter placed on ``target``, each device reading only its shard of the file."""
+
+    def shard(index: tuple[slice, ...]) -> np.ndarray:
+        part = stored[index[::-1] if transposed else index]
+        part = part.T if transposed else part
+        return np.asarray(part.astype(dtype))
+
+    return jax.make_array_from_callback(shape, target, shard)
+
+
+def first_axis_sharding(
+    mesh: jax.sharding.Mesh, axis: str
+) -> Callable[[tuple[Any, ...], tuple[int, ...]], jax.sharding.Sharding]:
+    """A simple placement for :func:`load_hf_model`: each matrix split along its first
+    dimension over mesh axis ``axis`` when it divides evenly, everything else replicated."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    size = mesh.shape[axis]
+
+    def place(path: tuple[Any, ...], shape: tuple[int, ...]) -> jax.sharding.Sharding:
+        if len(shape) >= 2 and shape[0] % size == 0:
+            return NamedSharding(mesh, PartitionSpec(axis))
+        return NamedSharding(mesh, PartitionSpec())
+
+    return place
 
 
 # ------------------------------------------------------------------- saving
