@@ -128,6 +128,25 @@ def test_export_loads_back_in_transformers(checkpoint, tmp_path):
     again = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     ids = np.random.default_rng(2).integers(0, DIMS["vocab_size"], (1, 30))
     np.testing.assert_allclose(_hf_logits(again, ids), _hf_logits(hf, ids), atol=1e-5, rtol=0)
+    # What we export, transformers generates from exactly as our engine does.
+    prompt = [7, 3, 61, 12, 40]
+    with torch.no_grad():
+        theirs = again.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=16,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[0, len(prompt) :].tolist()
+
+    async def ours():
+        engine = JaxEngine(model, EngineConfig(max_slots=1, max_seq_len=64, decode_steps=4))
+        try:
+            return await engine.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=16))
+        finally:
+            await engine.close()
+
+    assert asyncio.run(ours()).token_ids == theirs
     # And our loader reads our export to the same config.
     assert read_hf_config(out) == dataclasses.replace(model.cfg, path=str(out))
 
