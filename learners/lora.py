@@ -50,12 +50,17 @@ class LoRAConfig:
         return self.alpha / self.rank
 
 
+def _key(path: Any) -> str:
+    """An adapter's key: its kernel's path, e.g. ``layers/0/attn/q_proj/kernel``."""
+    return "/".join(map(str, path))
+
+
 def _targets(params: Any, cfg: LoRAConfig) -> dict[str, tuple[Any, ...]]:
     """Adapter key -> path of each targeted kernel in ``params`` (an nnx State)."""
     out = {}
     for path, _ in nnx.to_flat_state(params):
         if len(path) >= 2 and path[-1] == "kernel" and path[-2] in cfg.targets:
-            out["/".join(map(str, path))] = tuple(path)
+            out[_key(path)] = tuple(path)
     if not out:
         raise ValueError(f"no linear kernels named {cfg.targets} in the model")
     return out
@@ -89,7 +94,7 @@ def merge(base: Any, adapters: dict[str, dict[str, jax.Array]], scale: float) ->
 
     def add(path, leaf):
         # A State's leaves sit under their Variable (a trailing ``.value``): keys only.
-        name = "/".join(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
+        name = _key(k.key for k in path if isinstance(k, jax.tree_util.DictKey))
         adapter = adapters.get(name)
         if adapter is None:
             return leaf

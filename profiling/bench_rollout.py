@@ -183,7 +183,7 @@ async def prepare_policy(
         )
         warm_s = await warm_engine(engine) if p.warmup else 0.0
         await trained
-    engine.update_weights(trainer.state.params_copy(), engine.version)
+    engine.update_weights(trainer.state.params_for_model(), engine.version)
     return engine, trainer, batches, warm_s
 
 
@@ -485,7 +485,7 @@ async def run(p: BenchParams) -> dict[str, Any]:
             break
         sft(trainer, batches, p.sft_steps)
         steps += p.sft_steps
-        engine.update_weights(trainer.state.params_copy(), engine.version)
+        engine.update_weights(trainer.state.params_for_model(), engine.version)
         tool_use = await tool_use_rate(engine, template, p)
     print(
         f"warm start: {steps} SFT steps (batch {p.sft_batch}, tool_fraction 1.0) beside the "
@@ -497,7 +497,7 @@ async def run(p: BenchParams) -> dict[str, Any]:
         f"per mode, batches of {p.groups_per_batch} tasks x G={p.group_size}; async pools {p.pool}, "
         f"max_staleness {p.max_staleness}, prefetch_groups {p.prefetch_groups}"
     )
-    params = trainer.state.params_copy()
+    params = trainer.state.params_for_model()
     compiles0 = dict(engine.compiles)
     sync = await run_sync(engine, template, p, params, engine.version)
     print(sync.line())

@@ -89,6 +89,29 @@ def _our_logits(model, ids: np.ndarray) -> np.ndarray:
     return np.asarray(model(jnp.asarray(ids), positions)[0])
 
 
+def _hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
+    with torch.no_grad():
+        out = hf.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+def _engine_greedy(model, prompt: list[int], n: int) -> list[int]:
+    async def run():
+        engine = JaxEngine(model, EngineConfig(max_slots=1, max_seq_len=64, decode_steps=4))
+        try:
+            return await engine.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=n))
+        finally:
+            await engine.close()
+
+    return asyncio.run(run()).token_ids
+
+
 def test_logits_match_transformers(checkpoint):
     kind, hf, path = checkpoint
     model = load_hf_model(path, dtype="float32")
@@ -130,23 +153,7 @@ def test_export_loads_back_in_transformers(checkpoint, tmp_path):
     np.testing.assert_allclose(_hf_logits(again, ids), _hf_logits(hf, ids), atol=1e-5, rtol=0)
     # What we export, transformers generates from exactly as our engine does.
     prompt = [7, 3, 61, 12, 40]
-    with torch.no_grad():
-        theirs = again.generate(
-            torch.tensor([prompt]),
-            max_new_tokens=16,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )[0, len(prompt) :].tolist()
-
-    async def ours():
-        engine = JaxEngine(model, EngineConfig(max_slots=1, max_seq_len=64, decode_steps=4))
-        try:
-            return await engine.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=16))
-        finally:
-            await engine.close()
-
-    assert asyncio.run(ours()).token_ids == theirs
+    assert _engine_greedy(model, prompt, 16) == _hf_greedy(again, prompt, 16)
     # And our loader reads our export to the same config.
     assert read_hf_config(out) == dataclasses.replace(model.cfg, path=str(out))
 
@@ -166,24 +173,7 @@ def test_engine_greedy_generation_equals_transformers(checkpoint):
     _, hf, path = checkpoint
     model = load_hf_model(path, dtype="float32")
     prompt = [5, 17, 33, 2, 71, 8]
-    with torch.no_grad():
-        want = hf.generate(
-            torch.tensor([prompt]),
-            max_new_tokens=20,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )[0, len(prompt) :].tolist()
-
-    async def ours():
-        engine = JaxEngine(model, EngineConfig(max_slots=2, max_seq_len=64, decode_steps=4))
-        try:
-            return await engine.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=20))
-        finally:
-            await engine.close()
-
-    out = asyncio.run(ours())
-    assert out.token_ids == want
+    assert _engine_greedy(model, prompt, 20) == _hf_greedy(hf, prompt, 20)
 
 
 def test_bfloat16_load_stays_close_to_fp32(checkpoint):

@@ -22,7 +22,7 @@ from tunix_agentic.learners.lora import LoRAConfig, init_adapters, merge
 from tunix_agentic.models.hf import load_hf_model
 from tunix_agentic.models.transformer import sequence_logprobs
 from tunix_agentic.serving import engine_from_config
-from tunix_agentic.testing import TINY, TINY_RUN_OVERRIDES, tiny_model
+from tunix_agentic.testing import TINY, TINY_RUN_OVERRIDES, on_policy_batch, tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,21 +55,6 @@ def test_fresh_adapters_leave_the_model_unchanged_and_touch_only_their_targets()
         LoRAConfig(rank=2, targets=("embed",))
 
 
-def _batch(model, rows: int = 4, length: int = 24, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(3, model.cfg.vocab_size, (rows, length)).astype(np.int32)
-    mask = np.zeros((rows, length), np.float32)
-    mask[:, 8:] = 1.0
-    old = np.asarray(sequence_logprobs(model, jnp.asarray(ids)))
-    old = np.concatenate([np.zeros((rows, 1), np.float32), old], axis=1) * mask
-    return {
-        "input_ids": ids,
-        "loss_mask": mask,
-        "old_logprobs": old.astype(np.float32),
-        "advantages": np.asarray([1.0, -1.0, 1.0, -1.0], np.float32),
-    }
-
-
 def test_only_adapters_train_and_the_engine_samples_the_merged_policy():
     """verl #7495: rollouts kept sampling the base policy. Here the engine's outputs change
     after a LoRA update, and its logprobs are the merged policy's."""
@@ -96,7 +81,7 @@ def test_only_adapters_train_and_the_engine_samples_the_merged_policy():
 
     engine_model = learner.policy_model()
     before = asyncio.run(generate())
-    batch = _batch(model)
+    batch = on_policy_batch(model)
     for _ in range(8):
         out = learner.train_step(batch)
     assert np.isfinite(out["loss"])
@@ -214,7 +199,7 @@ def test_adapters_stay_float32_on_a_bfloat16_model_so_small_steps_count():
         ),
     )
     assert all(a["a"].dtype == jnp.float32 for a in learner.state.params.values())
-    learner.train_step(_batch(model))
+    learner.train_step(on_policy_batch(model))
     assert any(np.any(np.asarray(a["b"]) != 0) for a in learner.state.params.values())
     assert learner.params_for_engine()["embed"]["embedding"].dtype == jnp.bfloat16
     with pytest.raises(ValueError, match="match no kernel"):

@@ -17,20 +17,9 @@ from tunix_agentic.learners.grpo import GRPOConfig, GRPOLearner
 from tunix_agentic.learners.state import OptimizerConfig
 from tunix_agentic.models.hf import load_hf_model
 from tunix_agentic.models.transformer import sequence_logprobs
-from tunix_agentic.testing import TINY_RUN_OVERRIDES, tiny_model
+from tunix_agentic.testing import TINY_RUN_OVERRIDES, on_policy_batch, tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _batch(model, seed=0):
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(3, model.cfg.vocab_size, (4, 24)).astype(np.int32)
-    mask = np.zeros((4, 24), np.float32)
-    mask[:, 8:] = 1.0
-    old = np.asarray(sequence_logprobs(model, jnp.asarray(ids)), np.float32)
-    old = np.concatenate([np.zeros((4, 1), np.float32), old], axis=1) * mask
-    adv = np.asarray([1.0, -1.0, 1.0, -1.0], np.float32)
-    return {"input_ids": ids, "loss_mask": mask, "old_logprobs": old, "advantages": adv}
 
 
 def _learner(model, master: str, lr: float = 1e-5) -> GRPOLearner:
@@ -51,7 +40,7 @@ def _moved(before, after) -> float:
 
 def test_small_steps_round_away_in_bfloat16_and_count_with_a_float32_master():
     model = tiny_model(seed=7, dtype="bfloat16")
-    batch = _batch(model)
+    batch = on_policy_batch(model)
     # One model each: a learner takes ownership of its model's buffers (its step donates).
     plain = _learner(model, "")
     master = _learner(tiny_model(seed=7, dtype="bfloat16"), "float32")

@@ -118,8 +118,10 @@ def _like(tree: Any) -> Any:
 def load_run_params(run_dir: str | Path, params_like: Any) -> tuple[Any, int]:
     """The newest checkpoint's parameters of a run directory, and their weight version.
 
-    The one way a run's model is read for serving; the trainer restores the
-    optimizer state beside it with :meth:`Checkpointer.restore`.
+    ``params_like`` is the tree the run saved (see ``GRPOLearner.checkpoint_params``);
+    :func:`tunix_agentic.export.load_run_policy` builds it and turns the result into the
+    run's policy for export and serving. The trainer restores the optimizer state beside
+    the parameters with :meth:`Checkpointer.restore`.
     """
     ckpt = Checkpointer(Path(run_dir) / "checkpoints")
     try:

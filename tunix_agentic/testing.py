@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from tunix_agentic.learners.batching import pad_rows
 from tunix_agentic.learners.sft import SFTTrainer
 from tunix_agentic.learners.state import OptimizerConfig
-from tunix_agentic.models.transformer import ModelConfig, Transformer
+from tunix_agentic.models.transformer import ModelConfig, Transformer, sequence_logprobs
 
 # Prime-ish, mutually distinct dims make shape mistakes show up as errors.
 TINY = ModelConfig(
@@ -37,6 +38,19 @@ TINY_RUN_OVERRIDES = (
     "sft.batch_size=8",
     "rl.eval_tasks=4",
 )
+
+
+def on_policy_batch(model: Transformer, seed: int = 0) -> dict[str, np.ndarray]:
+    """A GRPO batch of 4 random 24-token rows (the last 16 trained), scored by ``model``
+    itself (ratios start at 1), advantages +1/-1/+1/-1."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(3, model.cfg.vocab_size, (4, 24)).astype(np.int32)
+    mask = np.zeros((4, 24), np.float32)
+    mask[:, 8:] = 1.0
+    old = np.asarray(sequence_logprobs(model, jnp.asarray(ids)), np.float32)
+    old = np.concatenate([np.zeros((4, 1), np.float32), old], axis=1) * mask
+    adv = np.asarray([1.0, -1.0, 1.0, -1.0], np.float32)
+    return {"input_ids": ids, "loss_mask": mask, "old_logprobs": old, "advantages": adv}
 
 
 def tiny_model(seed: int = 0, **overrides) -> Transformer:

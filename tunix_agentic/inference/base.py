@@ -12,7 +12,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
 from tunix_agentic.inference.sampling import SamplingParams
@@ -54,26 +54,25 @@ class WeightUpdate:
     new ones are in (no drain). Thread-safe: engines complete it from their own threads.
     """
 
-    def __init__(self, version: int, future: concurrent.futures.Future | None = None):
+    def __init__(self, version: int):
         self.version = int(version)
-        self.future: concurrent.futures.Future = future or concurrent.futures.Future()
+        self.future: concurrent.futures.Future = concurrent.futures.Future()
         # Running: a waiter that gives up (a timeout, a cancelled handler) cancels its own
         # wait, never the update, which the engine still resolves.
-        if not (self.future.running() or self.future.done()):
-            self.future.set_running_or_notify_cancel()
+        self.future.set_running_or_notify_cancel()
 
     # -------------------------------------------------------- constructors
     @classmethod
     def applied(cls, version: int) -> WeightUpdate:
         """A handle that is already resolved (the weights are in)."""
         update = cls(version)
-        update.future.set_result(update.version)
+        update.set_applied()
         return update
 
     @classmethod
     def failed(cls, version: int, error: BaseException) -> WeightUpdate:
         update = cls(version)
-        update.future.set_exception(error)
+        update.set_failed(error)
         return update
 
     @classmethod
@@ -96,7 +95,7 @@ class WeightUpdate:
         updates = list(updates)
         combined = cls(version)
         if not updates:
-            combined.future.set_result(combined.version)
+            combined.set_applied()
             return combined
         left = [len(updates)]
         lock = threading.Lock()
@@ -107,11 +106,11 @@ class WeightUpdate:
                 last = left[0] == 0
             if combined.future.done():
                 return
-            error = fut.exception() if not fut.cancelled() else EngineError("cancelled")
+            error = fut.exception()  # (never cancelled: see __init__)
             if error is not None:
-                _set(combined.future, exception=error)
+                combined.set_failed(error)
             elif last:
-                _set(combined.future, result=combined.version)
+                combined.set_applied()
 
         for update in updates:
             update.future.add_done_callback(one_done)
@@ -139,10 +138,6 @@ class WeightUpdate:
     def result(self, timeout: float | None = None) -> int:
         """Block until resolved (not on an event loop's thread): the version, or raise."""
         return self.future.result(timeout)
-
-    def add_done_callback(self, fn: Callable[[WeightUpdate], Any]) -> None:
-        """``fn(self)`` once resolved, on whichever thread resolves it."""
-        self.future.add_done_callback(lambda _: fn(self))
 
     def __await__(self):
         return asyncio.shield(asyncio.wrap_future(self.future)).__await__()

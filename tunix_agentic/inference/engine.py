@@ -272,9 +272,8 @@ class JaxEngine:
         else:
             update = WeightUpdate(version)
             self._scheduler.send(Weights(params, int(version), update))
-            if self.closed:  # it failed or closed meanwhile: the update may have no taker
-                if self._scheduler.failure is not None:
-                    update.set_failed(self._closed_error())
+            if self._scheduler.failure is not None:  # failed meanwhile: no thread will take it
+                update.set_failed(self._closed_error())
         self._latest_update = update
         return update
 

@@ -65,8 +65,12 @@ class _Backend:
     in_flight: int = 0  # requests this pool has sent it that are still awaiting
     failures: int = 0  # consecutive infrastructure failures
     served: int = 0  # successful requests
-    weights_version: int | None = None  # last version it accepted through this pool
+    weights_version: int | None = None  # last version it applied through this pool
     stamp: int = -1  # id of its one valid heap entry (lazy invalidation)
+
+    def applied(self, version: int) -> None:
+        """It applied ``version``; updates apply in order, so the newest confirmed stays."""
+        self.weights_version = max(version, self.weights_version or version)
 
 
 class EnginePool:
@@ -261,17 +265,17 @@ class EnginePool:
 
         async def outcome(b: _Backend, update: WeightUpdate):
             try:
-                return b, await update, None
+                await update
             except Exception as exc:
-                return b, None, exc
+                return b, exc
+            return b, None
 
         for done in asyncio.as_completed([outcome(b, u) for b, u in handed]):
-            b, _, error = await done
+            b, error = await done
             if error is not None:
                 self._weights_failed(b, version, error, errors)
                 continue
-            # Each backend applies its updates in order; keep the newest it confirmed.
-            b.weights_version = max(version, b.weights_version or version)
+            b.applied(version)
             applied += 1
             combined.set_applied()  # (from the first success on, a no-op)
         if not applied:
@@ -444,7 +448,7 @@ class EnginePool:
             except Exception as exc:
                 logger.warning("backend %s answers but could not take weights: %r", b.name, exc)
                 return
-            b.weights_version = max(version, b.weights_version or version)
+            b.applied(version)
             if b.weights_version != self.version:
                 return  # newer weights came meanwhile: the next probe brings those
         b.healthy = True

@@ -32,6 +32,7 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -283,13 +284,7 @@ class Scheduler:
         unapplied = [*self._superseded, *([self._pending_weights] if self._pending_weights else [])]
         self._superseded.clear()
         self._pending_weights = None
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(command, Weights):
-                unapplied.append(command)
+        unapplied += [c for c in self._queued() if isinstance(c, Weights)]
         for command in unapplied:
             command.update.set_failed(error)
 
@@ -335,12 +330,16 @@ class Scheduler:
                 if not self._wake.wait(IDLE_EXIT_S) and self._exit_if_idle():
                     return
 
-    def _take_commands(self) -> None:
+    def _queued(self) -> Iterator[Command]:
+        """Every command sent so far, taken off the queue in order."""
         while True:
             try:
-                command = self._commands.get_nowait()
+                yield self._commands.get_nowait()
             except queue.Empty:
                 return
+
+    def _take_commands(self) -> None:
+        for command in self._queued():
             if isinstance(command, Submit):
                 # Idle ended when the first of these requests was submitted.
                 self.clock.work_arrived(min(r.submitted for r in command.requests))

@@ -299,20 +299,19 @@ def load_hf_params(
             file = files[hf]
             if file not in handles:
                 handles[file] = safe_open(str(file), framework="flax").__enter__()
-            node = pure
-            for key in ours[:-1]:
-                node = node[key]
+            node = _parent(pure, ours)
             like = node[ours[-1]]
             want = tuple(like.shape)
-            stored = tuple(handles[file].get_slice(hf).get_shape())
-            if (stored[::-1] if transposed else stored) != want:
+            stored = handles[file].get_slice(hf)
+            shape = tuple(stored.get_shape())
+            if (shape[::-1] if transposed else shape) != want:
                 raise UnsupportedCheckpointError(
-                    f"{hf}: shape {stored} does not match the model (expected "
+                    f"{hf}: shape {shape} does not match the model (expected "
                     f"{want[::-1] if transposed else want})"
                 )
             if sharding is not None:
                 node[ours[-1]] = _read_sharded(
-                    handles[file].get_slice(hf), transposed, want, like.dtype, sharding(ours, want)
+                    stored, transposed, want, like.dtype, sharding(ours, want)
                 )
                 continue
             tensor = handles[file].get_tensor(hf)
@@ -325,6 +324,13 @@ def load_hf_params(
             handle.__exit__(None, None, None)
     nnx.replace_by_pure_dict(params_like, pure)
     return params_like
+
+
+def _parent(tree: dict, path: tuple[Any, ...]) -> dict:
+    """The dict of a nested pure-dict ``tree`` that holds the leaf at ``path``."""
+    for key in path[:-1]:
+        tree = tree[key]
+    return tree
 
 
 def _read_sharded(
@@ -384,10 +390,7 @@ def save_hf(
     shards: list[dict[str, jax.Array]] = [{}]
     size = 0
     for ours, hf, transposed in weight_names(cfg):
-        node = pure
-        for key in ours:
-            node = node[key]
-        array = jnp.asarray(node)
+        array = jnp.asarray(_parent(pure, ours)[ours[-1]])
         if transposed:
             array = array.T
         array = array.astype(dtype)

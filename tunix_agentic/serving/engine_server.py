@@ -645,7 +645,7 @@ def engine_from_config(
     from flax import nnx
 
     from tunix_agentic.export import load_run_policy
-    from tunix_agentic.models.hf import build_model, load_hf_model, read_hf_config
+    from tunix_agentic.models.hf import build_model, load_hf_model
 
     if params_path is not None and not Path(params_path).exists():
         raise FileNotFoundError(f"--params {params_path!r} does not exist")
@@ -653,9 +653,8 @@ def engine_from_config(
     model_path = f"random-init(seed={cfg.seed})"
     path = None if params_path is None else Path(params_path)
     if path is not None and is_hf_dir(path):
-        # Served at the checkpoint's own dtype (a bf16 checkpoint stays bf16).
-        cfg = dataclasses.replace(cfg, model=read_hf_config(path))
-        model = load_hf_model(path)
+        model = load_hf_model(path)  # at the checkpoint's own dtype (bf16 stays bf16)
+        cfg = dataclasses.replace(cfg, model=model.cfg)
     elif path is not None and (path / "checkpoints").is_dir():
         model, version = load_run_policy(path, cfg)  # no random init, no source weights read
     else:
