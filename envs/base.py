@@ -8,12 +8,16 @@ has ``done=True``, then ``evaluate()`` (the verifier, run in the orchestrator's 
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+import numpy as np
+
 from tunix_agentic.envs.tools import Tool, ToolCall
+
+SPLITS = ("train", "heldout")
 
 
 @dataclass(frozen=True)
@@ -87,26 +91,109 @@ class Environment(abc.ABC):
         return [tool.schema() for tool in self.tools.values()]
 
 
+@dataclass(frozen=True)
+class Task:
+    """A task any environment can take: a prompt, the expected answer, free-form data.
+
+    ``task_name`` is the task source's name in a run (set by the task mixture; it
+    tags every trajectory and its metrics). ``data`` holds what else the
+    environment needs (numbers, a grid, a repository...), JSON-serialisable so a
+    task can travel to a remote environment or be read from a file.
+    """
+
+    task_id: str
+    prompt: str
+    answer: Any = None
+    data: Mapping[str, Any] = field(default_factory=dict)
+    task_name: str = "default"
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any], *, index: int, split: str) -> Task:
+        """A task from one JSONL/parquet record: ``prompt`` (required), ``answer``,
+        ``task_id`` (default ``"<split>-<index>"``), and every other key into ``data``."""
+        if not isinstance(record, Mapping) or "prompt" not in record:
+            raise ValueError(f"{split} record {index} has no 'prompt' field: {record!r:.200}")
+        rest = {k: v for k, v in record.items() if k not in ("prompt", "answer", "task_id")}
+        return cls(
+            task_id=str(record.get("task_id", f"{split}-{index}")),
+            prompt=str(record["prompt"]),
+            answer=record.get("answer"),
+            data=rest,
+        )
+
+
+class TaskSource(abc.ABC):
+    """Where an environment's tasks come from: train and held-out tasks by index, and
+    optionally demonstrations for a supervised warm start.
+
+    ``task(index, seed=, split=)`` must be deterministic in its arguments (tasks are
+    generated on the fly, so a stream of a million costs no memory, and a
+    checkpointed stream position is enough to resume). The train and held-out
+    splits should not share tasks. ``num_tasks(split)`` bounds the index.
+    """
+
+    def num_tasks(self, split: str) -> int:
+        """How many distinct tasks ``split`` has (default: 1,000,000 train, 10,000 held-out)."""
+        return 1_000_000 if split == "train" else 10_000
+
+    @abc.abstractmethod
+    def task(self, index: int, *, seed: int, split: str) -> Any:
+        """The ``index``-th task of ``split`` for ``seed``."""
+
+    def demonstration(
+        self, task: Any, *, rng: np.random.Generator, use_tools: bool
+    ) -> list[dict[str, Any]] | None:
+        """A worked episode for ``task`` as chat messages after the prompt: ``{"role":
+        "assistant", "content": text}`` turns (with ``"tool_calls": [{"name": ...,
+        "arguments": {...}}]`` for calls, which the agent's parser format renders after
+        the text), each followed (except the last) by the environment's reply as
+        ``{"role": "tool" | "user", "content": ...}`` messages.
+        ``use_tools`` asks for one that uses the tools where the task allows both.
+        None (the default): this source has no demonstrations."""
+        return None
+
+    @property
+    def has_demonstrations(self) -> bool:
+        """Whether :meth:`demonstration` is overridden."""
+        return type(self).demonstration is not TaskSource.demonstration
+
+
 EnvFactory = Callable[..., Environment]
 _F = TypeVar("_F", bound=EnvFactory)
 _REGISTRY: dict[str, EnvFactory] = {}
+_TASKS: dict[str, TaskSource] = {}
+ENTRY_POINT_GROUP = "tunix_agentic.envs"
 
 
-def register_env(name: str) -> Callable[[_F], _F]:
-    """Class/function decorator registering an environment factory under ``name``.
+def register_env(name: str, *, tasks: TaskSource | None = None) -> Callable[[_F], _F]:
+    """Class/function decorator registering an environment factory under ``name``,
+    with the :class:`TaskSource` its tasks come from (None: tasks come from a file
+    or are given to the orchestrator directly).
 
     Registering a different factory under a name already taken raises ``ValueError``;
     registering the same one again (e.g. a module reload) is allowed.
     """
+    if tasks is not None and not isinstance(tasks, TaskSource):
+        raise TypeError(f"tasks must be a TaskSource, got {type(tasks).__name__}")
 
     def decorator(factory: _F) -> _F:
         existing = _REGISTRY.get(name)
         if existing is not None and _origin(existing) != _origin(factory):
             raise ValueError(f"environment {name!r} is already registered to {existing!r}")
         _REGISTRY[name] = factory
+        if tasks is not None:
+            _TASKS[name] = tasks
+        else:
+            _TASKS.pop(name, None)
         return factory
 
     return decorator
+
+
+def env_tasks(name: str) -> TaskSource | None:
+    """The task source registered with environment ``name`` (None if it has none)."""
+    get_env_factory(name)
+    return _TASKS.get(name)
 
 
 def _origin(factory: EnvFactory) -> tuple[str, str]:
@@ -119,13 +206,97 @@ def make_env(name: str, **kwargs: Any) -> Environment:
 
     Raises ``ValueError`` naming the known environments if ``name`` is not registered.
     """
+    return get_env_factory(name)(**kwargs)
+
+
+def get_env_factory(name: str) -> EnvFactory:
+    """The factory registered as ``name`` (entry points loaded if need be); raises
+    ``ValueError`` naming the registered environments if there is none."""
+    if name not in _REGISTRY:
+        load_entry_points()
     factory = _REGISTRY.get(name)
     if factory is None:
         known = ", ".join(available_envs()) or "none"
-        raise ValueError(f"unknown environment {name!r}; available environments: {known}")
-    return factory(**kwargs)
+        raise ValueError(
+            f"unknown environment {name!r}; available environments: {known} (a module of "
+            "yours registers its environments when imported: env.import in the config, or "
+            f"an entry point in the group {ENTRY_POINT_GROUP!r})"
+        )
+    return factory
 
 
 def available_envs() -> list[str]:
-    """Names of the registered environments, sorted."""
+    """Names of the registered environments, sorted (entry points loaded first)."""
+    load_entry_points()
     return sorted(_REGISTRY)
+
+
+_ENTRY_POINTS_LOADED = False
+
+
+def load_entry_points() -> None:
+    """Import every module named in the ``tunix_agentic.envs`` entry-point group once
+    (an installed package declares ``[project.entry-points."tunix_agentic.envs"]
+    name = "pkg.module"``; importing the module registers its environments)."""
+    global _ENTRY_POINTS_LOADED
+    if _ENTRY_POINTS_LOADED:
+        return
+    _ENTRY_POINTS_LOADED = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            ep.load()
+        except Exception as exc:  # a broken plug-in must not hide the others
+            import warnings
+
+            warnings.warn(
+                f"environment entry point {ep.name!r} ({ep.value}) failed to load: "
+                f"{type(exc).__name__}: {exc}",
+                stacklevel=2,
+            )
+
+
+def import_env_modules(modules: str | Sequence[str]) -> None:
+    """Import the user's modules so they register their environments.
+
+    Each item is a module path (``"mypkg.myenv"``; looked up on ``sys.path``, then in
+    the working directory, as ``python -m`` would) or a ``.py`` file. A module is
+    imported once. Raises ``ValueError`` naming the module that cannot be imported,
+    and why.
+    """
+    import importlib
+    import importlib.util
+    import os
+    import sys
+
+    for module in [modules] if isinstance(modules, str) else list(modules):
+        try:
+            if module.endswith(".py"):
+                path = os.path.abspath(module)
+                name = "tunix_agentic_user_env_" + os.path.splitext(os.path.basename(path))[0]
+                if name in sys.modules:
+                    continue
+                spec = importlib.util.spec_from_file_location(name, path)
+                if spec is None or not os.path.isfile(path):
+                    raise FileNotFoundError(f"no file {path}")
+                mod = importlib.util.module_from_spec(spec)
+                sys.modules[name] = mod
+                try:
+                    spec.loader.exec_module(mod)
+                except BaseException:
+                    del sys.modules[name]
+                    raise
+                continue
+            try:
+                importlib.import_module(module)
+            except ModuleNotFoundError as exc:
+                cwd = os.getcwd()
+                if exc.name != module.split(".")[0] or cwd in sys.path:
+                    raise
+                sys.path.append(cwd)  # a console script does not put the cwd on sys.path
+                importlib.import_module(module)
+        except Exception as exc:
+            raise ValueError(
+                f"cannot import environment module {module!r}: {type(exc).__name__}: {exc}"
+            ) from None

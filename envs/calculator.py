@@ -20,7 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from tunix_agentic.envs.base import Action, Environment, StepResult, register_env
+from tunix_agentic.envs.base import (
+    SPLITS,
+    Action,
+    Environment,
+    StepResult,
+    TaskSource,
+    register_env,
+)
 from tunix_agentic.envs.tools import Tool, call_tool
 
 MAX_EXPRESSION_CHARS = 200
@@ -155,7 +162,6 @@ class ArithmeticTask:
     task_name: str = "arithmetic"
 
 
-SPLITS = ("train", "heldout")
 _HELDOUT_BUCKETS = 10  # one expression in ten (by a stable hash) belongs to "heldout".
 _OPERATORS = ("+", "-", "*")
 
@@ -209,7 +215,34 @@ def answers_match(given: str, expected: str) -> bool:
     return given == expected
 
 
-@register_env("arithmetic")
+class ArithmeticTasks(TaskSource):
+    """The arithmetic task family: :func:`make_arithmetic_task`, and demonstrations for
+    the warm start that either use the calculator (call it, read its response, answer) or
+    answer at once with a guess that is usually wrong. That mix gives RL something to
+    discover: the warm-started policy calls the tool only part of the time, and reward
+    teaches it to always do so."""
+
+    def task(self, index: int, *, seed: int, split: str) -> ArithmeticTask:
+        return make_arithmetic_task(index, seed=seed, split=split)
+
+    def demonstration(
+        self, task: ArithmeticTask, *, rng: np.random.Generator, use_tools: bool
+    ) -> list[dict[str, Any]]:
+        if use_tools:
+            call = {"name": "calculator", "arguments": {"expression": task.expression}}
+            return [
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "content": task.answer},
+                {"role": "assistant", "content": f"<answer>{task.answer}</answer>"},
+            ]
+        value = int(float(task.answer))
+        guess = value + int(rng.choice([-1, 1])) * int(
+            rng.integers(1, max(10, abs(value) // 4 + 2))
+        )
+        return [{"role": "assistant", "content": f"<answer>{guess}</answer>"}]
+
+
+@register_env("arithmetic", tasks=ArithmeticTasks())
 class ArithmeticEnv(Environment):
     """Arithmetic with a calculator: tool calls until ``<answer>``; reward 1.0 if it is right.
 

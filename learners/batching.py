@@ -50,7 +50,10 @@ def grpo_batch(
 ) -> dict[str, np.ndarray]:
     """Arrays for one GRPO step: advantages computed within each group.
 
-    ``task_normalize`` (AgentRL's task advantage normalisation) then
+    A trajectory gives one row, or one per step when its steps saw less than the
+    whole history (``Trajectory.learner_rows``), each with the trajectory's
+    advantage; the row count is then padded up to a multiple of ``num_rows`` so
+    the step compiles for few shapes. ``task_normalize`` (AgentRL's task advantage normalisation) then
     standardises the advantages of each task name across the batch, so tasks
     with different reward scales or group sizes pull with equal weight.
     """
@@ -58,11 +61,14 @@ def grpo_batch(
     for group in groups:
         adv = advantage_fn(group.rewards)
         for traj, a in zip(group.trajectories, adv, strict=True):
-            rows.append(traj.learner_arrays())
-            advantages.append(float(a))
-            names.append(traj.task_name)
+            mine = traj.learner_rows()
+            rows += mine
+            advantages += [float(a)] * len(mine)
+            names += [traj.task_name] * len(mine)
     if task_normalize:
         advantages = normalize_by_task(np.asarray(advantages, np.float32), names).tolist()
+    if num_rows and len(rows) > num_rows:
+        num_rows = -(-len(rows) // num_rows) * num_rows
     batch = pad_rows(rows, pad_id=pad_id, num_rows=num_rows, length_multiple=length_multiple)
     adv = np.zeros(batch["input_ids"].shape[0], np.float32)
     adv[: len(advantages)] = advantages

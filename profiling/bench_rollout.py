@@ -60,9 +60,9 @@ from tunix_agentic.agent.context import get_context_rule
 from tunix_agentic.agent.loop import AgentConfig
 from tunix_agentic.agent.tool_parser import get_parser
 from tunix_agentic.config import RunConfig, load_config
-from tunix_agentic.data.demos import demonstration_batches
+from tunix_agentic.data.demos import DemoSource, demonstration_batches
 from tunix_agentic.data.tasks import heldout_tasks, task_iterator
-from tunix_agentic.envs.calculator import ArithmeticEnv
+from tunix_agentic.envs.calculator import ArithmeticEnv, ArithmeticTasks
 from tunix_agentic.inference import JaxEngine, PromptTooLongError
 from tunix_agentic.learners.sft import SFTTrainer
 from tunix_agentic.models.tokenizer import CharTokenizer
@@ -72,6 +72,7 @@ from tunix_agentic.rollout import RolloutConfig, RolloutOrchestrator, Step, Traj
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "calculator_tiny.yaml"
 AGENT = AgentConfig(max_turns=3, max_new_tokens=48, temperature=1.0)
+ARITHMETIC = ArithmeticTasks()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,8 +175,9 @@ async def prepare_policy(
     """
     trainer = SFTTrainer(Transformer(cfg.model, rngs=nnx.Rngs(p.seed)), cfg.sft.optimizer)
     engine = JaxEngine(trainer.state.model(), cfg.engine)
+    demos = {"arithmetic": DemoSource(ARITHMETIC, ArithmeticEnv().tool_schemas())}
     batches = demonstration_batches(
-        template, seed=p.seed, batch_size=p.sft_batch, tool_fraction=1.0
+        demos, template, seed=p.seed, batch_size=p.sft_batch, tool_fraction=1.0
     )
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sft") as pool:
         trained = asyncio.get_running_loop().run_in_executor(
@@ -204,7 +206,7 @@ async def tool_use_rate(engine: JaxEngine, template: ChatTemplate, p: BenchParam
         RolloutConfig(filter_uniform_groups=False, run_workers=p.pool, seed=p.seed + 1),
     )
     groups = await orch.run_tasks(
-        heldout_tasks(p.groups_per_batch, seed=p.seed), group_size=p.group_size
+        heldout_tasks(ARITHMETIC, p.groups_per_batch, seed=p.seed), group_size=p.group_size
     )
     trajs = [t for g in groups for t in g.trajectories]
     return float(np.mean([any(s.tool_calls for s in t.steps) for t in trajs])) if trajs else 0.0
@@ -310,7 +312,7 @@ async def run_sync(
     engine: JaxEngine, template: ChatTemplate, p: BenchParams, params: Any, version: int
 ) -> ModeResult:
     env_factory = slow_env_factory(p.waits, p.seed)
-    tasks = task_iterator(seed=p.seed, split="train")
+    tasks = task_iterator(ARITHMETIC, seed=p.seed, split="train")
     trajs: list[Trajectory] = []
     latencies: list[float] = []
     wait = 0.0
@@ -394,7 +396,7 @@ async def run_async(
         template,
         AGENT,
         config,
-        tasks=task_iterator(seed=p.seed, split="train"),
+        tasks=task_iterator(ARITHMETIC, seed=p.seed, split="train"),
     )
     orch.set_version(version)
     trajs: list[Trajectory] = []

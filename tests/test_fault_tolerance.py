@@ -11,7 +11,6 @@ import pytest
 
 from tunix_agentic.agent.chat import ChatTemplate
 from tunix_agentic.agent.loop import AgentConfig
-from tunix_agentic.data.demos import demonstration
 from tunix_agentic.envs.calculator import ArithmeticEnv, make_arithmetic_task
 from tunix_agentic.envs.tools import ToolUnavailable
 from tunix_agentic.inference import EngineConfig, JaxEngine
@@ -19,6 +18,7 @@ from tunix_agentic.metrics import MetricsRecorder
 from tunix_agentic.models.tokenizer import CharTokenizer
 from tunix_agentic.rollout import RolloutConfig, RolloutOrchestrator
 from tunix_agentic.rollout.orchestrator import InfraFailureError, episode_seed
+from tunix_agentic.testing import arithmetic_demonstration as demonstration
 from tunix_agentic.testing import memorize, tiny_model
 
 TEMPLATE = ChatTemplate(CharTokenizer(128))

@@ -2,11 +2,16 @@ import pytest
 
 from tunix_agentic.data.mixture import TaskMixture
 from tunix_agentic.data.tasks import task_iterator
+from tunix_agentic.envs.calculator import ArithmeticTasks
 
 
 def _mixture(weights):
     return TaskMixture(
-        {name: task_iterator(seed=i, split="train") for i, name in enumerate(weights)}, weights
+        {
+            name: task_iterator(ArithmeticTasks(), seed=i, split="train")
+            for i, name in enumerate(weights)
+        },
+        weights,
     )
 
 

@@ -7,13 +7,13 @@ from flax import nnx
 
 from tunix_agentic.agent.chat import ChatTemplate
 from tunix_agentic.agent.loop import AgentConfig
-from tunix_agentic.data.demos import demonstration
 from tunix_agentic.envs.base import Environment, StepResult
 from tunix_agentic.envs.calculator import ArithmeticEnv, CalculatorTool, make_arithmetic_task
 from tunix_agentic.envs.tools import ToolUnavailable
 from tunix_agentic.inference import EngineConfig, JaxEngine
 from tunix_agentic.models.tokenizer import CharTokenizer
 from tunix_agentic.rollout import RolloutConfig, RolloutOrchestrator
+from tunix_agentic.testing import arithmetic_demonstration as demonstration
 from tunix_agentic.testing import memorize, tiny_model
 from tunix_agentic.trajectory import POLICY_STATUSES
 

@@ -18,7 +18,7 @@ import yaml
 
 import tunix_agentic.envs  # noqa: F401  (registers the built-in environments, validated by name below)
 from tunix_agentic.agent.loop import AgentConfig
-from tunix_agentic.envs.base import available_envs
+from tunix_agentic.envs.base import available_envs, import_env_modules
 from tunix_agentic.inference.engine import EngineConfig
 from tunix_agentic.learners.grpo import GRPOConfig
 from tunix_agentic.learners.state import OptimizerConfig
@@ -32,18 +32,36 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class EnvConfig:
+    """The run's environment: a registered name, the user modules that register theirs
+    (``import:`` in YAML, a module path or a list; imported when the config loads), the
+    factory's keyword arguments, and the per-call tool timeout (passed to environments
+    whose factory takes ``tool_timeout``)."""
+
     name: str = "arithmetic"
+    imports: tuple[str, ...] = ()
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     tool_timeout_s: float = 5.0
 
+    config_aliases = {"import": "imports"}
+
     def __post_init__(self):
-        if self.name not in available_envs():
-            raise ValueError(
-                f"env.name: unknown environment {self.name!r}; registered: "
-                f"{', '.join(available_envs())} (register yours with tunix_agentic.envs.register_env "
-                "before loading the config)"
-            )
+        if isinstance(self.imports, str):
+            object.__setattr__(self, "imports", (self.imports,))
+        import_env_modules(self.imports)
+        _check_env_name(self.name, "env.name")
+        if not isinstance(self.kwargs, dict):
+            raise ValueError(f"env.kwargs must be a mapping, got {self.kwargs!r}")
         if self.tool_timeout_s <= 0:
             raise ValueError(f"env.tool_timeout_s must be > 0, got {self.tool_timeout_s}")
+
+
+def _check_env_name(name: str, key: str) -> None:
+    if name not in available_envs():
+        raise ValueError(
+            f"{key}: unknown environment {name!r}; registered: {', '.join(available_envs())} "
+            "(a module of yours registers its environments with tunix_agentic.envs.register_env "
+            "when imported: name it in env.import)"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,17 +103,32 @@ class RLConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TaskSourceConfig:
-    """One task source of a (multi-task) run; its name tags every trajectory."""
+    """One task source of a (multi-environment) run.
 
-    name: str = "arithmetic"
+    ``env`` is the environment its tasks run in (default: ``env.name``); ``name`` tags
+    every trajectory, metric and held-out figure (default: the environment's name).
+    Tasks come from the environment's registered task source, or from ``train_file``
+    / ``heldout_file`` (JSONL or parquet records: ``prompt``, ``answer``, the rest as
+    data) when given. ``weight`` is the source's share of the stream (exact quotas),
+    ``env_kwargs`` the keyword arguments of its environment (over ``env.kwargs`` when
+    it is ``env.name``).
+    """
+
+    name: str = ""
+    env: str = ""
     weight: float = 1.0
     seed_offset: int = 0
+    train_file: str | None = None
+    heldout_file: str | None = None
+    env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
-        if not self.name:
-            raise ValueError("tasks[].name must not be empty")
         if not self.weight > 0:
             raise ValueError(f"tasks[].weight must be > 0, got {self.weight}")
+        if self.seed_offset < 0:
+            raise ValueError(f"tasks[].seed_offset must be >= 0, got {self.seed_offset}")
+        if not isinstance(self.env_kwargs, dict):
+            raise ValueError(f"tasks[].env_kwargs must be a mapping, got {self.env_kwargs!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,9 +168,20 @@ class RunConfig:
     def __post_init__(self):
         if not self.tasks:
             raise ValueError("tasks must name at least one task source")
+        resolved = []
+        for i, t in enumerate(self.tasks):
+            env = t.env or self.env.name
+            _check_env_name(env, f"tasks[{i}].env")
+            if env == self.env.name:
+                t = dataclasses.replace(t, env_kwargs={**self.env.kwargs, **t.env_kwargs})
+            resolved.append(dataclasses.replace(t, env=env, name=t.name or env))
+        object.__setattr__(self, "tasks", tuple(resolved))
         names = [t.name for t in self.tasks]
         if len(set(names)) != len(names):
-            raise ValueError(f"tasks names must be distinct, got {names}")
+            raise ValueError(
+                f"tasks names must be distinct, got {names} (give tasks[].name to tell "
+                "two sources of one environment apart)"
+            )
         if not 0 <= self.seed < 2**32:
             raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
         if self.agent.top_k > self.model.vocab_size:
@@ -171,6 +215,8 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
                 continue
         raise ValueError(f"config key '{key}': {value!r} does not fit {tp}")
     if origin is tuple:
+        if isinstance(value, str) and typing.get_args(tp)[:1] == (str,):
+            value = [value]  # one module path where a list is allowed
         if not isinstance(value, list | tuple):
             raise ValueError(f"config key '{key}' must be a list, got {value!r}")
         (item,) = typing.get_args(tp)[:1]
@@ -203,8 +249,10 @@ def from_dict(cls: type, data: dict[str, Any], *, prefix: str = "") -> Any:
     """Build dataclass ``cls`` from a nested mapping, checking keys and types."""
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
+    aliases = getattr(cls, "config_aliases", {})
     kwargs = {}
     for key, value in data.items():
+        key = aliases.get(key, key)
         dotted = f"{prefix}.{key}" if prefix else str(key)
         if key not in names:
             raise ValueError(f"unknown config key '{dotted}'; known keys here: {', '.join(names)}")

@@ -80,3 +80,14 @@ def memorize(
     for _ in range(steps):
         trainer.train_step(batch)
     return trainer.state.model()
+
+
+def arithmetic_demonstration(
+    task, template, *, use_tool: bool, rng: np.random.Generator
+) -> dict[str, np.ndarray]:
+    """One arithmetic demonstration framed by ``template``, as the warm start frames it."""
+    from tunix_agentic.data.demos import demonstration_rows
+    from tunix_agentic.envs.calculator import ArithmeticEnv, ArithmeticTasks
+
+    messages = ArithmeticTasks().demonstration(task, rng=rng, use_tools=use_tool)
+    return demonstration_rows(task.prompt, messages, template, tools=ArithmeticEnv().tool_schemas())

@@ -12,7 +12,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
-import functools
 import json
 import signal
 import sys
@@ -35,9 +34,7 @@ from tunix_agentic.config import (
     to_dict,
 )
 from tunix_agentic.data.demos import demonstration_batches
-from tunix_agentic.data.mixture import TaskMixture
-from tunix_agentic.data.tasks import heldout_tasks, task_iterator
-from tunix_agentic.envs.base import make_env
+from tunix_agentic.data.sources import RunSources
 from tunix_agentic.inference.cross_policy import CrossPolicyEngine
 from tunix_agentic.inference.engine import JaxEngine
 from tunix_agentic.learners.batching import grpo_batch
@@ -53,10 +50,13 @@ from tunix_agentic.rollout.orchestrator import Group, RolloutOrchestrator
 
 @dataclasses.dataclass
 class EvalResult:
+    """Held-out evaluation: overall success and tool use, and success per task source."""
+
     success: float
     tool_use: float
     episodes: int
     statuses: dict[str, int]
+    by_task: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -67,13 +67,22 @@ class TrainResult:
     steps: int
     seconds: float
     history: list[dict[str, float]]
+    # Held-out success per task source, before and after (several sources only).
+    by_task_before: dict[str, float] = dataclasses.field(default_factory=dict)
+    by_task_after: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def summary(self) -> str:
         m, s = divmod(int(round(self.seconds)), 60)
-        return (
+        line = (
             f"held-out success: {self.success_before:.2f} -> {self.success_after:.2f} "
             f"({self.steps} steps, {m}m{s:02d}s)"
         )
+        if len(self.by_task_after) > 1:
+            line += "".join(
+                f"\n  {name}: {self.by_task_before.get(name, 0.0):.2f} -> {after:.2f}"
+                for name, after in self.by_task_after.items()
+            )
+        return line
 
 
 def rollout_stats(groups: list[Group]) -> dict[str, float]:
@@ -86,6 +95,10 @@ def rollout_stats(groups: list[Group]) -> dict[str, float]:
         per_task.setdefault(t.task_name, []).append(t.reward)
     return {
         **{f"rollout/reward_mean/{name}": float(np.mean(r)) for name, r in per_task.items()},
+        **{
+            f"rollout/success/{name}": float((np.asarray(r) > 0).mean())
+            for name, r in per_task.items()
+        },
         "rollout/reward_mean": float(rewards.mean()),
         "rollout/success": float((rewards > 0).mean()),
         "rollout/tool_use": float(np.mean([any(s.tool_calls for s in t.steps) for t in trajs])),
@@ -220,9 +233,11 @@ class Trainer:
             )
         except TemplateError as exc:
             raise ConfigError(f"model.path={model.path!r}: {exc}") from None
-        self.env_factory = functools.partial(
-            make_env, config.env.name, tool_timeout=config.env.tool_timeout_s
-        )
+        try:
+            self.sources = RunSources(config.tasks, tool_timeout=config.env.tool_timeout_s)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        self.env_factory = self.sources.make_env
         self.engine = None  # the run's engine once built (closed when the run ends)
         self._signals: StopSignals | None = None
         self._done_step: int | None = None  # the last finished RL step (0: warm start done)
@@ -233,8 +248,15 @@ class Trainer:
         cfg = self.cfg.sft
         if cfg.steps == 0:
             return model
+        demos = self.sources.demo_sources()
+        if not demos:
+            raise ConfigError(
+                f"sft.steps={cfg.steps} but no task source ({', '.join(self.sources.specs)}) "
+                "provides demonstrations: set sft.steps=0"
+            )
         trainer = SFTTrainer(model, cfg.optimizer)
         batches = demonstration_batches(
+            demos,
             self.template,
             seed=self.cfg.seed,
             batch_size=cfg.batch_size,
@@ -272,24 +294,23 @@ class Trainer:
         )
 
     async def evaluate(self, orchestrator: RolloutOrchestrator, n: int) -> EvalResult:
+        """``n`` held-out tasks of every source, greedy by default; success is the mean
+        reward (an episode lost to infrastructure counts as a failure here)."""
         agent = dataclasses.replace(self.cfg.agent, temperature=self.cfg.rl.eval_temperature)
+        heldout = self.sources.heldout(n, seed=self.cfg.seed)
         groups = await orchestrator.run_tasks(
-            heldout_tasks(n, seed=self.cfg.seed), agent_config=agent
+            [t for tasks in heldout.values() for t in tasks], agent_config=agent
         )
-        trajs = [t for g in groups for t in g.trajectories]
-        lost = sum(g.lost for g in groups)
         statuses: dict[str, int] = {}
-        for t in trajs + [t for g in groups for t in g.dropped]:
-            statuses[t.status] = statuses.get(t.status, 0) + 1
-        episodes = len(trajs) + lost  # an episode lost to infrastructure counts as a failure here
-        return EvalResult(
-            success=sum(t.reward for t in trajs) / episodes if episodes else 0.0,
-            tool_use=sum(any(s.tool_calls for s in t.steps) for t in trajs) / episodes
-            if episodes
-            else 0.0,
-            episodes=episodes,
-            statuses=statuses,
-        )
+        for g in groups:
+            for t in g.trajectories + g.dropped:
+                statuses[t.status] = statuses.get(t.status, 0) + 1
+        by_task = {}
+        for name in heldout:
+            mine = [g for g in groups if str(getattr(g.task, "task_name", name)) == name]
+            by_task[name] = _success(mine)[0]
+        success, tool_use, episodes = _success(groups)
+        return EvalResult(success, tool_use, episodes, statuses, by_task)
 
     # ---------------------------------------------------------------- run
     def run(self) -> TrainResult:
@@ -352,7 +373,7 @@ class Trainer:
                     f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
                 ) from None
             learner.load_checkpoint(params, opt_state, step)
-            probe = self._task_mixture()
+            probe = self.sources.train_stream(self.cfg.seed)
             try:
                 probe.set_state(meta["rollout"]["task_iterator"])
             except (ValueError, KeyError) as exc:
@@ -360,16 +381,6 @@ class Trainer:
             return learner, meta, step
         finally:
             ckpt.close()
-
-    def _task_mixture(self) -> TaskMixture:
-        cfg = self.cfg
-        return TaskMixture(
-            {
-                t.name: task_iterator(seed=cfg.seed + t.seed_offset, split="train")
-                for t in cfg.tasks
-            },
-            {t.name: t.weight for t in cfg.tasks},
-        )
 
     async def _build(self, stack: contextlib.AsyncExitStack) -> tuple[_RunContext, dict[str, Any]]:
         """Build the run, every piece's lifetime on ``stack``: model (restored, or warm-started
@@ -401,7 +412,7 @@ class Trainer:
             self._log(f"resumed from step {start_step}")
         elif self.resume:
             self._log(f"no checkpoint under {ckpt.directory}: starting fresh")
-        tasks = self._task_mixture()
+        tasks = self.sources.train_stream(cfg.seed)
         engine = self.engine = self.build_engine(model, start_step)
         stack.push_async_callback(engine.close)
         members = getattr(engine, "engines", [engine])  # a cross-policy pool, or the engine
@@ -449,11 +460,13 @@ class Trainer:
         stack.callback(self._save_on_stop, ctx)
         if restored:
             before = float(meta["success_before"])
+            by_task_before = dict(meta.get("success_before_by_task", {}))
         else:
             with metrics.span("eval"):
-                before = (await self._signals.race(self.evaluate(orch, cfg.rl.eval_tasks))).success
-            metrics.scalar("eval/success", before, start_step)
-        ctx.before = before
+                ev = await self._signals.race(self.evaluate(orch, cfg.rl.eval_tasks))
+            before, by_task_before = ev.success, ev.by_task
+            self._log_eval(metrics, ev, start_step)
+        ctx.before, ctx.by_task_before = before, by_task_before
         if not restored:
             self._done_step = 0
             self._save(ctx, 0)  # the warm start is never redone
@@ -464,8 +477,7 @@ class Trainer:
         self._save(ctx, final_step)
         with metrics.span("eval"):
             after_eval = await self._signals.race(self.evaluate(orch, cfg.rl.eval_tasks))
-        metrics.scalar("eval/success", after_eval.success, final_step)
-        metrics.scalar("eval/tool_use", after_eval.tool_use, final_step)
+        self._log_eval(metrics, after_eval, final_step)
         result = TrainResult(
             run_dir=str(self.run_dir),
             success_before=before,
@@ -473,6 +485,8 @@ class Trainer:
             steps=cfg.rl.steps,
             seconds=time.perf_counter() - t_start,
             history=history,
+            by_task_before=by_task_before,
+            by_task_after=after_eval.by_task,
         )
         (self.run_dir / "summary.json").write_text(
             json.dumps(
@@ -555,6 +569,7 @@ class Trainer:
         ctx.metrics.flush()  # every scalar up to this step is on disk before the checkpoint
         meta = {
             "success_before": ctx.before,
+            "success_before_by_task": ctx.by_task_before,
             "rollout": ctx.orch.checkpoint_state(),
             "version": step,
             "elapsed_s": time.perf_counter() - ctx.t_start,
@@ -568,6 +583,14 @@ class Trainer:
         """On a stop signal, checkpoint the last finished step (exit-stack callback)."""
         if self._signals.requested and self._done_step is not None and ctx.before is not None:
             self._save(ctx, self._done_step)
+
+    @staticmethod
+    def _log_eval(metrics: MetricsRecorder, ev: EvalResult, step: int) -> None:
+        metrics.scalar("eval/success", ev.success, step)
+        metrics.scalar("eval/tool_use", ev.tool_use, step)
+        if len(ev.by_task) > 1:
+            for name, success in ev.by_task.items():
+                metrics.scalar(f"eval/success/{name}", success, step)
 
     def _log(self, msg: str) -> None:
         if self.progress:
@@ -607,6 +630,7 @@ class _RunContext:
     t_start: float
     start_step: int
     before: float | None = None
+    by_task_before: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def _check_same_model(saved: dict[str, Any] | None, model: Any) -> None:
@@ -622,6 +646,20 @@ def _check_same_model(saved: dict[str, Any] | None, model: Any) -> None:
                 f"model.{key}={value} does not match the checkpoint ({saved[key]}); "
                 "a resumed run keeps its model"
             )
+
+
+def _success(groups: list[Group]) -> tuple[float, float, int]:
+    """Mean reward, tool-use rate and episode count over ``groups``; an episode lost to
+    infrastructure counts as a failure."""
+    trajs = [t for g in groups for t in g.trajectories]
+    episodes = len(trajs) + sum(g.lost for g in groups)
+    if not episodes:
+        return 0.0, 0.0, 0
+    return (
+        sum(t.reward for t in trajs) / episodes,
+        sum(any(s.tool_calls for s in t.steps) for t in trajs) / episodes,
+        episodes,
+    )
 
 
 async def _settle(fut: asyncio.Future) -> None:

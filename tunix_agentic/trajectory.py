@@ -22,8 +22,11 @@ INFRA_STATUSES = ("timeout", "env_error", "engine_error", "tool_error", "cancell
 class Step:
     """One agent turn: the model's action on a context, then the environment's reply.
 
-    ``context_len`` is the length of the shared history the action was
-    generated from; the action's ids follow it, then the observation's.
+    ``context_len`` is the length of the context the action was generated from.
+    With the whole history as context (``context_ids`` None) that context is the
+    history's prefix; a context rule that shows less (a sliding window) records
+    the ids the model actually saw in ``context_ids``. Either way the action's ids
+    follow in the history, then the observation's.
     """
 
     context_len: int
@@ -37,6 +40,7 @@ class Step:
     action_text: str = ""
     tool_calls: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
+    context_ids: list[int] | None = None
 
 
 @dataclasses.dataclass
@@ -71,9 +75,16 @@ class Trajectory:
         self.token_ids.extend(ids)
         self.prompt_len = len(self.token_ids)
 
+    @property
+    def whole_history(self) -> bool:
+        """Whether every step saw the whole history (one learner row suffices)."""
+        return all(s.context_ids is None for s in self.steps)
+
     def append_action(self, step: Step) -> None:
-        if step.context_len != len(self.token_ids):
+        if step.context_ids is None and step.context_len != len(self.token_ids):
             raise ValueError("step context does not end where the history ends")
+        if step.context_ids is not None and step.context_len != len(step.context_ids):
+            raise ValueError("step context_len is not the length of its context_ids")
         self.token_ids.extend(step.action_ids)
         self.steps.append(step)
 
@@ -93,8 +104,8 @@ class Trajectory:
         mask = np.zeros(n, np.float32)
         old = np.zeros(n, np.float32)
         versions = np.full(n, -1, np.int32)
-        for step in self.steps:
-            a, b = step.context_len, step.context_len + len(step.action_ids)
+        for step, a in zip(self.steps, self.action_starts(), strict=True):
+            b = a + len(step.action_ids)
             mask[a:b] = 1.0
             old[a:b] = step.logprobs
             versions[a:b] = step.versions
@@ -104,3 +115,40 @@ class Trajectory:
             "old_logprobs": old,
             "versions": versions,
         }
+
+    def action_starts(self) -> list[int]:
+        """Where each step's action begins in ``token_ids``."""
+        starts, pos = [], self.prompt_len
+        for step in self.steps:
+            starts.append(pos)
+            pos += len(step.action_ids) + len(step.observation_ids)
+        return starts
+
+    def learner_rows(self) -> list[dict[str, np.ndarray]]:
+        """What the learner trains on: what the model saw and did, token for token.
+
+        One row (:meth:`learner_arrays`) when every step saw the whole history;
+        otherwise one row per step, its context followed by its action (mask on
+        the action), so a step is trained on the context it was sampled from.
+        """
+        if self.whole_history:
+            return [self.learner_arrays()]
+        rows = []
+        for step, start in zip(self.steps, self.action_starts(), strict=True):
+            context = self.token_ids[:start] if step.context_ids is None else step.context_ids
+            k, n = len(context), len(step.action_ids)
+            mask = np.zeros(k + n, np.float32)
+            mask[k:] = 1.0
+            old = np.zeros(k + n, np.float32)
+            old[k:] = step.logprobs
+            versions = np.full(k + n, -1, np.int32)
+            versions[k:] = step.versions
+            rows.append(
+                {
+                    "input_ids": np.asarray(list(context) + step.action_ids, np.int32),
+                    "loss_mask": mask,
+                    "old_logprobs": old,
+                    "versions": versions,
+                }
+            )
+        return rows

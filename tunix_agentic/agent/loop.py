@@ -31,6 +31,8 @@ class AgentConfig:
     top_k: int = 0
     parser: str = "qwen3"
     context_rule: str = "append_only"
+    # Steps of history the "sliding_window" context rule keeps after the prompt.
+    context_window: int = 2
     # Passed to a Hugging Face chat template as ``enable_thinking`` (Qwen3 reads it: false
     # renders an empty <think></think> so the model answers at once); None: not passed.
     enable_thinking: bool | None = None
@@ -44,6 +46,8 @@ class AgentConfig:
             raise ValueError(f"agent.max_turns must be >= 1, got {self.max_turns}")
         if self.max_new_tokens < 1:
             raise ValueError(f"agent.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.context_window < 1:
+            raise ValueError(f"agent.context_window must be >= 1, got {self.context_window}")
         for key, lookup in (("parser", get_parser), ("context_rule", get_context_rule)):
             try:
                 lookup(getattr(self, key))
@@ -89,7 +93,9 @@ async def run_agent(
     tokenizer = template.tokenizer
     turns = max_turns or config.max_turns
     for turn in range(turns):
-        context = context_of(traj)
+        context = context_of(traj, config.context_window)
+        # The whole history (the usual case) is not copied into the step.
+        whole = len(context) == len(traj.token_ids) and context == traj.token_ids
         sampling = config.sampling(template.stop_ids, seed=seed, turn=turn)
         t0 = time.perf_counter()
         try:
@@ -118,6 +124,7 @@ async def run_agent(
             finish_reason=out.finish_reason,
             action_text=text,
             timings={"model_s": model_s},
+            context_ids=None if whole else list(context),
         )
         traj.append_action(step)
         if out.finish_reason == "length":

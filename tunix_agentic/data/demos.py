@@ -1,52 +1,64 @@
-"""Generated SFT demonstrations for the arithmetic tool task (the warm start).
+"""SFT demonstrations for a warm start, from the environments' own task sources.
 
-A demonstration either uses the calculator correctly (call, read the
-response, answer) or answers directly with a guess that is usually wrong. The
-mix is what gives RL something to discover: the warm-started policy calls the
-tool only part of the time, and reward teaches it to always do so.
+A task source's :meth:`~tunix_agentic.envs.base.TaskSource.demonstration` gives a
+worked episode as chat messages; here it is framed by the chat template exactly
+as a rollout frames it (the same prompt with the environment's tool schemas, the
+same observation deltas), so SFT teaches the ids RL sees. Several sources mix by
+quota like the RL task stream.
 """
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from tunix_agentic.agent.chat import ChatFormat
 from tunix_agentic.agent.tool_parser import format_tool_call
+from tunix_agentic.data.mixture import next_by_quota
 from tunix_agentic.data.tasks import task_iterator
-from tunix_agentic.envs.calculator import ArithmeticEnv, ArithmeticTask
+from tunix_agentic.envs.base import TaskSource
 from tunix_agentic.learners.batching import pad_rows
 
 
-def demonstration(
-    task: ArithmeticTask, template: ChatFormat, *, use_tool: bool, rng: np.random.Generator
+def demonstration_rows(
+    prompt: str,
+    messages: list[dict[str, Any]],
+    template: ChatFormat,
+    *,
+    tools: list[dict[str, Any]] | None = None,
 ) -> dict[str, np.ndarray]:
     """Token ids and loss mask (1 on the assistant's tokens) of one demonstration.
 
-    Framed by ``template`` exactly as a rollout frames it (the same prompt, tool
-    schemas included, the same observation delta), so SFT teaches the ids RL sees.
+    ``messages`` follow the prompt: assistant turns (their ``tool_calls`` rendered after
+    the text in the agent's call format), each followed by the environment's reply
+    (consecutive ``tool``/``user`` messages form one observation). Raises ``ValueError``
+    for a conversation that does not start with an assistant turn.
     """
-    prompt = template.prompt_ids(task.prompt, tools=_calculator_schemas())
-    if use_tool:
-        call = format_tool_call("calculator", {"expression": task.expression})
-        segments = [
-            (prompt, 0.0),
-            (template.assistant_ids(call), 1.0),
-            (template.observation_ids([{"role": "tool", "content": task.answer}]), 0.0),
-            (template.assistant_ids(f"<answer>{task.answer}</answer>"), 1.0),
-        ]
-    else:
-        value = int(float(task.answer))
-        guess = value + int(rng.choice([-1, 1])) * int(
-            rng.integers(1, max(10, abs(value) // 4 + 2))
-        )
-        segments = [(prompt, 0.0), (template.assistant_ids(f"<answer>{guess}</answer>"), 1.0)]
-    ids: list[int] = []
-    mask: list[float] = []
-    for seg, m in segments:
-        ids += seg
-        mask += [m] * len(seg)
+    if not messages or messages[0].get("role") != "assistant":
+        raise ValueError("a demonstration starts with an assistant turn after the prompt")
+    segments: list[tuple[list[int], float]] = [(template.prompt_ids(prompt, tools=tools), 0.0)]
+    pending: list[dict[str, Any]] = []
+    for message in messages:
+        role = message.get("role")
+        if role == "assistant":
+            if pending:
+                segments.append((template.observation_ids(pending), 0.0))
+                pending = []
+            text = str(message.get("content") or "")
+            for call in message.get("tool_calls") or ():
+                text += format_tool_call(call["name"], call.get("arguments", {}))
+            segments.append((template.assistant_ids(text), 1.0))
+        elif role in ("tool", "user"):
+            pending.append(message)
+        else:
+            raise ValueError(f"demonstration message with role {role!r}")
+    if pending:
+        raise ValueError("a demonstration ends with the assistant's turn, not an observation")
+    ids = [i for seg, _ in segments for i in seg]
+    mask = [m for seg, m in segments for _ in seg]
     return {
         "input_ids": np.asarray(ids, np.int32),
         "loss_mask": np.asarray(mask, np.float32),
@@ -54,25 +66,64 @@ def demonstration(
     }
 
 
-@functools.cache
-def _calculator_schemas() -> list[dict]:
-    return ArithmeticEnv().tool_schemas()
+@dataclass(frozen=True)
+class DemoSource:
+    """One environment's demonstrations in a warm start: its task source, the tool
+    schemas its prompts carry, and its share of the rows."""
+
+    source: TaskSource
+    tools: list[dict[str, Any]]
+    weight: float = 1.0
 
 
 def demonstration_batches(
-    template: ChatFormat, *, seed: int, batch_size: int, tool_fraction: float
-):
-    """Endless padded SFT batches from the train split; ``tool_fraction`` of rows use the tool."""
+    sources: Mapping[str, DemoSource],
+    template: ChatFormat,
+    *,
+    seed: int,
+    batch_size: int,
+    tool_fraction: float,
+) -> Iterator[dict[str, np.ndarray]]:
+    """Endless padded SFT batches from the train splits of ``sources``, mixed by weight;
+    ``tool_fraction`` of the rows ask for a demonstration that uses the tools.
+
+    Raises ``ValueError`` if a source has no demonstrations.
+    """
     if not 0.0 <= tool_fraction <= 1.0:
         raise ValueError(f"sft.tool_fraction must be in [0, 1], got {tool_fraction}")
+    if not sources:
+        raise ValueError("demonstrations need at least one task source")
+    for name, demo in sources.items():
+        if not demo.source.has_demonstrations:
+            raise ValueError(f"task source {name!r} provides no demonstrations")
     rng = np.random.default_rng(seed)
-    tasks = task_iterator(seed=seed + 7919, split="train")
+    names = list(sources)
+    streams = {n: task_iterator(sources[n].source, seed=seed + 7919, split="train") for n in names}
+    total = sum(sources[n].weight for n in names)
+    shares = {n: sources[n].weight / total for n in names}
+    counts = dict.fromkeys(names, 0)
+
+    def make(name: str) -> dict[str, np.ndarray]:
+        demo = sources[name]
+        task = next(streams[name])
+        use_tools = bool(rng.random() < tool_fraction)
+        messages = demo.source.demonstration(task, rng=rng, use_tools=use_tools)
+        if messages is None:
+            raise ValueError(f"task source {name!r} gave no demonstration for {task!r:.100}")
+        return demonstration_rows(_prompt(task), messages, template, tools=demo.tools)
+
     while True:
-        rows = [
-            demonstration(
-                next(tasks), template, use_tool=bool(rng.random() < tool_fraction), rng=rng
-            )
-            for _ in range(batch_size)
-        ]
+        rows = []
+        for _ in range(batch_size):
+            name = next_by_quota(shares, counts)  # the RL stream's exact quotas
+            counts[name] += 1
+            rows.append(make(name))
         batch = pad_rows(rows, pad_id=template.tokenizer.pad_id, length_multiple=16)
         yield {"input_ids": batch["input_ids"], "loss_mask": batch["loss_mask"]}
+
+
+def _prompt(task: Any) -> str:
+    prompt = getattr(task, "prompt", None)
+    if not isinstance(prompt, str):
+        raise ValueError(f"a task with demonstrations needs a text 'prompt', got {task!r:.100}")
+    return prompt

@@ -3,8 +3,9 @@
 Sources are drawn by smooth weighted round-robin, so after n draws each source
 has had ``n * weight / sum(weights)`` tasks to within one: exact quotas, not
 noisy sampling, and the state is just counts (checkpointable with the
-sources' own iterator states). Each task is tagged with its source's name, so
-the name rides with every trajectory and its metrics.
+sources' own iterator states). Each task is tagged with its source's name (its
+``task_name`` field), so the name rides with every trajectory and its metrics,
+and picks the environment it runs in.
 """
 
 from __future__ import annotations
@@ -12,6 +13,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any
+
+
+def next_by_quota(shares: Mapping[str, float], counts: Mapping[str, int]) -> str:
+    """The name furthest below its quota after one more draw (ties: mapping order)."""
+    n = sum(counts.values()) + 1
+    return max(shares, key=lambda s: shares[s] * n - counts[s])
 
 
 class TaskMixture:
@@ -36,13 +43,16 @@ class TaskMixture:
         return self
 
     def __next__(self) -> Any:
-        n = sum(self.counts.values()) + 1
-        # The source furthest below its quota after this draw goes next (ties: config order).
-        name = max(self.sources, key=lambda s: self.shares[s] * n - self.counts[s])
+        name = next_by_quota(self.shares, self.counts)
         self.counts[name] += 1
         task = next(self.sources[name])
         if dataclasses.is_dataclass(task) and hasattr(task, "task_name"):
             task = dataclasses.replace(task, task_name=name)
+        elif len(self.sources) > 1:
+            raise TypeError(
+                f"a task of source {name!r} cannot carry its source's name: tasks of a mixture "
+                f"are dataclasses with a task_name field (such as envs.Task), got {type(task).__name__}"
+            )
         return task
 
     def get_state(self) -> dict[str, Any]:

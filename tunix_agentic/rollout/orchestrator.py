@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import inspect
 import itertools
 import time
 import traceback
@@ -172,6 +173,12 @@ class RolloutOrchestrator:
     pacer that the learner published version v. ``run_tasks`` runs a fixed list
     once (evaluation, baselines) with the same machinery, on seeds of its own.
 
+    ``env_factory`` builds each episode's environment: called with no argument,
+    or with the task when it takes one (a multi-environment run picks the
+    environment by the task's source). An environment's ``timings`` dict, if it
+    has one after ``reset`` (e.g. ``{"sandbox_start": seconds}``), is recorded as
+    ``env/<key>`` times.
+
     ``checkpoint_state()`` / ``restore_state()`` carry the task stream across a
     restart exactly: tasks drawn but not yet trained on (running or finished
     groups) are drawn again, with the same group indices and seeds, by a
@@ -181,7 +188,7 @@ class RolloutOrchestrator:
     def __init__(
         self,
         engine: InferenceEngine,
-        env_factory: Callable[[], Environment],
+        env_factory: Callable[..., Environment],
         template: ChatFormat,
         agent_config: AgentConfig,
         config: RolloutConfig,
@@ -388,8 +395,11 @@ class RolloutOrchestrator:
             t = time.perf_counter()
             env = None
             try:
-                env = self.env_factory()
+                factory = self.env_factory
+                env = factory(task) if _takes_one_argument(factory) else factory()
                 prompt = await env.reset(task)
+                for key, seconds in getattr(env, "timings", {}).items():
+                    self._time(f"env/{key}", seconds)  # e.g. sandbox start-up
                 ids = self.template.prompt_ids(prompt, tools=env.tool_schemas())
             except asyncio.CancelledError:
                 if env is not None:
@@ -690,3 +700,17 @@ class RolloutOrchestrator:
     def _time(self, name: str, seconds: float) -> None:
         if self.metrics is not None:
             self.metrics.add_time(name, seconds)
+
+
+def _takes_one_argument(factory: Callable[..., Any]) -> bool:
+    """Whether ``factory`` takes the task (one positional argument) or nothing."""
+    try:
+        params = list(inspect.signature(factory).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: called bare
+        return False
+    positional = [
+        p
+        for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    return len(positional) == 1

@@ -1,0 +1,135 @@
+"""A run's task sources: which environment each runs in and where its tasks come from.
+
+Built from the config's ``tasks`` list, :class:`RunSources` gives the trainer
+everything it needs without knowing any task family: the mixed train stream, the
+held-out tasks per source, the environment for a task (picked by the task's
+source name), and the demonstrations for a warm start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+from tunix_agentic.data.demos import DemoSource
+from tunix_agentic.data.mixture import TaskMixture
+from tunix_agentic.data.tasks import FileTaskSource, heldout_tasks, task_iterator
+from tunix_agentic.envs.base import (
+    Environment,
+    TaskSource,
+    env_tasks,
+    get_env_factory,
+    make_env,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceSpec:
+    """One resolved task source (the config's ``tasks[i]``)."""
+
+    name: str
+    env: str
+    weight: float = 1.0
+    seed_offset: int = 0
+    train_file: str | None = None
+    heldout_file: str | None = None
+    env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class RunSources:
+    """The run's task sources by name; ``tool_timeout`` goes to every environment whose
+    factory takes a ``tool_timeout`` argument.
+
+    Raises ``ValueError`` naming the source whose environment has no registered tasks
+    and no task files, or whose files cannot be read.
+    """
+
+    def __init__(self, specs: Sequence[Any], *, tool_timeout: float | None = None):
+        self.specs = {s.name: _spec(s) for s in specs}
+        self.tool_timeout = tool_timeout
+        self.sources: dict[str, TaskSource] = {}
+        for name, spec in self.specs.items():
+            if spec.train_file or spec.heldout_file:
+                try:
+                    self.sources[name] = FileTaskSource(
+                        train=spec.train_file, heldout=spec.heldout_file
+                    )
+                except ValueError as exc:
+                    raise ValueError(f"tasks source {name!r}: {exc}") from None
+                continue
+            registered = env_tasks(spec.env)
+            if registered is None:
+                raise ValueError(
+                    f"tasks source {name!r}: environment {spec.env!r} registers no task source; "
+                    "give tasks[].train_file / heldout_file (JSONL or parquet)"
+                )
+            self.sources[name] = registered
+
+    def env_kwargs(self, name: str) -> dict[str, Any]:
+        spec = self.specs[name]
+        kwargs = dict(spec.env_kwargs)
+        if self.tool_timeout is not None and _takes(spec.env, "tool_timeout"):
+            kwargs.setdefault("tool_timeout", self.tool_timeout)
+        return kwargs
+
+    def make_env(self, task: Any) -> Environment:
+        """The environment for ``task``, by its ``task_name`` (the only source's when
+        there is one source)."""
+        name = getattr(task, "task_name", None)
+        if name not in self.specs:
+            if len(self.specs) != 1:
+                raise ValueError(
+                    f"task {getattr(task, 'task_id', task)!r} names no task source of this run "
+                    f"(task_name={name!r}; sources: {', '.join(self.specs)})"
+                )
+            name = next(iter(self.specs))
+        return make_env(self.specs[name].env, **self.env_kwargs(name))
+
+    def train_stream(self, seed: int) -> TaskMixture:
+        """The mixed, checkpointable train stream: each source by its weight."""
+        return TaskMixture(
+            {
+                name: task_iterator(self.sources[name], seed=seed + spec.seed_offset)
+                for name, spec in self.specs.items()
+            },
+            {name: spec.weight for name, spec in self.specs.items()},
+        )
+
+    def heldout(self, n: int, seed: int) -> dict[str, list[Any]]:
+        """Up to ``n`` held-out tasks of each source, tagged with its name."""
+        return {
+            name: [_tagged(t, name) for t in heldout_tasks(self.sources[name], n, seed=seed)]
+            for name in self.specs
+        }
+
+    def demo_sources(self) -> dict[str, DemoSource]:
+        """The sources with demonstrations, with their environments' tool schemas."""
+        out = {}
+        for name, spec in self.specs.items():
+            source = self.sources[name]
+            if source.has_demonstrations:
+                tools = make_env(spec.env, **self.env_kwargs(name)).tool_schemas()
+                out[name] = DemoSource(source, tools, spec.weight)
+        return out
+
+
+def _spec(cfg: Any) -> SourceSpec:
+    return SourceSpec(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(SourceSpec)})
+
+
+def _tagged(task: Any, name: str) -> Any:
+    if dataclasses.is_dataclass(task) and hasattr(task, "task_name"):
+        return dataclasses.replace(task, task_name=name)
+    return task
+
+
+def _takes(env: str, argument: str) -> bool:
+    """Whether the factory of environment ``env`` accepts keyword ``argument``."""
+
+    try:
+        params = inspect.signature(get_env_factory(env)).parameters
+    except (TypeError, ValueError):
+        return False
+    return argument in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
