@@ -1,7 +1,9 @@
 """Environments and tools for tool-using agents, looked up by name with :func:`make_env`.
 
 Importing this package registers the built-in environments: ``"arithmetic"``
-(a calculator tool), ``"countdown"`` (TinyZero's numbers game).
+(a calculator tool), ``"countdown"`` (TinyZero's numbers game), ``"frozenlake"``
+(a multi-turn grid game) and ``"remote"`` (any environment served over HTTP by
+``tunix-agentic serve-env``).
 """
 
 from tunix_agentic.envs.base import (
@@ -27,6 +29,8 @@ from tunix_agentic.envs.calculator import (
     safe_eval,
 )
 from tunix_agentic.envs.countdown import CountdownEnv, CountdownTasks
+from tunix_agentic.envs.frozenlake import FrozenLakeEnv, FrozenLakeTasks
+from tunix_agentic.envs.remote import RemoteEnv, RemoteEnvError
 from tunix_agentic.envs.tools import Tool, ToolResult, ToolUnavailable, call_tool
 
 __all__ = [
@@ -38,6 +42,10 @@ __all__ = [
     "CountdownTasks",
     "CalculatorTool",
     "Environment",
+    "FrozenLakeEnv",
+    "FrozenLakeTasks",
+    "RemoteEnv",
+    "RemoteEnvError",
     "StepResult",
     "Task",
     "TaskSource",

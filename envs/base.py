@@ -11,11 +11,14 @@ import abc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from tunix_agentic.envs.tools import Tool, ToolCall
+from tunix_agentic.envs.tools import Tool, ToolCall, call_tool
+
+if TYPE_CHECKING:  # an annotation only: environments import nothing of the pipeline
+    from tunix_agentic.trajectory import Trajectory
 
 SPLITS = ("train", "heldout")
 
@@ -53,6 +56,30 @@ class StepResult:
     messages: list[dict[str, Any]] | None = None
 
 
+async def run_tool_calls(
+    tools: Mapping[str, Tool], action: Action, *, timeout: float | None
+) -> StepResult:
+    """The usual reply to a turn of tool calls: each call run in order (never raising for
+    the agent's mistakes, see :func:`call_tool`), then one error per malformed call, as
+    ``{"role": "tool"}`` messages (and ``<tool_response>`` text); reward 0, not done,
+    ``info["tool_calls"]`` with each call's name, seconds and error flag (the agent loop
+    records them as ``tool/<name>`` times). :class:`ToolUnavailable` propagates."""
+    outputs: list[str] = []
+    records: list[dict[str, Any]] = []
+    for call in action.tool_calls:
+        res = await call_tool(tools, call, timeout=timeout)
+        outputs.append(res.output)
+        records.append({"name": call.name, "seconds": res.seconds, "error": res.error})
+    outputs.extend(f"error: {message}" for message in action.parse_errors)
+    return StepResult(
+        "".join(f"<tool_response>{out}</tool_response>" for out in outputs),
+        reward=0.0,
+        done=False,
+        info={"status": "tool", "tool_calls": records, "parse_errors": len(action.parse_errors)},
+        messages=[{"role": "tool", "content": out} for out in outputs],
+    )
+
+
 class Environment(abc.ABC):
     """Async environment: ``reset``, ``step`` until done, ``evaluate``, ``close``.
 
@@ -82,6 +109,13 @@ class Environment(abc.ABC):
     async def evaluate(self) -> float:
         """The episode's final reward; by default the sum of the step rewards so far."""
         return float(sum(self.step_rewards))
+
+    async def evaluate_trajectory(self, trajectory: Trajectory) -> float:
+        """The episode's final reward, seeing the whole episode: every turn's text, tool
+        calls and per-step rewards (``trajectory.steps``). The EVAL stage calls this;
+        by default it returns :meth:`evaluate`. Override it for a reward over all turns
+        (a process-aware verifier, a penalty on repeated calls)."""
+        return await self.evaluate()
 
     async def close(self) -> None:  # noqa: B027 - a deliberate no-op default.
         """Frees the episode's resources; safe to call more than once. Default: nothing."""

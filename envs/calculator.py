@@ -27,8 +27,9 @@ from tunix_agentic.envs.base import (
     StepResult,
     TaskSource,
     register_env,
+    run_tool_calls,
 )
-from tunix_agentic.envs.tools import Tool, call_tool
+from tunix_agentic.envs.tools import Tool
 
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 10
@@ -286,26 +287,12 @@ class ArithmeticEnv(Environment):
                 observation="", reward=reward, done=True, info={"status": "answered"}
             )
         elif action.tool_calls or action.parse_errors:
-            result = await self._run_tools(action)
+            result = await run_tool_calls(self.tools, action, timeout=self.tool_timeout)
         else:
             result = StepResult(observation="", reward=0.0, done=True, info={"status": "no_action"})
         self._done = result.done
         self.step_rewards.append(result.reward)
         return result
-
-    async def _run_tools(self, action: Action) -> StepResult:
-        """Runs the action's tool calls in order and reports each parse error after them."""
-        outputs: list[str] = []
-        records: list[dict[str, Any]] = []
-        for call in action.tool_calls:
-            res = await call_tool(self.tools, call, timeout=self.tool_timeout)
-            outputs.append(res.output)
-            records.append({"name": call.name, "seconds": res.seconds, "error": res.error})
-        outputs.extend(f"error: {message}" for message in action.parse_errors)
-        observation = "".join(f"<tool_response>{out}</tool_response>" for out in outputs)
-        info = {"status": "tool", "tool_calls": records, "parse_errors": len(action.parse_errors)}
-        messages = [{"role": "tool", "content": out} for out in outputs]
-        return StepResult(observation, reward=0.0, done=False, info=info, messages=messages)
 
     async def evaluate(self) -> float:
         """The reward of the final answer; 0.0 if the agent never answered."""

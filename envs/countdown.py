@@ -18,9 +18,16 @@ from typing import Any
 
 import numpy as np
 
-from tunix_agentic.envs.base import Action, Environment, StepResult, Task, TaskSource, register_env
+from tunix_agentic.envs.base import (
+    Action,
+    Environment,
+    StepResult,
+    Task,
+    TaskSource,
+    register_env,
+    run_tool_calls,
+)
 from tunix_agentic.envs.calculator import MAX_EXPRESSION_CHARS, CalculatorTool
-from tunix_agentic.envs.tools import call_tool
 
 _OPS = ("+", "-", "*", "/")
 
@@ -150,19 +157,7 @@ class CountdownEnv(Environment):
         if not (action.tool_calls or action.parse_errors):
             self._outcome = 0.0
             return StepResult("", 0.0, True, {"status": "no_action"})
-        outputs, records = [], []
-        for call in action.tool_calls:
-            res = await call_tool(self.tools, call, timeout=self.tool_timeout)
-            outputs.append(res.output)
-            records.append({"name": call.name, "seconds": res.seconds, "error": res.error})
-        outputs += [f"error: {m}" for m in action.parse_errors]
-        return StepResult(
-            "".join(f"<tool_response>{o}</tool_response>" for o in outputs),
-            0.0,
-            False,
-            {"status": "tool", "tool_calls": records},
-            messages=[{"role": "tool", "content": o} for o in outputs],
-        )
+        return await run_tool_calls(self.tools, action, timeout=self.tool_timeout)
 
     def score(self, answer: str) -> float:
         """1.0 for a valid expression equal to the target, ``format_reward`` for a valid

@@ -122,3 +122,65 @@ async def test_the_agent_generates_from_the_window_and_records_it():
     rows = traj.learner_rows()
     assert len(rows) == 4
     assert rows[3]["input_ids"].tolist() == traj.steps[3].context_ids + traj.steps[3].action_ids
+
+
+class CountsTurns(Echo):
+    """Rewards an episode by what it sees of the whole trajectory: 1 / (number of turns)."""
+
+    async def evaluate_trajectory(self, trajectory):
+        assert all(s.action_ids for s in trajectory.steps)
+        return 1.0 / len(trajectory.steps)
+
+
+async def test_the_eval_stage_gives_the_reward_the_whole_trajectory():
+    from tunix_agentic.rollout import RolloutConfig, RolloutOrchestrator
+
+    template = OneTokenTurns(CharTokenizer(128))
+    engine = JaxEngine(tiny_model(seed=2), EngineConfig(max_slots=4, max_seq_len=256))
+    try:
+        orch = RolloutOrchestrator(
+            engine,
+            CountsTurns,
+            template,
+            AgentConfig(max_turns=4, max_new_tokens=4),
+            RolloutConfig(group_size=2, groups_per_batch=1, filter_uniform_groups=False),
+        )
+        (group,) = await orch.run_tasks(["task"], group_size=2)
+    finally:
+        await engine.close()
+    assert [t.reward for t in group.trajectories] == [0.25, 0.25]
+
+
+def test_windowed_demonstrations_train_each_step_on_its_window():
+    from tunix_agentic.data.demos import DemoSource, demonstration_batches, demonstration_trajectory
+    from tunix_agentic.envs.frozenlake import FrozenLakeEnv, FrozenLakeTasks
+
+    source = FrozenLakeTasks()
+    task = next(t for i in range(50) if (t := source.task(i, seed=0, split="train")).answer >= 3)
+    messages = source.demonstration(task, rng=np.random.default_rng(0), use_tools=False)
+    whole = demonstration_trajectory(task.prompt, messages, TEMPLATE)
+    window = demonstration_trajectory(
+        task.prompt, messages, TEMPLATE, context_rule="sliding_window", context_window=1
+    )
+    assert whole.token_ids == window.token_ids and len(whole.learner_rows()) == 1
+    rows = window.learner_rows()
+    assert len(rows) == len(window.steps) == task.answer
+    starts = window.action_starts()
+    prompt = window.token_ids[: window.prompt_len]
+    for k in range(2, len(rows)):
+        context = prompt + window.token_ids[starts[k - 1] : starts[k]]
+        assert rows[k]["input_ids"].tolist() == context + window.steps[k].action_ids
+        assert rows[k]["loss_mask"].sum() == len(window.steps[k].action_ids)
+    demos = {"lake": DemoSource(source, FrozenLakeEnv().tool_schemas())}
+    batches = demonstration_batches(
+        demos,
+        TEMPLATE,
+        seed=0,
+        batch_size=5,
+        tool_fraction=0.0,
+        context_rule="sliding_window",
+        context_window=1,
+    )
+    for _ in range(3):  # rows carry over: every batch holds exactly batch_size real rows
+        batch = next(batches)
+        assert batch["input_ids"].shape[0] == 5 and (batch["loss_mask"].sum(1) > 0).all()

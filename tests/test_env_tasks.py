@@ -380,3 +380,24 @@ def test_the_countdown_config_loads_and_builds_its_sources():
     task = next(sources.train_stream(cfg.seed))
     assert isinstance(sources.make_env(task), CountdownEnv) and task.task_name == "countdown"
     assert set(sources.demo_sources()) == {"countdown"}
+
+
+def test_a_remote_source_takes_its_tasks_from_the_served_environment():
+    from tunix_agentic.envs.remote import RemoteEnv
+
+    cfg = load_config(
+        CONFIG,
+        [
+            "tasks=[{name: lake, env: remote, tasks_from: frozenlake, "
+            "env_kwargs: {url: 'http://127.0.0.1:9', env: frozenlake}}]"
+        ],
+    )
+    sources = RunSources(cfg.tasks, tool_timeout=1.0)
+    task = next(sources.train_stream(0))
+    env = sources.make_env(task)
+    assert isinstance(env, RemoteEnv) and env.env_name == "frozenlake"
+    assert task.task_name == "lake" and "grid" in task.data
+    with pytest.raises(ConfigError, match=r"tasks\[0\].tasks_from: unknown environment"):
+        load_config(CONFIG, ["tasks=[{env: remote, tasks_from: nope}]"])
+    with pytest.raises(ValueError, match="'remote' registers no task source"):
+        RunSources(load_config(CONFIG, ["tasks=[{env: remote}]"]).tasks)

@@ -107,8 +107,9 @@ class TaskSourceConfig:
 
     ``env`` is the environment its tasks run in (default: ``env.name``); ``name`` tags
     every trajectory, metric and held-out figure (default: the environment's name).
-    Tasks come from the environment's registered task source, or from ``train_file``
-    / ``heldout_file`` (JSONL or parquet records: ``prompt``, ``answer``, the rest as
+    Tasks come from the task source registered with ``tasks_from`` (default: ``env``;
+    a ``remote`` source names the served environment here), or from ``train_file`` /
+    ``heldout_file`` (JSONL or parquet records: ``prompt``, ``answer``, the rest as
     data) when given. ``weight`` is the source's share of the stream (exact quotas),
     ``env_kwargs`` the keyword arguments of its environment (over ``env.kwargs`` when
     it is ``env.name``).
@@ -116,6 +117,7 @@ class TaskSourceConfig:
 
     name: str = ""
     env: str = ""
+    tasks_from: str = ""
     weight: float = 1.0
     seed_offset: int = 0
     train_file: str | None = None
@@ -172,6 +174,8 @@ class RunConfig:
         for i, t in enumerate(self.tasks):
             env = t.env or self.env.name
             _check_env_name(env, f"tasks[{i}].env")
+            if t.tasks_from:
+                _check_env_name(t.tasks_from, f"tasks[{i}].tasks_from")
             if env == self.env.name:
                 t = dataclasses.replace(t, env_kwargs={**self.env.kwargs, **t.env_kwargs})
             resolved.append(dataclasses.replace(t, env=env, name=t.name or env))

@@ -103,6 +103,10 @@ def rollout_stats(groups: list[Group]) -> dict[str, float]:
         "rollout/success": float((rewards > 0).mean()),
         "rollout/tool_use": float(np.mean([any(s.tool_calls for s in t.steps) for t in trajs])),
         "rollout/turns_mean": float(np.mean([len(t.steps) for t in trajs])),
+        # Per-step (process) rewards beside the outcome: their sum per episode.
+        "rollout/step_reward_sum_mean": float(
+            np.mean([sum(s.reward for s in t.steps) for t in trajs])
+        ),
         "rollout/generated_tokens": float(sum(t.num_generated for t in trajs)),
         "rollout/trajectories": float(len(trajs)),
     }
@@ -261,6 +265,8 @@ class Trainer:
             seed=self.cfg.seed,
             batch_size=cfg.batch_size,
             tool_fraction=cfg.tool_fraction,
+            context_rule=self.cfg.agent.context_rule,
+            context_window=self.cfg.agent.context_window,
         )
         bar = tqdm(
             range(cfg.steps), desc="SFT warm start", disable=not self.progress, file=sys.stderr

@@ -4,6 +4,8 @@
 ``tunix-agentic export RUN_DIR --to OUT_DIR [--dtype bfloat16]``
 ``tunix-agentic serve-engine [--config PATH] [--params DIR] [--host H] [--port P]
 [--api-key KEY] [--weights-dir DIR ...] [key.path=value ...]``
+``tunix-agentic sandbox [--config PATH] [--backend auto|bwrap|process] [--timeout S] -- CMD ...``
+``tunix-agentic serve-env --env NAME [--import MODULE ...] [--host H] [--port P] [--api-key KEY]``
 """
 
 from __future__ import annotations
@@ -85,6 +87,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     se.add_argument("--port", type=int, default=30000, help="port to listen on (0: a free one)")
     se.add_argument("overrides", nargs="*", help="dotted overrides, e.g. engine.max_slots=16")
+    sv = sub.add_parser("serve-env", help="serve a registered environment over HTTP")
+    sv.add_argument("--env", required=True, metavar="NAME", help="the environment to serve")
+    sv.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first, so that it registers its environments (repeatable)",
+    )
+    sv.add_argument("--host", default="127.0.0.1", help="address (beyond loopback: --api-key)")
+    sv.add_argument("--port", type=int, default=8100, help="port to listen on (0: a free one)")
+    sv.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' ($TUNIX_AGENTIC_API_KEY)",
+    )
+    sv.add_argument(
+        "--idle-timeout", type=float, default=600.0, help="close episodes idle this many seconds"
+    )
     ex = sub.add_parser(
         "export", help="write a run's latest checkpoint as a Hugging Face model directory"
     )
@@ -96,7 +118,21 @@ def main(argv: list[str] | None = None) -> int:
         choices=["float32", "bfloat16", "float16"],
         help="cast the weights (default: the run's model.dtype)",
     )
+    sb = sub.add_parser("sandbox", help="run a command in the sandbox the agent's tools get")
+    sb.add_argument("--config", default=None, help="YAML run config (its env.sandbox section)")
+    sb.add_argument("--backend", default=None, choices=["auto", "bwrap", "process"])
+    sb.add_argument(
+        "--timeout", type=float, default=None, help="seconds (default: timeout_s; 0: none)"
+    )
+    sb.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARG ...]")
     args = parser.parse_args(argv)
+
+    if args.command == "sandbox":
+        from tunix_agentic.cli.sandbox import main as sandbox_main
+
+        return sandbox_main(
+            args.cmd, config=args.config, backend=args.backend, timeout=args.timeout
+        )
 
     if args.command == "export":
         from tunix_agentic.config import ConfigError
@@ -114,6 +150,18 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "serve-engine":
         return _serve_engine(args)
+
+    if args.command == "serve-env":
+        from tunix_agentic.serving.env_server import serve_env_main
+
+        return serve_env_main(
+            args.env,
+            imports=args.imports,
+            host=args.host,
+            port=args.port,
+            api_key=args.api_key,
+            idle_timeout_s=args.idle_timeout,
+        )
 
     if args.command == "train":
         from tunix_agentic.config import ConfigError

@@ -16,11 +16,68 @@ from typing import Any
 import numpy as np
 
 from tunix_agentic.agent.chat import ChatFormat
+from tunix_agentic.agent.context import get_context_rule
 from tunix_agentic.agent.tool_parser import format_tool_call
 from tunix_agentic.data.mixture import next_by_quota
 from tunix_agentic.data.tasks import task_iterator
 from tunix_agentic.envs.base import TaskSource
 from tunix_agentic.learners.batching import pad_rows
+from tunix_agentic.trajectory import Step, Trajectory
+
+
+def demonstration_trajectory(
+    prompt: str,
+    messages: list[dict[str, Any]],
+    template: ChatFormat,
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    context_rule: str = "append_only",
+    context_window: int = 1,
+) -> Trajectory:
+    """One demonstration as the trajectory a rollout would record for it.
+
+    ``messages`` follow the prompt: assistant turns (their ``tool_calls`` rendered after
+    the text in the agent's call format), each followed by the environment's reply
+    (consecutive ``tool``/``user`` messages form one observation). Each step's context
+    is what ``context_rule`` would show the model, so SFT and RL train on the same
+    views. Raises ``ValueError`` for a conversation that does not start and end with
+    an assistant turn.
+    """
+    if not messages or messages[0].get("role") != "assistant":
+        raise ValueError("a demonstration starts with an assistant turn after the prompt")
+    if messages[-1].get("role") != "assistant":
+        raise ValueError("a demonstration ends with the assistant's turn, not an observation")
+    rule = get_context_rule(context_rule)
+    traj = Trajectory(task_id="demo", episode_id="demo")
+    traj.append_prompt(template.prompt_ids(prompt, tools=tools))
+    pending: list[dict[str, Any]] = []
+    for message in messages:
+        role = message.get("role")
+        if role in ("tool", "user"):
+            pending.append(message)
+            continue
+        if role != "assistant":
+            raise ValueError(f"demonstration message with role {role!r}")
+        if pending:
+            traj.append_observation(template.observation_ids(pending))
+            pending = []
+        text = str(message.get("content") or "")
+        for call in message.get("tool_calls") or ():
+            text += format_tool_call(call["name"], call.get("arguments", {}))
+        ids = template.assistant_ids(text)
+        context = rule(traj, context_window)
+        whole = len(context) == len(traj.token_ids)
+        traj.append_action(
+            Step(
+                len(context),
+                ids,
+                [0.0] * len(ids),
+                [0] * len(ids),
+                "stop",
+                context_ids=None if whole else list(context),
+            )
+        )
+    return traj
 
 
 def demonstration_rows(
@@ -30,40 +87,10 @@ def demonstration_rows(
     *,
     tools: list[dict[str, Any]] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Token ids and loss mask (1 on the assistant's tokens) of one demonstration.
-
-    ``messages`` follow the prompt: assistant turns (their ``tool_calls`` rendered after
-    the text in the agent's call format), each followed by the environment's reply
-    (consecutive ``tool``/``user`` messages form one observation). Raises ``ValueError``
-    for a conversation that does not start with an assistant turn.
-    """
-    if not messages or messages[0].get("role") != "assistant":
-        raise ValueError("a demonstration starts with an assistant turn after the prompt")
-    segments: list[tuple[list[int], float]] = [(template.prompt_ids(prompt, tools=tools), 0.0)]
-    pending: list[dict[str, Any]] = []
-    for message in messages:
-        role = message.get("role")
-        if role == "assistant":
-            if pending:
-                segments.append((template.observation_ids(pending), 0.0))
-                pending = []
-            text = str(message.get("content") or "")
-            for call in message.get("tool_calls") or ():
-                text += format_tool_call(call["name"], call.get("arguments", {}))
-            segments.append((template.assistant_ids(text), 1.0))
-        elif role in ("tool", "user"):
-            pending.append(message)
-        else:
-            raise ValueError(f"demonstration message with role {role!r}")
-    if pending:
-        raise ValueError("a demonstration ends with the assistant's turn, not an observation")
-    ids = [i for seg, _ in segments for i in seg]
-    mask = [m for seg, m in segments for _ in seg]
-    return {
-        "input_ids": np.asarray(ids, np.int32),
-        "loss_mask": np.asarray(mask, np.float32),
-        "old_logprobs": np.zeros(len(ids), np.float32),
-    }
+    """Token ids and loss mask (1 on the assistant's tokens) of one demonstration, framed
+    by ``template`` exactly as a rollout frames it, whole history (one row)."""
+    (row,) = demonstration_trajectory(prompt, messages, template, tools=tools).learner_rows()
+    return {k: row[k] for k in ("input_ids", "loss_mask", "old_logprobs")}
 
 
 @dataclass(frozen=True)
@@ -83,9 +110,14 @@ def demonstration_batches(
     seed: int,
     batch_size: int,
     tool_fraction: float,
+    context_rule: str = "append_only",
+    context_window: int = 1,
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Endless padded SFT batches from the train splits of ``sources``, mixed by weight;
-    ``tool_fraction`` of the rows ask for a demonstration that uses the tools.
+    """Endless padded SFT batches of ``batch_size`` rows from the train splits of
+    ``sources``, mixed by weight; ``tool_fraction`` of the demonstrations ask to use
+    the tools. Under a context rule that shows less than the whole history, a
+    demonstration gives one row per step (its context as the rule shows it), and rows
+    carry over from batch to batch.
 
     Raises ``ValueError`` if a source has no demonstrations.
     """
@@ -103,22 +135,31 @@ def demonstration_batches(
     shares = {n: sources[n].weight / total for n in names}
     counts = dict.fromkeys(names, 0)
 
-    def make(name: str) -> dict[str, np.ndarray]:
+    def make(name: str) -> list[dict[str, np.ndarray]]:
         demo = sources[name]
         task = next(streams[name])
         use_tools = bool(rng.random() < tool_fraction)
         messages = demo.source.demonstration(task, rng=rng, use_tools=use_tools)
         if messages is None:
             raise ValueError(f"task source {name!r} gave no demonstration for {task!r:.100}")
-        return demonstration_rows(_prompt(task), messages, template, tools=demo.tools)
+        traj = demonstration_trajectory(
+            _prompt(task),
+            messages,
+            template,
+            tools=demo.tools,
+            context_rule=context_rule,
+            context_window=context_window,
+        )
+        return traj.learner_rows()
 
+    rows: list[dict[str, np.ndarray]] = []
     while True:
-        rows = []
-        for _ in range(batch_size):
+        while len(rows) < batch_size:
             name = next_by_quota(shares, counts)  # the RL stream's exact quotas
             counts[name] += 1
-            rows.append(make(name))
-        batch = pad_rows(rows, pad_id=template.tokenizer.pad_id, length_multiple=16)
+            rows += make(name)
+        batch = pad_rows(rows[:batch_size], pad_id=template.tokenizer.pad_id, length_multiple=16)
+        rows = rows[batch_size:]
         yield {"input_ids": batch["input_ids"], "loss_mask": batch["loss_mask"]}
 
 

@@ -31,6 +31,7 @@ class SourceSpec:
 
     name: str
     env: str
+    tasks_from: str = ""
     weight: float = 1.0
     seed_offset: int = 0
     train_file: str | None = None
@@ -59,11 +60,12 @@ class RunSources:
                 except ValueError as exc:
                     raise ValueError(f"tasks source {name!r}: {exc}") from None
                 continue
-            registered = env_tasks(spec.env)
+            registered = env_tasks(spec.tasks_from or spec.env)
             if registered is None:
                 raise ValueError(
-                    f"tasks source {name!r}: environment {spec.env!r} registers no task source; "
-                    "give tasks[].train_file / heldout_file (JSONL or parquet)"
+                    f"tasks source {name!r}: environment {spec.tasks_from or spec.env!r} "
+                    "registers no task source; give tasks[].train_file / heldout_file (JSONL or "
+                    "parquet), or tasks[].tasks_from (an environment whose tasks to use)"
                 )
             self.sources[name] = registered
 

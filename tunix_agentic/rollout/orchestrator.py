@@ -673,7 +673,9 @@ class RolloutOrchestrator:
                 async with self._eval_sem:
                     t = time.perf_counter()
                     try:
-                        traj.reward = float(await env.evaluate())
+                        score = getattr(env, "evaluate_trajectory", None)  # duck-typed envs
+                        reward = await (score(traj) if score is not None else env.evaluate())
+                        traj.reward = float(reward)
                     except Exception as exc:
                         traj.status, traj.error = "env_error", f"EVAL: {type(exc).__name__}: {exc}"
                     self._time("stage/eval", time.perf_counter() - t)

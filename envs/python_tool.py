@@ -1,0 +1,298 @@
+"""The ``python`` tool: a persistent Python interpreter per episode inside the sandbox.
+
+A small driver (:data:`DRIVER`) runs under the sandbox's Python and executes code blocks in
+one namespace, so variables and imports persist between calls, like notebook cells. The
+block's printed output comes back, then the ``repr`` of a trailing expression (unless None),
+then, if it raised, only the traceback's last line (``ZeroDivisionError: division by zero``),
+as ToRL feeds errors back to its policy.
+
+Protocol: each message is a decimal byte length, a newline, and that many bytes of UTF-8
+JSON; the host sends ``{"code": ...}`` and the driver answers ``{"output", "tail",
+"dropped", "error"}``. The driver keeps private copies of the pipes and points the code's
+stdin at ``/dev/null`` and its stdout/stderr (file descriptors 1 and 2, so subprocesses'
+output is caught too) at a scratch file, so nothing the code prints can break the framing.
+
+Limits: ``max_calls`` calls per episode (later calls get an error and run nothing); a
+per-call timeout kills the interpreter, which restarts on the next call, and the agent is
+told its state was lost. An interpreter that dies (``os._exit``, the CPU limit) is reported
+the same way. A closed sandbox or an interpreter that cannot start raises
+:class:`~tunix_agentic.envs.tools.ToolUnavailable`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from typing import Any
+
+from tunix_agentic.envs.sandbox import Sandbox, SandboxError, SandboxProcess, truncate_middle
+from tunix_agentic.envs.terminal import NO_OUTPUT
+from tunix_agentic.envs.tools import ERROR_PREFIX, Tool, ToolUnavailable
+
+# Runs inside the sandbox, under whichever Python 3 it has: standard library only.
+DRIVER = r"""
+import ast, json, os, signal, sys, tempfile, traceback
+
+def _driver(limit):
+    proto_in = os.fdopen(os.dup(0), "rb", buffering=0)
+    proto_out = os.fdopen(os.dup(1), "wb", buffering=0)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    scratch = tempfile.TemporaryFile()
+    os.dup2(scratch.fileno(), 1)
+    os.dup2(scratch.fileno(), 2)
+    sys.stdin = open(os.devnull)
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = open(fd, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+        setattr(sys, name, stream)
+    if hasattr(signal, "SIGXFSZ"):  # a write past the file size limit raises, not kills
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    sys.argv = [""]
+    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+
+    def send(obj):
+        data = json.dumps(obj).encode()
+        proto_out.write(str(len(data)).encode() + b"\n" + data)
+
+    def receive():
+        line = proto_in.readline()
+        if not line:
+            return None
+        size = int(line)
+        data = b""
+        while len(data) < size:
+            chunk = proto_in.read(size - len(data))
+            if not chunk:
+                return None
+            data += chunk
+        return json.loads(data.decode())
+
+    send({"ready": sys.version.split()[0]})
+    while True:
+        message = receive()
+        if message is None:
+            return
+        os.lseek(1, 0, 0)
+        os.ftruncate(1, 0)
+        error = None
+        try:
+            tree = ast.parse(message["code"], "<cell>", "exec")
+            last = None
+            if tree.body and isinstance(tree.body[-1], ast.Expr):
+                last = ast.Expression(body=tree.body.pop().value)
+            exec(compile(tree, "<cell>", "exec"), namespace)
+            if last is not None:
+                value = eval(compile(last, "<cell>", "eval"), namespace)
+                if value is not None:
+                    print(repr(value))
+        except BaseException as exc:
+            lines = traceback.format_exception_only(type(exc), exc)
+            error = lines[-1].strip() if lines else type(exc).__name__
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        size = os.lseek(1, 0, 2)
+        if size <= 2 * limit:
+            head, tail = os.pread(1, size, 0), b""
+        else:
+            head, tail = os.pread(1, limit, 0), os.pread(1, limit, size - limit)
+        send({
+            "output": head.decode("utf-8", "replace"),
+            "tail": tail.decode("utf-8", "replace"),
+            "dropped": max(0, size - 2 * limit),
+            "error": error,
+        })
+
+_driver(int(sys.argv[1]))
+"""
+
+_STATE_LOST = "all variables and imports were lost"
+
+
+class PythonTool(Tool):
+    """Runs Python code in one persistent interpreter per episode, inside ``sandbox``.
+
+    ``timeout`` (default: the sandbox's ``timeout_s``) limits each call; ``max_calls``
+    bounds the calls per episode; output is cut to ``max_output_chars`` with a
+    ``[... N characters truncated ...]`` marker. The interpreter starts on the first call
+    (``startup_timeout_s`` bounds that); :meth:`close` kills it.
+    """
+
+    name = "python"
+    description = (
+        "Run Python code in this episode's persistent interpreter (variables and imports "
+        "persist between calls). Returns what the code prints, the value of a final "
+        "expression, and for an exception its last traceback line."
+    )
+    parameters = {
+        "type": "object",
+        "properties": {"code": {"type": "string", "description": "The Python code to run."}},
+        "required": ["code"],
+    }
+
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        *,
+        timeout: float | None = None,
+        max_calls: int = 32,
+        max_output_chars: int = 10_000,
+        startup_timeout_s: float = 30.0,
+    ):
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        if max_calls < 1:
+            raise ValueError(f"max_calls must be >= 1, got {max_calls}")
+        if max_output_chars < 100:
+            raise ValueError(f"max_output_chars must be >= 100, got {max_output_chars}")
+        self.sandbox = sandbox
+        self.timeout = float(timeout if timeout is not None else sandbox.config.timeout_s)
+        self.max_calls = int(max_calls)
+        self.max_output_chars = int(max_output_chars)
+        self.startup_timeout_s = float(startup_timeout_s)
+        self.calls = 0
+        self._note: str | None = None  # told to the agent with the next call's output
+        self._proc: SandboxProcess | None = None
+        self._lock = asyncio.Lock()
+
+    async def run(self, code: str) -> str:  # type: ignore[override]
+        """Runs ``code``; returns its output (see the module docstring)."""
+        async with self._lock:
+            if self.calls >= self.max_calls:
+                return (
+                    f"{ERROR_PREFIX}the python tool's limit of {self.max_calls} calls per "
+                    "episode is reached; the code was not run"
+                )
+            self.calls += 1
+            proc = await self._ensure_interpreter()
+            try:
+                async with asyncio.timeout(self.timeout):
+                    await self._send(proc, {"code": code})
+                    reply = await self._receive(proc)
+            except TimeoutError:
+                await self._drop()
+                return (
+                    f"{ERROR_PREFIX}the code timed out after {self.timeout:g}s; the interpreter "
+                    f"was restarted, so {_STATE_LOST}"
+                )
+            except (EOFError, ValueError, ConnectionError) as exc:
+                status = await self._drop()
+                return (
+                    f"{ERROR_PREFIX}the Python interpreter died while running this code "
+                    f"({_describe_exit(status, exc)}); it was restarted, so {_STATE_LOST}"
+                )
+            except BaseException:  # cancelled mid-call: the interpreter's state is unknown
+                self._kill_now()
+                raise
+            text = self._format(reply)
+            if self._note:
+                text, self._note = f"{self._note}\n{text}", None
+            return text
+
+    def _format(self, reply: dict[str, Any]) -> str:
+        text = truncate_middle(
+            str(reply.get("output", "")),
+            self.max_output_chars,
+            dropped=int(reply.get("dropped", 0)),
+            tail=str(reply.get("tail", "")),
+        )
+        parts = [text.rstrip("\n")] if text.strip() else []
+        if reply.get("error"):
+            parts.append(str(reply["error"]))
+        return "\n".join(parts) or NO_OUTPUT
+
+    async def _ensure_interpreter(self) -> SandboxProcess:
+        if self.sandbox.closed:
+            raise ToolUnavailable("the sandbox is closed")
+        if self._proc is not None and self._proc.returncode is None:
+            return self._proc
+        if self._proc is not None:
+            await self._drop()
+        python = self.sandbox.python
+        if python is None:
+            raise ToolUnavailable("no Python interpreter can run in this sandbox")
+        # Enough of a head and tail for max_output_chars of text (4 bytes per character at most).
+        limit = 4 * self.max_output_chars
+        try:
+            proc = await self.sandbox.spawn([python, "-c", DRIVER, str(limit)], limit=1 << 24)
+        except SandboxError as exc:
+            raise ToolUnavailable(f"cannot start the sandbox's Python interpreter: {exc}") from exc
+        self._proc = proc
+        try:
+            async with asyncio.timeout(self.startup_timeout_s):
+                hello = await self._receive(proc)
+            if "ready" not in hello:
+                raise ValueError(f"unexpected greeting {hello!r:.200}")
+        except (TimeoutError, EOFError, ValueError, ConnectionError) as exc:
+            await self._drop()
+            raise ToolUnavailable(f"the sandbox's Python interpreter did not start: {exc}") from exc
+        return proc
+
+    @staticmethod
+    async def _send(proc: SandboxProcess, message: dict[str, Any]) -> None:
+        assert proc.stdin is not None
+        data = json.dumps(message).encode()
+        proc.stdin.write(str(len(data)).encode() + b"\n" + data)
+        await proc.stdin.drain()
+
+    @staticmethod
+    async def _receive(proc: SandboxProcess) -> dict[str, Any]:
+        """One framed reply; EOFError if the interpreter is gone, ValueError if it garbled."""
+        assert proc.stdout is not None
+        header = await proc.stdout.readline()
+        if not header:
+            raise EOFError("no reply")
+        try:
+            size = int(header)
+        except ValueError:
+            # Not a frame: most likely the interpreter's own error text (it failed to start).
+            rest = await proc.stdout.read(2000)
+            said = (header + rest).decode("utf-8", "replace").strip()
+            raise ValueError(f"not a reply: {said[:500]!r}") from None
+        try:
+            data = await proc.stdout.readexactly(size)
+        except asyncio.IncompleteReadError as exc:
+            raise EOFError("truncated reply") from exc
+        reply = json.loads(data.decode("utf-8", "replace"))
+        if not isinstance(reply, dict):
+            raise ValueError(f"not a reply: {reply!r:.200}")
+        return reply
+
+    async def _drop(self) -> int | None:
+        """Kills the interpreter (if any); returns its exit status."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return None
+        if proc.returncode is None:
+            await self.sandbox.terminate(proc)
+        else:
+            self.sandbox.forget(proc)
+        return proc.returncode
+
+    def _kill_now(self) -> None:
+        """Kills the interpreter without waiting (for a cancelled call, which cannot wait)."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            self.sandbox.kill(proc)
+            self._note = f"[the previous call was cancelled; the interpreter was restarted, so {_STATE_LOST}]"
+
+    async def close(self) -> None:
+        """Kills the interpreter; the next call would start a new one (with an empty state)."""
+        await self._drop()
+
+
+def _describe_exit(status: int | None, exc: BaseException) -> str:
+    """How the interpreter ended, in words (bwrap reports death by signal N as 128+N)."""
+    if status is None:
+        return str(exc)
+    number = -status if status < 0 else status - 128 if status > 128 else None
+    if number is not None:
+        try:
+            return f"killed by {signal.Signals(number).name}"
+        except ValueError:
+            pass
+    return f"exit code {status}"

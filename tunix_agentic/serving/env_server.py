@@ -1,0 +1,436 @@
+"""Serve a registered environment over HTTP, one episode per remote client environment.
+
+``tunix-agentic serve-env --env NAME`` runs this server; :class:`~tunix_agentic.envs.remote.RemoteEnv`
+is its client. Routes (JSON in, JSON out; the wire format of tasks, actions and step
+results is in :mod:`tunix_agentic.envs.remote`):
+
+- ``POST /envs`` ``{"env": NAME or null, "kwargs": {...}}``: builds an environment
+  (``make_env(NAME, **kwargs)``), answers ``{"episode_id", "env", "tools"}``.
+- ``POST /envs/{id}/reset`` ``{"task": {"type", "fields"}}``: answers
+  ``{"observation", "tools"}``.
+- ``POST /envs/{id}/step`` ``{"action": {...}}``: answers ``{"observation", "reward",
+  "done", "info", "messages"}``.
+- ``POST /envs/{id}/evaluate``: answers ``{"reward"}``.
+- ``DELETE /envs/{id}``: closes the environment, answers ``{"closed": true}``.
+- ``GET /health``: ``{"status": "ok", "env", "episodes"}`` (no API key needed).
+
+Errors are ``{"error": {"message", "type"}}``: 400 for a malformed body, a task type
+the server does not accept or factory arguments the environment refuses; 401 for a
+missing or wrong API key; 404 for an unknown (or reaped) episode; 500 when the
+environment raised (``type`` names the exception, so a client can re-raise
+``ToolUnavailable``); 503 when the episode limit is reached or the server is stopping.
+
+A task is rebuilt only as :class:`~tunix_agentic.envs.base.Task` or as a dataclass
+defined in the environment's own module or a module named in ``task_modules`` (the
+CLI's ``--import``): nothing else a client names is imported or built. Requests on one
+episode run one at a time. An episode untouched for ``idle_timeout_s`` is closed (its
+client died or forgot it), and stopping the server closes every episode. Beyond
+loopback an API key is required, as for the engine server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+import inspect
+import itertools
+import json
+import math
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from aiohttp import web
+
+from tunix_agentic.envs.base import (
+    Environment,
+    Task,
+    available_envs,
+    import_env_modules,
+    make_env,
+)
+from tunix_agentic.envs.remote import (
+    action_from_json,
+    step_result_to_json,
+    task_from_json,
+    type_name,
+)
+from tunix_agentic.serving.engine_server import API_KEY_ENV, check_exposure
+
+MAX_BODY_BYTES = 16 * 1024 * 1024
+_CLOSE_TIMEOUT_S = 30.0  # an environment's close() that hangs is abandoned after this
+_SHUTDOWN_TIMEOUT_S = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvServerConfig:
+    """What :func:`build_env_app` serves and how.
+
+    ``env_name``: the registered environment served. ``task_modules``: modules whose
+    dataclasses a task may be (besides :class:`Task` and the environment's own module).
+    ``idle_timeout_s``: an episode no request touched for this long is closed.
+    ``max_episodes``: open episodes at once (more are refused with 503). ``api_key``:
+    required as ``Authorization: Bearer KEY`` on every route but ``/health``.
+    """
+
+    env_name: str
+    task_modules: tuple[str, ...] = ()
+    idle_timeout_s: float = 600.0
+    max_episodes: int = 4096
+    api_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.env_name, str) or not self.env_name:
+            raise ValueError(f"env_name must be a non-empty string, got {self.env_name!r}")
+        if not (math.isfinite(self.idle_timeout_s) and self.idle_timeout_s > 0):
+            raise ValueError(f"idle_timeout_s must be > 0, got {self.idle_timeout_s}")
+        if self.max_episodes < 1:
+            raise ValueError(f"max_episodes must be >= 1, got {self.max_episodes}")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("api_key must not be empty")
+
+
+@dataclasses.dataclass
+class _Episode:
+    env: Environment
+    last_used: float
+    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    busy: int = 0  # requests holding or awaiting the lock; the reaper skips busy episodes
+
+
+class _State:
+    """The served environment, its open episodes, and the task types it accepts."""
+
+    def __init__(self, config: EnvServerConfig):
+        self.config = config
+        known = available_envs()
+        if config.env_name not in known:
+            raise ValueError(
+                f"unknown environment {config.env_name!r}; registered: {', '.join(known)} "
+                "(import the module that registers yours with --import MODULE)"
+            )
+        self.task_types: dict[str, type] = {type_name(Task): Task}
+        self._modules: set[str] = set()
+        for module in config.task_modules:
+            self.accept_tasks_of(module)
+        self.episodes: dict[str, _Episode] = {}
+        self.stopping = False
+        self._prefix = uuid.uuid4().hex[:8]
+        self._counter = itertools.count()
+
+    def accept_tasks_of(self, module: str) -> None:
+        """Accept the dataclasses defined in ``module`` (already imported) as task types."""
+        if module in self._modules or module not in sys.modules:
+            return
+        self._modules.add(module)
+        for _, obj in inspect.getmembers(sys.modules[module], inspect.isclass):
+            if dataclasses.is_dataclass(obj) and obj.__module__ == module:
+                self.task_types[type_name(obj)] = obj
+
+    def new_id(self) -> str:
+        return f"{self._prefix}-{next(self._counter)}"
+
+
+_STATE = web.AppKey("env_state", _State)
+
+
+def _error(status: int, message: str, kind: str | None = None) -> web.Response:
+    error: dict[str, Any] = {"message": message}
+    if kind is not None:
+        error["type"] = kind
+    return web.json_response({"error": error}, status=status)
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object (an empty body is ``{}``); ValueError otherwise."""
+    raw = await request.read()
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ValueError("request body must be a JSON object")
+    return body
+
+
+async def _close_env(env: Environment) -> None:
+    """Close ``env`` within ``_CLOSE_TIMEOUT_S``; a failing close is reported, not raised."""
+    try:
+        async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+            await env.close()
+    except Exception as exc:  # one env's broken close must not stop the others'
+        print(
+            f"serve-env: closing an environment failed: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+@web.middleware
+async def _guard(request: web.Request, handler) -> web.StreamResponse:
+    """The API key on every route but ``/health``; an unexpected failure is a JSON 500."""
+    state = request.app[_STATE]
+    key = state.config.api_key
+    if key is not None and request.path != "/health":
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+            return _error(401, "missing or wrong API key (send Authorization: Bearer KEY)")
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except Exception as exc:  # a bug of ours: say so in the API's error shape
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}", type(exc).__name__)
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    state = request.app[_STATE]
+    return web.json_response(
+        {"status": "ok", "env": state.config.env_name, "episodes": len(state.episodes)}
+    )
+
+
+async def handle_create(request: web.Request) -> web.Response:
+    state = request.app[_STATE]
+    name = state.config.env_name
+    try:
+        body = await _body(request)
+        asked, kwargs = body.get("env"), body.get("kwargs") or {}
+        if asked is not None and asked != name:
+            raise ValueError(f"this server serves environment {name!r}, not {asked!r}")
+        if not isinstance(kwargs, dict):
+            raise ValueError("'kwargs' must be an object")
+    except ValueError as exc:
+        return _error(400, str(exc), "ValueError")
+    if state.stopping:
+        return _error(503, "the server is stopping")
+    if len(state.episodes) >= state.config.max_episodes:
+        return _error(
+            503, f"{len(state.episodes)} episodes are open, the limit of this server (close some)"
+        )
+    try:
+        env = make_env(name, **kwargs)
+    except (TypeError, ValueError) as exc:  # arguments the factory refuses: the client's fault
+        return _error(400, f"cannot make {name!r}: {type(exc).__name__}: {exc}", type(exc).__name__)
+    except Exception as exc:
+        return _error(500, f"cannot make {name!r}: {type(exc).__name__}: {exc}", type(exc).__name__)
+    state.accept_tasks_of(type(env).__module__)  # the environment's own task class
+    episode_id = state.new_id()
+    state.episodes[episode_id] = _Episode(env, time.monotonic())
+    return web.json_response({"episode_id": episode_id, "env": name, "tools": env.tool_schemas()})
+
+
+def _episode(request: web.Request) -> tuple[str, _Episode | None]:
+    episode_id = request.match_info["episode_id"]
+    return episode_id, request.app[_STATE].episodes.get(episode_id)
+
+
+def _unknown(episode_id: str, idle_timeout_s: float) -> web.Response:
+    return _error(
+        404,
+        f"unknown episode {episode_id!r} (never created, closed, or closed after "
+        f"{idle_timeout_s:g}s without requests)",
+        "KeyError",
+    )
+
+
+async def _on_episode(request: web.Request, verb: str) -> web.Response:
+    """Runs ``verb`` (reset, step, evaluate) on the request's episode, one request at a time."""
+    state = request.app[_STATE]
+    episode_id, episode = _episode(request)
+    if episode is None:
+        return _unknown(episode_id, state.config.idle_timeout_s)
+    episode.busy += 1
+    try:
+        try:
+            body = await _body(request)
+            if verb == "reset":
+                args: tuple = (task_from_json(body.get("task"), state.task_types),)
+            elif verb == "step":
+                args = (action_from_json(body.get("action")),)
+            else:
+                args = ()
+        except ValueError as exc:
+            return _error(400, str(exc), "ValueError")
+        async with episode.lock:
+            if state.episodes.get(episode_id) is not episode:  # closed while we waited
+                return _unknown(episode_id, state.config.idle_timeout_s)
+            env = episode.env
+            try:
+                if verb == "reset":
+                    observation = await env.reset(*args)
+                    answer = {"observation": observation, "tools": env.tool_schemas()}
+                elif verb == "step":
+                    answer = step_result_to_json(await env.step(*args))
+                else:
+                    answer = {"reward": float(await env.evaluate())}
+            except Exception as exc:  # the environment's failure: the client raises it
+                return _error(500, f"{verb}: {type(exc).__name__}: {exc}", type(exc).__name__)
+    finally:
+        episode.busy -= 1
+        episode.last_used = time.monotonic()
+    try:  # JSON has no NaN or infinity: refuse to send such a reward as invalid JSON
+        text = json.dumps(answer, allow_nan=False, default=str)
+    except ValueError as exc:
+        return _error(500, f"{verb}: the environment's answer is not JSON: {exc}", "ValueError")
+    return web.json_response(text=text)
+
+
+async def handle_reset(request: web.Request) -> web.Response:
+    return await _on_episode(request, "reset")
+
+
+async def handle_step(request: web.Request) -> web.Response:
+    return await _on_episode(request, "step")
+
+
+async def handle_evaluate(request: web.Request) -> web.Response:
+    return await _on_episode(request, "evaluate")
+
+
+async def handle_delete(request: web.Request) -> web.Response:
+    state = request.app[_STATE]
+    episode_id, episode = _episode(request)
+    if episode is None:
+        return _unknown(episode_id, state.config.idle_timeout_s)
+    async with episode.lock:  # after any request under way on it
+        if state.episodes.pop(episode_id, None) is episode:
+            await _close_env(episode.env)
+    return web.json_response({"closed": True})
+
+
+async def _reap(state: _State) -> None:
+    """Close episodes idle for ``idle_timeout_s``, checking a few times per timeout."""
+    period = min(state.config.idle_timeout_s / 4, 5.0)
+    while True:
+        await asyncio.sleep(period)
+        deadline = time.monotonic() - state.config.idle_timeout_s
+        stale = [
+            (eid, ep)
+            for eid, ep in state.episodes.items()
+            if ep.busy == 0 and ep.last_used < deadline
+        ]
+        for eid, ep in stale:
+            if state.episodes.get(eid) is ep and ep.busy == 0:
+                del state.episodes[eid]
+                await _close_env(ep.env)
+
+
+async def _lifecycle(app: web.Application):
+    """The reaper while serving; on shutdown, every open episode closed."""
+    state = app[_STATE]
+    reaper = asyncio.get_running_loop().create_task(_reap(state), name="env-reaper")
+    yield
+    state.stopping = True
+    reaper.cancel()
+    await asyncio.gather(reaper, return_exceptions=True)
+    episodes, state.episodes = list(state.episodes.values()), {}
+    await asyncio.gather(*(_close_env(ep.env) for ep in episodes))
+
+
+def build_env_app(config: EnvServerConfig) -> web.Application:
+    """The aiohttp application serving ``config.env_name`` (see the module docstring).
+
+    Raises ``ValueError`` if the environment is not registered.
+    """
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_guard])
+    app[_STATE] = _State(config)
+    app.cleanup_ctx.append(_lifecycle)
+    app.router.add_get("/health", handle_health)
+    app.router.add_post("/envs", handle_create)
+    app.router.add_post("/envs/{episode_id}/reset", handle_reset)
+    app.router.add_post("/envs/{episode_id}/step", handle_step)
+    app.router.add_post("/envs/{episode_id}/evaluate", handle_evaluate)
+    app.router.add_delete("/envs/{episode_id}", handle_delete)
+    return app
+
+
+async def start_env_server(
+    config: EnvServerConfig, *, host: str = "127.0.0.1", port: int = 0
+) -> tuple[web.AppRunner, int]:
+    """Serve on the running loop; returns ``(runner, port)`` (``port=0``: a free one).
+
+    ``await runner.cleanup()`` stops it and closes every open episode. Refuses
+    (ValueError) to listen beyond loopback without an API key.
+    """
+    check_exposure(host, config.api_key)
+    app = build_env_app(config)
+    # handler_cancellation: a client that hangs up (its timeout) cancels its env call,
+    # which frees the episode for the close that follows.
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT_S
+    )
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner, runner.addresses[0][1]
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+async def _serve(config: EnvServerConfig, host: str, port: int) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    signals = (signal.SIGINT, signal.SIGTERM)
+    runner = None
+    try:
+        runner, real_port = await start_env_server(config, host=host, port=port)
+        for sig in signals:
+            loop.add_signal_handler(sig, stop.set)
+        print(f"serving env {config.env_name} on {_url(host, real_port)}", flush=True)
+        await stop.wait()
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+        if runner is not None:
+            await runner.cleanup()
+
+
+def serve_env_main(
+    env_name: str,
+    *,
+    imports: Sequence[str] = (),
+    host: str = "127.0.0.1",
+    port: int = 8100,
+    api_key: str | None = None,
+    idle_timeout_s: float = 600.0,
+    max_episodes: int = 4096,
+) -> int:
+    """``tunix-agentic serve-env``: import ``imports``, then serve ``env_name`` until SIGINT
+    or SIGTERM. Prints ``serving env NAME on http://HOST:PORT`` once listening. Returns
+    the exit status (2 for a bad argument, 1 when the address cannot be bound).
+    ``api_key`` defaults to ``$TUNIX_AGENTIC_API_KEY``."""
+    import os
+
+    api_key = api_key or os.environ.get(API_KEY_ENV) or None
+    try:
+        check_exposure(host, api_key)
+        import_env_modules(list(imports))
+        config = EnvServerConfig(
+            env_name,
+            task_modules=tuple(imports),
+            idle_timeout_s=idle_timeout_s,
+            max_episodes=max_episodes,
+            api_key=api_key,
+        )
+        _State(config)  # an unknown environment fails here, before the port opens
+    except ValueError as exc:
+        print(f"tunix-agentic: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_serve(config, host, port))
+    except OSError as exc:  # the port is taken, the host is not ours
+        print(f"tunix-agentic: error: cannot serve on {host}:{port}: {exc}", file=sys.stderr)
+        return 1
+    return 0
