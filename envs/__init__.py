@@ -2,8 +2,11 @@
 
 Importing this package registers the built-in environments: ``"arithmetic"``
 (a calculator tool), ``"countdown"`` (TinyZero's numbers game), ``"frozenlake"``
-(a multi-turn grid game) and ``"remote"`` (any environment served over HTTP by
-``tunix-agentic serve-env``).
+(a multi-turn grid game), ``"math_python"`` (word problems with a Python
+interpreter), ``"swe_lite"`` (fix a bug in a small repository with bash and
+file_edit, judged by hidden tests) and ``"remote"`` (any environment served over
+HTTP by ``tunix-agentic serve-env``). The last two and math_python run their
+tools in a per-episode :class:`~tunix_agentic.envs.sandbox.Sandbox`.
 """
 
 from tunix_agentic.envs.base import (
@@ -30,7 +33,11 @@ from tunix_agentic.envs.calculator import (
 )
 from tunix_agentic.envs.countdown import CountdownEnv, CountdownTasks
 from tunix_agentic.envs.frozenlake import FrozenLakeEnv, FrozenLakeTasks
+from tunix_agentic.envs.math_python import MathPythonEnv, MathTasks
 from tunix_agentic.envs.remote import RemoteEnv, RemoteEnvError
+from tunix_agentic.envs.sandbox import Sandbox, SandboxConfig
+from tunix_agentic.envs.sandboxed import SandboxedEnv
+from tunix_agentic.envs.swe_lite import RepoTasks, SweLiteEnv
 from tunix_agentic.envs.tools import Tool, ToolResult, ToolUnavailable, call_tool
 
 __all__ = [
@@ -44,8 +51,15 @@ __all__ = [
     "Environment",
     "FrozenLakeEnv",
     "FrozenLakeTasks",
+    "MathPythonEnv",
+    "MathTasks",
     "RemoteEnv",
     "RemoteEnvError",
+    "RepoTasks",
+    "Sandbox",
+    "SandboxConfig",
+    "SandboxedEnv",
+    "SweLiteEnv",
     "StepResult",
     "Task",
     "TaskSource",

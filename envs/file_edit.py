@@ -35,6 +35,53 @@ class _AgentError(Exception):
     """A mistake of the agent's, reported to it as text."""
 
 
+DEFAULT_MAX_OUTPUT_CHARS = 10_000
+
+
+def numbered(lines: list[str], first: int, max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS) -> str:
+    """``lines`` as the tool shows them: each after its 1-based number (from ``first``) and a
+    tab, cut in the middle past ``max_output_chars``."""
+    body = "".join(f"{first + i:6d}\t{line.rstrip(chr(10))}\n" for i, line in enumerate(lines))
+    return truncate_middle(body, max_output_chars)
+
+
+def replace_lines(
+    lines: list[str],
+    path: str,
+    start: int,
+    end: int | None,
+    text: str,
+    *,
+    max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
+) -> tuple[list[str], str]:
+    """The file's lines after replacing ``start..end`` (1-based, inclusive; ``end`` None:
+    ``start``; ``end = start - 1`` inserts) with ``text``, and the tool's reply (a summary
+    and the changed region with context). Pure, so a demonstration can know the reply;
+    raises ``_AgentError`` with the agent's mistake."""
+    end = start if end is None else end
+    n = len(lines)
+    if not 1 <= start <= n + 1:
+        raise _AgentError(f"start_line {start} is out of range: {path} has {n} lines")
+    if not start - 1 <= end <= n:
+        raise _AgentError(
+            f"end_line {end} is out of range: it must be between {start - 1} "
+            f"(insert) and {n} (the last line)"
+        )
+    if text and not text.endswith("\n"):
+        text += "\n"
+    new = text.splitlines(keepends=True)
+    result = lines[: start - 1] + new + lines[end:]
+    removed = end - start + 1
+    lo = max(1, start - _CONTEXT_LINES)
+    hi = min(len(result), start + len(new) - 1 + _CONTEXT_LINES)
+    shown = numbered(result[lo - 1 : hi], lo, max_output_chars) if result else ""
+    summary = (
+        f"replaced {removed} line(s) at {start} of {path} with {len(new)} line(s); "
+        f"it now has {len(result)} lines"
+    )
+    return result, summary + (f":\n{shown}" if shown else "")
+
+
 class FileEditTool(Tool):
     """View, create and line-replace text files in ``sandbox``'s working directory.
 
@@ -63,7 +110,11 @@ class FileEditTool(Tool):
     }
 
     def __init__(
-        self, sandbox: Sandbox, *, max_output_chars: int = 10_000, max_file_bytes: int = 1 << 20
+        self,
+        sandbox: Sandbox,
+        *,
+        max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
+        max_file_bytes: int = 1 << 20,
     ):
         if max_output_chars < 100:
             raise ValueError(f"max_output_chars must be >= 100, got {max_output_chars}")
@@ -153,8 +204,7 @@ class FileEditTool(Tool):
             raise _AgentError(f"{path} is not UTF-8 text") from None
 
     def _numbered(self, lines: list[str], first: int) -> str:
-        body = "".join(f"{first + i:6d}\t{line.rstrip(chr(10))}\n" for i, line in enumerate(lines))
-        return truncate_middle(body, self.max_output_chars)
+        return numbered(lines, first, self.max_output_chars)
 
     # --------------------------------------------------------------- commands
     def _view(self, path: str, start: int | None, end: int | None) -> str:
@@ -211,24 +261,14 @@ class FileEditTool(Tool):
             raise _AgentError("replace needs start_line")
         if text is None:
             raise _AgentError("replace needs text (the new lines; empty to delete)")
-        end = start if end is None else end
         fd = self._open(path, os.O_RDWR)
         try:
             if os.fstat(fd).st_nlink > 1 and stat.S_ISREG(os.fstat(fd).st_mode):
                 raise _AgentError(f"{path} has several hard links; edit a copy of it instead")
             lines = self._read_text(fd, path).splitlines(keepends=True)
-            n = len(lines)
-            if not 1 <= start <= n + 1:
-                raise _AgentError(f"start_line {start} is out of range: {path} has {n} lines")
-            if not start - 1 <= end <= n:
-                raise _AgentError(
-                    f"end_line {end} is out of range: it must be between {start - 1} "
-                    f"(insert) and {n} (the last line)"
-                )
-            if text and not text.endswith("\n"):
-                text += "\n"
-            new = text.splitlines(keepends=True)
-            result = lines[: start - 1] + new + lines[end:]
+            result, message = replace_lines(
+                lines, path, start, end, text, max_output_chars=self.max_output_chars
+            )
             data = "".join(result).encode("utf-8")
             if len(data) > self.max_file_bytes:
                 raise _AgentError(
@@ -238,15 +278,7 @@ class FileEditTool(Tool):
             os.pwrite(fd, data, 0)
         finally:
             os.close(fd)
-        removed = end - start + 1
-        lo = max(1, start - _CONTEXT_LINES)
-        hi = min(len(result), start + len(new) - 1 + _CONTEXT_LINES)
-        shown = self._numbered(result[lo - 1 : hi], lo) if result else ""
-        summary = (
-            f"replaced {removed} line(s) at {start} of {path} with {len(new)} line(s); "
-            f"it now has {len(result)} lines"
-        )
-        return summary + (f":\n{shown}" if shown else "")
+        return message
 
     def _own(self, fd: int) -> None:
         """Gives a file this tool created to the sandbox's uid, so its commands can edit it."""

@@ -532,6 +532,9 @@ def _sandbox_env(config: SandboxConfig, tmpdir: str, home: str) -> dict[str, str
         "OMP_NUM_THREADS": "1",
         "OPENBLAS_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
+        # An edit within the same second as a run keeps a file's mtime and size: a cached
+        # .pyc would then hide the edit from the next run.
+        "PYTHONDONTWRITEBYTECODE": "1",
     }
 
 

@@ -70,14 +70,16 @@ class Tool(abc.ABC):
     description: str
     parameters: dict[str, Any] = {"type": "object", "properties": {}, "required": []}
 
-    def schema(self) -> dict[str, Any]:
-        """The OpenAI function schema: ``{"type": "function", "function": {...}}``."""
+    @classmethod
+    def schema(cls) -> dict[str, Any]:
+        """The OpenAI function schema: ``{"type": "function", "function": {...}}`` (from the
+        class attributes, so a tool's schema is known before any instance exists)."""
         return {
             "type": "function",
             "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": self.parameters,
+                "name": cls.name,
+                "description": cls.description,
+                "parameters": cls.parameters,
             },
         }
 

@@ -19,6 +19,7 @@ import yaml
 import tunix_agentic.envs  # noqa: F401  (registers the built-in environments, validated by name below)
 from tunix_agentic.agent.loop import AgentConfig
 from tunix_agentic.envs.base import available_envs, import_env_modules
+from tunix_agentic.envs.sandbox import SandboxConfig
 from tunix_agentic.inference.engine import EngineConfig
 from tunix_agentic.learners.grpo import GRPOConfig
 from tunix_agentic.learners.state import OptimizerConfig
@@ -34,13 +35,16 @@ class ConfigError(ValueError):
 class EnvConfig:
     """The run's environment: a registered name, the user modules that register theirs
     (``import:`` in YAML, a module path or a list; imported when the config loads), the
-    factory's keyword arguments, and the per-call tool timeout (passed to environments
-    whose factory takes ``tool_timeout``)."""
+    factory's keyword arguments, the per-call tool timeout and the sandbox (each passed
+    to environments whose factory takes ``tool_timeout`` / ``sandbox``)."""
 
     name: str = "arithmetic"
     imports: tuple[str, ...] = ()
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     tool_timeout_s: float = 5.0
+    # Each episode's sandbox (environments whose factory takes ``sandbox``: math_python,
+    # swe_lite, yours); `tunix-agentic sandbox --config RUN.yaml -- CMD` runs CMD in it.
+    sandbox: SandboxConfig = SandboxConfig()
 
     config_aliases = {"import": "imports"}
 

@@ -238,7 +238,9 @@ class Trainer:
         except TemplateError as exc:
             raise ConfigError(f"model.path={model.path!r}: {exc}") from None
         try:
-            self.sources = RunSources(config.tasks, tool_timeout=config.env.tool_timeout_s)
+            self.sources = RunSources(
+                config.tasks, tool_timeout=config.env.tool_timeout_s, sandbox=config.env.sandbox
+            )
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         self.env_factory = self.sources.make_env

@@ -40,16 +40,19 @@ class SourceSpec:
 
 
 class RunSources:
-    """The run's task sources by name; ``tool_timeout`` goes to every environment whose
-    factory takes a ``tool_timeout`` argument.
+    """The run's task sources by name; ``tool_timeout`` and ``sandbox`` go to every
+    environment whose factory takes that argument (and is not given it in the source's
+    ``env_kwargs``).
 
     Raises ``ValueError`` naming the source whose environment has no registered tasks
     and no task files, or whose files cannot be read.
     """
 
-    def __init__(self, specs: Sequence[Any], *, tool_timeout: float | None = None):
+    def __init__(
+        self, specs: Sequence[Any], *, tool_timeout: float | None = None, sandbox: Any = None
+    ):
         self.specs = {s.name: _spec(s) for s in specs}
-        self.tool_timeout = tool_timeout
+        self.shared = {"tool_timeout": tool_timeout, "sandbox": sandbox}
         self.sources: dict[str, TaskSource] = {}
         for name, spec in self.specs.items():
             if spec.train_file or spec.heldout_file:
@@ -72,8 +75,9 @@ class RunSources:
     def env_kwargs(self, name: str) -> dict[str, Any]:
         spec = self.specs[name]
         kwargs = dict(spec.env_kwargs)
-        if self.tool_timeout is not None and _takes(spec.env, "tool_timeout"):
-            kwargs.setdefault("tool_timeout", self.tool_timeout)
+        for key, value in self.shared.items():
+            if value is not None and _takes(spec.env, key):
+                kwargs.setdefault(key, value)
         return kwargs
 
     def make_env(self, task: Any) -> Environment:
@@ -134,4 +138,4 @@ def _takes(env: str, argument: str) -> bool:
         params = inspect.signature(get_env_factory(env)).parameters
     except (TypeError, ValueError):
         return False
-    return argument in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+    return argument in params

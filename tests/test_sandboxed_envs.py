@@ -1,0 +1,207 @@
+"""The sandboxed environments: math_python (word problems, the Python tool, a sympy verifier)
+and swe_lite (a buggy repository, bash and file_edit, hidden tests in EVAL)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tunix_agentic.agent.chat import ChatTemplate
+from tunix_agentic.agent.loop import AgentConfig
+from tunix_agentic.data.tasks import heldout_tasks
+from tunix_agentic.envs.base import Action, ToolCall
+from tunix_agentic.envs.math_problems import FAMILIES, make_problem
+from tunix_agentic.envs.math_python import MathPythonEnv, MathTasks
+from tunix_agentic.envs.math_verify import answers_equal, normalize_answer
+from tunix_agentic.envs.sandbox import _sandboxes_root
+from tunix_agentic.envs.swe_lite import RepoTasks, SweLiteEnv
+from tunix_agentic.envs.swe_repos import MODULE, VISIBLE_TESTS
+from tunix_agentic.inference import EngineConfig, JaxEngine
+from tunix_agentic.models.tokenizer import CharTokenizer
+from tunix_agentic.rollout import RolloutConfig, RolloutOrchestrator
+from tunix_agentic.testing import tiny_model
+
+SANDBOX = {"timeout_s": 20.0, "cpu_s": 20}
+
+
+def sandbox_dirs() -> set[str]:
+    return {p.name for p in Path(_sandboxes_root()).iterdir() if p.is_dir()}
+
+
+# -------------------------------------------------------------------- verifier
+@pytest.mark.parametrize(
+    "given,expected,equal",
+    [
+        ("7/4", "7/4", True),
+        ("1.75", "7/4", True),
+        ("\\boxed{7/4}", "7/4", True),
+        ("\\frac{7}{4}", "7/4", True),
+        ("175%", "7/4", True),
+        ("$1,250", "1250", True),
+        ("1250 dollars", "1250", True),
+        ("x = 12", "12", True),
+        ("sqrt(8)", "2*sqrt(2)", True),
+        ("1.7", "7/4", False),
+        ("0.3333", "1/3", False),
+        ("__import__('os').getcwd()", "0", False),
+        ("9**99999", "1", False),
+        ("lambda: 1", "1", False),
+        ("", "1", False),
+    ],
+    ids=lambda v: str(v)[:12],
+)
+def test_the_verifier_accepts_equal_forms_only(given, expected, equal):
+    assert answers_equal(given, expected) is equal
+
+
+def test_normalize_strips_the_wrapping():
+    assert normalize_answer("\\boxed{\\frac{1}{3}}.") == "(1)/(3)"
+    assert normalize_answer("50 %") == "(50)/100"
+
+
+# -------------------------------------------------------------------- problems
+def run_code(code: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(code, {})  # noqa: S102 - our own generated solution
+    return out.getvalue().strip()
+
+
+def test_problems_are_deterministic_and_their_code_prints_the_answer():
+    source = MathTasks()
+    tasks = [source.task(i, seed=3, split="train") for i in range(120)]
+    assert tasks == [source.task(i, seed=3, split="train") for i in range(120)]
+    assert {t.data["family"] for t in tasks} == set(FAMILIES)
+    for task in tasks:
+        assert answers_equal(run_code(task.data["code"]), task.answer), task.prompt
+        assert run_code(task.data["code"]) == task.answer  # the demo's tool reply, exactly
+    held = {t.prompt for t in heldout_tasks(source, 200, seed=3)}
+    assert not held & {t.prompt for t in tasks}
+    with pytest.raises(ValueError, match="unknown problem families"):
+        make_problem(0, seed=0, split="train", families=("poetry",))
+
+
+# ----------------------------------------------------------------- math_python
+async def test_math_python_episode_in_a_sandbox():
+    task = make_problem(0, seed=0, split="train", families=("power_mod",))
+    before = sandbox_dirs()
+    env = MathPythonEnv(sandbox=SANDBOX, max_python_calls=2)
+    assert [s["function"]["name"] for s in env.tool_schemas()] == ["python"]
+    try:
+        assert await env.reset(task) == task.prompt
+        assert env.timings["sandbox_start"] > 0 and len(sandbox_dirs() - before) == 1
+        demo = MathTasks().demonstration(task, rng=np.random.default_rng(0), use_tools=True)
+        call = ToolCall(**demo[0]["tool_calls"][0])
+        first = await env.step(Action(text="", tool_calls=(call,)))
+        assert first.messages == [{"role": "tool", "content": demo[1]["content"]}]
+        state = ToolCall("python", {"code": "y = 6 * 7\nprint(y)"})
+        assert (await env.step(Action(text="", tool_calls=(state,)))).messages[0]["content"] == "42"
+        capped = await env.step(Action(text="", tool_calls=(state,)))
+        assert "error" in capped.messages[0]["content"]  # the third call is over the cap
+        done = await env.step(Action(text="", answer=f"\\boxed{{{task.answer}}}"))
+        assert done.done and done.reward == 1.0 and await env.evaluate() == 1.0
+    finally:
+        await env.close()
+    assert sandbox_dirs() == before  # the sandbox is gone with the episode
+    await env.close()  # idempotent
+
+
+async def test_math_python_wrong_answer_and_errors_are_observations():
+    env = MathPythonEnv(sandbox=SANDBOX)
+    task = make_problem(1, seed=0, split="train")
+    try:
+        await env.reset(task)
+        bad = ToolCall("python", {"code": "1/0"})
+        obs = await env.step(Action(text="", tool_calls=(bad,), parse_errors=("not JSON",)))
+        assert [m["content"] for m in obs.messages] == [
+            "ZeroDivisionError: division by zero",
+            "error: not JSON",
+        ]
+        wrong = await env.step(Action(text="", answer="-1"))
+        assert wrong.done and wrong.reward == 0.0
+    finally:
+        await env.close()
+
+
+# -------------------------------------------------------------------- swe_lite
+async def test_swe_lite_demonstration_replays_exactly_and_fixes_the_bug():
+    source = RepoTasks()
+    for index in range(3):
+        task = source.task(index, seed=0, split="train")
+        demo = source.demonstration(task, rng=np.random.default_rng(0), use_tools=True)
+        env = SweLiteEnv(sandbox=SANDBOX)
+        try:
+            await env.reset(task)
+            assert await env.evaluate() == 0.0  # the bug is there: the tests fail
+            assert "FAIL" in env.test_output or "Error" in env.test_output
+            for turn, reply in zip(demo[0:4:2], demo[1:4:2], strict=True):
+                call = ToolCall(**turn["tool_calls"][0])
+                result = await env.step(Action(text="", tool_calls=(call,)))
+                assert result.messages == [{"role": "tool", "content": reply["content"]}]
+            done = await env.step(Action(text="", answer="done"))
+            assert done.done
+            assert await env.evaluate() == 1.0, env.test_output[-2000:]
+        finally:
+            await env.close()
+
+
+async def test_swe_lite_bash_runs_the_tests_and_deleting_tests_earns_nothing():
+    task = RepoTasks().task(5, seed=0, split="train")
+    env = SweLiteEnv(sandbox=SANDBOX)
+    try:
+        await env.reset(task)
+        run = ToolCall(
+            "bash", {"command": "python -m unittest discover -s tests -t . 2>&1 | tail -1"}
+        )
+        out = (await env.step(Action(text="", tool_calls=(run,)))).messages[0]["content"]
+        assert "FAILED" in out
+        wipe = ToolCall(
+            "bash",
+            {"command": f"rm {VISIBLE_TESTS} && echo 'raise SystemExit(0)' > tests/__init__.py"},
+        )
+        await env.step(Action(text="", tool_calls=(wipe,)))
+        assert await env.evaluate() == 0.0  # the original tests are back, and still fail
+        module = env.sandbox.read_file(MODULE)
+        fixed = module.splitlines()
+        fixed[task.data["bug_line"] - 1] = task.data["fixed"]
+        env.sandbox.write_file(MODULE, "\n".join(fixed) + "\n")
+        assert await env.evaluate() == 1.0
+    finally:
+        await env.close()
+
+
+# ------------------------------------------------------- through the orchestrator
+@pytest.mark.parametrize("env_cls", [MathPythonEnv, SweLiteEnv], ids=["math_python", "swe_lite"])
+async def test_sandboxed_envs_run_through_the_orchestrator(env_cls):
+    source = MathTasks() if env_cls is MathPythonEnv else RepoTasks()
+    template = ChatTemplate(CharTokenizer(128))
+    engine = JaxEngine(tiny_model(seed=3), EngineConfig(max_slots=8, max_seq_len=512))
+    before = sandbox_dirs()
+    try:
+        orch = RolloutOrchestrator(
+            engine,
+            lambda: env_cls(sandbox=SANDBOX),
+            template,
+            AgentConfig(max_turns=2, max_new_tokens=16),
+            RolloutConfig(group_size=2, groups_per_batch=1, filter_uniform_groups=False),
+        )
+        (group,) = await orch.run_tasks([source.task(0, seed=0, split="train")], group_size=2)
+    finally:
+        await engine.close()
+    assert len(group.trajectories) == 2 and not group.dropped
+    for traj in group.trajectories:
+        assert traj.status in ("ok", "max_turns", "max_tokens") and traj.reward == 0.0
+    assert sandbox_dirs() == before
+    assert not [p for p in os.listdir("/proc") if p.isdigit() and _is_sandbox_process(p)]
+
+
+def _is_sandbox_process(pid: str) -> bool:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid >= 200_000
+    except FileNotFoundError:
+        return False
