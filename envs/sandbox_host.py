@@ -1,0 +1,221 @@
+"""Host-side state of sandboxes that outlives a sandbox's owner: directories and uids.
+
+The per-user root that holds the sandboxes' directories, the sweep that removes a dead
+owner's directory (:func:`sweep_orphans`), and the uid leases under root (``flock``-ed
+files, claimed and released across processes) with the kill-by-uid that clears a leased
+uid's leftovers. Kept apart from :mod:`tunix_agentic.envs.sandbox` because it is plain OS
+plumbing (``/proc``, ``flock``, ``fork`` + ``setuid``) shared by every sandbox of every
+process on the host; see that module's docstring ("Processes, uids and fork bombs",
+"Leaks") for why it works this way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import secrets
+import shutil
+import signal
+import stat
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tunix_agentic.envs.sandbox_config import UID_SLOTS, SandboxError
+
+
+def _start_time(pid: int) -> int | None:
+    """The start time (clock ticks since boot) of ``pid``, None if it does not exist."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    try:
+        return int(data[data.rindex(b")") + 2 :].split()[19])
+    except (ValueError, IndexError):
+        return None
+
+
+def _uid_tasks(uid: int) -> tuple[list[int], int]:
+    """Pids whose real uid is ``uid``, and their total thread count (what RLIMIT_NPROC counts)."""
+    pids: list[int] = []
+    threads = 0
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return pids, threads
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status", "rb") as f:
+                status = f.read()
+        except OSError:
+            continue
+        real_uid = count = None
+        for line in status.splitlines():
+            if line.startswith(b"Uid:"):
+                real_uid = int(line.split()[1])
+            elif line.startswith(b"Threads:"):
+                count = int(line.split()[1])
+        if real_uid == uid:
+            pids.append(int(name))
+            threads += count or 1
+    return pids, threads
+
+
+def _kill_uid(uid: int) -> None:
+    """SIGKILL every process whose real uid is ``uid`` (root only; ``uid`` must not be 0).
+
+    A child drops to ``uid`` and calls ``kill(-1, SIGKILL)``, which reaches exactly that
+    uid's processes (never the caller itself), repeated until none is left, so that even a
+    fork bomb racing the kill runs out.
+    """
+    if uid == 0 or os.geteuid() != 0 or not _uid_tasks(uid)[0]:
+        return
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the forked child
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            for _ in range(1000):
+                try:
+                    os.kill(-1, signal.SIGKILL)
+                except ProcessLookupError:
+                    break
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def _sandboxes_root() -> Path:
+    """``$TMPDIR/tunix-sandboxes-<euid>``: created ``0711``, and refused if someone else owns it."""
+    root = Path(tempfile.gettempdir()) / f"tunix-sandboxes-{os.geteuid()}"
+    with contextlib.suppress(FileExistsError):
+        root.mkdir(mode=0o711)
+    st = root.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise SandboxError(
+            f"{root} is not a directory owned by uid {os.geteuid()} and writable only by it; "
+            "remove it or set TMPDIR"
+        )
+    return root
+
+
+_DIR_NAME = re.compile(r"^(\d+)\.(\d+)-[0-9a-f]+$")
+
+
+def _rmtree(path: Path) -> None:
+    """Removes a tree whose sandboxed owner may have chmod-ed parts of it to 000."""
+
+    def fix(func: Callable[..., Any], p: str, _exc: Any) -> None:
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(p), 0o700)
+            if os.path.isdir(p) and not os.path.islink(p):
+                os.chmod(p, 0o700)
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                func(p)
+
+    shutil.rmtree(path, onerror=fix)
+
+
+def sweep_orphans(root: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Removes sandbox directories whose owning process has died; returns the removed paths.
+
+    A directory's owner is alive when a process with its pid and start time exists, so a
+    reused pid does not keep a dead owner's directory. Under root, processes still running
+    as a dead sandbox's uid (possible only with the ``process`` backend) are killed first.
+    Safe to run from several processes at once (a directory is renamed before removal).
+    """
+    base = Path(root) if root is not None else _sandboxes_root()
+    removed: list[Path] = []
+    alive: dict[int, int | None] = {}
+    try:
+        entries = list(os.scandir(base))
+    except FileNotFoundError:
+        return removed
+    for entry in entries:
+        if entry.name.startswith(".trash-"):  # a sweeper died mid-way, or is removing it now
+            _rmtree(Path(entry.path))
+            continue
+        match = _DIR_NAME.match(entry.name)
+        if not match:
+            continue
+        pid, started = int(match.group(1)), int(match.group(2))
+        if pid not in alive:  # many directories share an owner: read its start time once
+            alive[pid] = _start_time(pid)
+        if alive[pid] == started:
+            continue
+        trash = base / f".trash-{secrets.token_hex(6)}"
+        try:
+            os.rename(entry.path, trash)
+        except OSError:  # another sweeper took it
+            continue
+        if os.geteuid() == 0:
+            with contextlib.suppress(OSError):
+                uid = (trash / "work").lstat().st_uid
+                _reclaim_uid(base, uid)
+        _rmtree(trash)
+        removed.append(Path(entry.path))
+    return removed
+
+
+# --------------------------------------------------------------------------- uid leases
+_HELD_UIDS: set[int] = set()
+_UID_LOCK = threading.Lock()
+
+
+def _lock_uid(base: Path, uid: int) -> int | None:
+    """An fd holding the exclusive lock of ``uid``, or None if someone holds it."""
+    locks = base / ".uids"
+    with contextlib.suppress(FileExistsError):
+        locks.mkdir(mode=0o700)
+    fd = os.open(locks / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _reclaim_uid(base: Path, uid: int) -> None:
+    """Kills leftover processes of a sandbox uid nobody holds (a dead owner's)."""
+    if uid == 0 or uid in _HELD_UIDS:
+        return
+    fd = _lock_uid(base, uid)
+    if fd is None:
+        return
+    try:
+        _kill_uid(uid)
+    finally:
+        os.close(fd)
+
+
+def _lease_uid(base: Path, first: int) -> tuple[int, int]:
+    """Claims a free uid in ``first .. first+UID_SLOTS-1``: ``(uid, lock fd)``.
+
+    The lock is an ``flock`` on ``<root>/.uids/<uid>``: the kernel drops it when its holder
+    dies, so a crashed trainer's uids are free again; a claimed uid's leftover processes
+    (from such a crash) are killed before it is used.
+    """
+    with _UID_LOCK:
+        for uid in range(first, first + UID_SLOTS):
+            if uid in _HELD_UIDS:
+                continue
+            fd = _lock_uid(base, uid)
+            if fd is None:
+                continue
+            _HELD_UIDS.add(uid)
+            break
+        else:
+            raise SandboxError(f"all {UID_SLOTS} sandbox uids from {first} are in use")
+    _kill_uid(uid)
+    return uid, fd
