@@ -299,6 +299,7 @@ def import_env_modules(modules: str | Sequence[str]) -> None:
     imported once. Raises ``ValueError`` naming the module that cannot be imported,
     and why.
     """
+    import hashlib
     import importlib
     import importlib.util
     import os
@@ -308,7 +309,9 @@ def import_env_modules(modules: str | Sequence[str]) -> None:
         try:
             if module.endswith(".py"):
                 path = os.path.abspath(module)
-                name = "tunix_agentic_user_env_" + os.path.splitext(os.path.basename(path))[0]
+                stem = os.path.splitext(os.path.basename(path))[0]
+                digest = hashlib.sha1(path.encode()).hexdigest()[:8]
+                name = f"tunix_agentic_user_env_{stem}_{digest}"  # one module per file
                 if name in sys.modules:
                     continue
                 spec = importlib.util.spec_from_file_location(name, path)

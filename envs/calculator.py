@@ -25,6 +25,7 @@ from tunix_agentic.envs.base import (
     Action,
     Environment,
     StepResult,
+    Task,
     TaskSource,
     register_env,
     run_tool_calls,
@@ -264,10 +265,25 @@ class ArithmeticEnv(Environment):
         self._done = False
         self._answer_reward: float | None = None
 
-    async def reset(self, task: ArithmeticTask) -> str:
-        """Starts an episode on ``task`` and returns its prompt."""
+    async def reset(self, task: ArithmeticTask | Task) -> str:
+        """Starts an episode on ``task`` (an :class:`ArithmeticTask`, or a :class:`Task` with
+        a prompt and an answer, e.g. from a task file) and returns its prompt."""
+        if isinstance(task, Task):  # a task from a file: its prompt and expected answer
+            if task.answer is None:
+                raise TypeError(f"task {task.task_id!r} has no answer to check against")
+            task = ArithmeticTask(
+                task.task_id,
+                task.prompt,
+                str(task.data.get("expression", "")),
+                format_number(task.answer)
+                if isinstance(task.answer, int | float)
+                else str(task.answer),
+                task.task_name,
+            )
         if not isinstance(task, ArithmeticTask):
-            raise TypeError(f"ArithmeticEnv needs an ArithmeticTask, got {type(task).__name__}")
+            raise TypeError(
+                f"ArithmeticEnv needs an ArithmeticTask or a Task, got {type(task).__name__}"
+            )
         self._task = task
         self._done = False
         self._answer_reward = None

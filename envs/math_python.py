@@ -10,6 +10,7 @@ mathematically equal form (``1.75``, ``\\boxed{7/4}``, ``175%``).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +23,8 @@ from tunix_agentic.envs.python_tool import PythonTool
 from tunix_agentic.envs.sandbox import Sandbox, SandboxConfig
 from tunix_agentic.envs.sandboxed import SandboxedEnv
 from tunix_agentic.envs.tools import Tool
+
+VERIFY_TIMEOUT_S = 5.0
 
 
 class MathTasks(TaskSource):
@@ -91,12 +94,25 @@ class MathPythonEnv(SandboxedEnv):
         if self._task is None or self._outcome is not None:
             raise RuntimeError("step() needs reset() first, and not after the answer")
         if action.answer is not None:
-            self._outcome = 1.0 if answers_equal(action.answer, str(self._task.answer)) else 0.0
+            self._outcome = await self.verify(action.answer)
             return StepResult("", self._outcome, True, {"status": "answered"})
         if not (action.tool_calls or action.parse_errors):
             self._outcome = 0.0
             return StepResult("", 0.0, True, {"status": "no_action"})
         return await self.run_tools(action)
+
+    async def verify(self, answer: str) -> float:
+        """1.0 if ``answer`` equals the task's, on a worker thread (sympy is CPU work: the
+        event loop keeps serving every other episode); an answer that takes longer than
+        ``VERIFY_TIMEOUT_S`` to judge scores 0."""
+        assert self._task is not None
+        judged = asyncio.get_running_loop().run_in_executor(
+            None, answers_equal, answer, str(self._task.answer)
+        )
+        try:
+            return 1.0 if await asyncio.wait_for(judged, VERIFY_TIMEOUT_S) else 0.0
+        except TimeoutError:
+            return 0.0
 
     async def evaluate(self) -> float:
         return self._outcome or 0.0

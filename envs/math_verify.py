@@ -16,6 +16,9 @@ import re
 import sympy
 
 MAX_ANSWER_CHARS = 120
+MAX_RAW_CHARS = 400
+MAX_EXPONENT = 16
+MAX_POWERS = 4
 _BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
 _ALLOWED_NAMES = {"sqrt": sympy.sqrt, "pi": sympy.pi}
 _NODES = (
@@ -41,6 +44,8 @@ def normalize_answer(text: str) -> str:
     thousands separators or trailing period; ``75%`` becomes ``(75)/100``; ``^`` is
     ``**``; ``\\frac{a}{b}`` becomes ``(a)/(b)``."""
     text = str(text).strip()
+    if len(text) > MAX_RAW_CHARS:  # before any regex: their cost grows with the text
+        raise ValueError(f"answer longer than {MAX_RAW_CHARS} characters")
     boxed = _BOXED.findall(text)
     if boxed:
         text = boxed[-1]
@@ -83,9 +88,17 @@ def parse_answer(text: str) -> sympy.Expr:
         if isinstance(node, ast.Constant) and not isinstance(node.value, int | float):
             raise ValueError("only numbers are allowed in an answer")
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+            # Powers are evaluated eagerly: a small exponent, and no power of a power
+            # ((9**64)**64 is already a 7,000-digit number), keep every answer cheap.
             exponent = node.right.operand if isinstance(node.right, ast.UnaryOp) else node.right
-            if not isinstance(exponent, ast.Constant) or abs(exponent.value) > 64:
-                raise ValueError("an exponent must be a number of at most 64")
+            if not isinstance(exponent, ast.Constant) or abs(exponent.value) > MAX_EXPONENT:
+                raise ValueError(f"an exponent must be a number of at most {MAX_EXPONENT}")
+            if any(
+                isinstance(n, ast.BinOp) and isinstance(n.op, ast.Pow) for n in ast.walk(node.left)
+            ):
+                raise ValueError("a power of a power is not allowed in an answer")
+    if sum(isinstance(n, ast.Pow) for n in ast.walk(tree)) > MAX_POWERS:
+        raise ValueError(f"at most {MAX_POWERS} powers in an answer")
     try:
         return sympy.sympify(expr, locals=dict(_ALLOWED_NAMES), rational=True)
     except (sympy.SympifyError, TypeError, ZeroDivisionError) as exc:
@@ -95,16 +108,21 @@ def parse_answer(text: str) -> sympy.Expr:
 def answers_equal(given: str, expected: str, *, rel_tol: float = 1e-6) -> bool:
     """Whether ``given`` equals ``expected`` mathematically (``3/4 == 0.75 == 75%``).
 
-    False (never an exception) for an answer that cannot be read.
+    Compared numerically to 30 digits first (cheap, and a decisive "no" for most wrong
+    answers); exact answers must agree to ``1e-20`` relative, an answer written with a
+    decimal point to ``rel_tol``; sympy's ``simplify`` settles only what has no numeric
+    value. False (never an exception) for an answer that cannot be read.
     """
     try:
         a, b = parse_answer(given), parse_answer(expected)
     except ValueError:
         return False
     try:
-        if sympy.simplify(a - b) == 0:
-            return True
-        fa, fb = complex(sympy.N(a)), complex(sympy.N(b))
-    except (TypeError, ValueError, ZeroDivisionError):
-        return False
-    return abs(fa - fb) <= rel_tol * max(1.0, abs(fb))
+        fa, fb = complex(sympy.N(a, 30)), complex(sympy.N(b, 30))
+    except (TypeError, ValueError, ZeroDivisionError, OverflowError):
+        try:
+            return bool(sympy.simplify(a - b) == 0)
+        except (TypeError, ValueError, ZeroDivisionError):
+            return False
+    tol = rel_tol if "." in normalize_answer(given) else 1e-20
+    return abs(fa - fb) <= tol * max(1.0, abs(fb))

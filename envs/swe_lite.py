@@ -5,18 +5,23 @@ Each episode's sandbox holds a repository from :mod:`tunix_agentic.envs.swe_repo
 it). The agent has the ``bash`` tool (one persistent shell; run the tests, read
 files) and ``file_edit`` (view, replace a line range, create), and replies
 ``<answer>done</answer>`` when it thinks the tests pass (or runs out of turns).
-The EVAL stage then restores the original test files, adds the hidden tests and
-runs both suites in the sandbox: reward 1.0 if every test ran and passed.
 
-The check counts the tests that ran, so deleting or emptying tests earns
-nothing; an agent that patched ``unittest`` itself from ``lib/`` could still
-fool it (the repository is the agent's to edit), which a stricter verifier
-would run in a fresh sandbox with only ``lib/`` copied over.
+The EVAL stage judges only the agent's ``lib/utils.py``: it is copied into a
+fresh sandbox beside the original ``lib/__init__.py`` and test files and the
+hidden tests, and a harness runs them in an isolated interpreter (``python -I
+-B``: no working directory on the path, so nothing of the agent's can stand in
+for ``unittest``). The harness reads a one-time token from its stdin before
+importing the code under test and prints it with the counts, and checks after
+the run that the assertion methods are still unittest's own: reward 1.0 when
+every expected test ran and passed. The code under test still runs in the
+harness's process, so a determined agent could forge more than this checks
+(e.g. patch ``int.__eq__``-like behaviour through C extensions it cannot
+build here, or ``sys.modules`` tricks beyond the assertion check).
 """
 
 from __future__ import annotations
 
-import re
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,17 +31,24 @@ from tunix_agentic.envs.base import Action, StepResult, Task, TaskSource, regist
 from tunix_agentic.envs.file_edit import FileEditTool, numbered, replace_lines
 from tunix_agentic.envs.sandbox import Sandbox, SandboxConfig
 from tunix_agentic.envs.sandboxed import SandboxedEnv
-from tunix_agentic.envs.swe_repos import HIDDEN_TESTS, MODULE, VISIBLE_TESTS, make_repo_task
+from tunix_agentic.envs.swe_repos import MODULE, VISIBLE_TESTS, make_repo_task
 from tunix_agentic.envs.terminal import BashTool
 from tunix_agentic.envs.tools import Tool
 
-# Stale bytecode must not decide: an edit within the same second keeps the source's mtime
-# and size, and Python would reuse the old .pyc, so caches go and none are written.
-TEST_COMMAND = (
-    "find . -name __pycache__ -prune -exec rm -rf {} + ; "
-    f"python -B -m unittest -v tests.{VISIBLE_TESTS[6:-3]} tests.{HIDDEN_TESTS[6:-3]}"
-)
-_RAN = re.compile(r"^Ran (\d+) tests? in ", re.MULTILINE)
+HARNESS = "judge_harness.py"
+# Runs in the judging sandbox as `python -I -B judge_harness.py`. The token comes first on
+# stdin, before any code under test is imported; the verdict line carries it.
+_HARNESS_SOURCE = """\
+import sys, unittest
+token = sys.stdin.readline().strip()
+checked = ("assertEqual", "assertTrue", "assertFalse", "assertRaises")
+originals = {name: getattr(unittest.TestCase, name) for name in checked}
+sys.path.insert(0, "/workspace" if len(sys.argv) < 2 else sys.argv[1])
+suite = unittest.defaultTestLoader.loadTestsFromNames(sys.argv[2:])
+result = unittest.TextTestRunner(stream=sys.stderr, verbosity=0).run(suite)
+intact = all(getattr(unittest.TestCase, n) is originals[n] for n in checked)
+print(token, result.testsRun, len(result.failures) + len(result.errors), int(intact))
+"""
 
 
 class RepoTasks(TaskSource):
@@ -127,21 +139,36 @@ class SweLiteEnv(SandboxedEnv):
         return await self.run_tools(action)
 
     async def evaluate(self) -> float:
-        """Restores the test files, adds the hidden ones, runs both: 1.0 if all ran and passed."""
+        """Judges the agent's ``lib/utils.py`` in a fresh sandbox (see the module docstring):
+        1.0 if every visible and hidden test ran and passed, else 0.0. A missing or
+        unreadable module scores 0 (the agent's doing, not an infrastructure fault)."""
         if self._task is None or self.sandbox is None:
             raise RuntimeError("evaluate() needs an episode (reset first)")
-        files = self._task.data["files"]
-        for path in ("tests/__init__.py", VISIBLE_TESTS):
-            self.sandbox.write_file(path, files[path])
-        for path, text in self._task.data["hidden"].items():
-            self.sandbox.write_file(path, text)
-        result = await self.sandbox.run(TEST_COMMAND, timeout=self.test_timeout)
-        self.test_output = result.output
-        ran = _RAN.search(result.output)
+        try:
+            module = self.sandbox.read_file(MODULE)
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            self.test_output = f"cannot read {MODULE}: {exc}"
+            return 0.0
+        files = {**self._task.data["files"], **self._task.data["hidden"], MODULE: module}
+        names = [p[:-3].replace("/", ".") for p in (VISIBLE_TESTS, *self._task.data["hidden"])]
         expected = sum(
             text.count("    def test_")
-            for path, text in {**files, **self._task.data["hidden"]}.items()
+            for path, text in files.items()
             if path.startswith("tests/test_")
         )
-        ok = result.exit_code == 0 and not result.timed_out and ran is not None
-        return 1.0 if ok and int(ran.group(1)) == expected else 0.0
+        token = secrets.token_hex(16)
+        async with Sandbox(self.sandbox_config) as judge:
+            for path, text in files.items():
+                judge.write_file(path, text)
+            judge.write_file(HARNESS, _HARNESS_SOURCE)
+            result = await judge.run(
+                ["python", "-I", "-B", HARNESS, judge.cwd or ".", *names],
+                timeout=self.test_timeout,
+                input=token + "\n",
+            )
+        self.test_output = result.output
+        verdict = [line.split() for line in result.output.splitlines() if line.startswith(token)]
+        if result.timed_out or len(verdict) != 1 or len(verdict[0]) != 4:
+            return 0.0
+        _, ran, failed, intact = verdict[0]
+        return 1.0 if (int(ran), int(failed), intact) == (expected, 0, "1") else 0.0

@@ -53,7 +53,10 @@ def grpo_batch(
     A trajectory gives one row, or one per step when its steps saw less than the
     whole history (``Trajectory.learner_rows``), each with the trajectory's
     advantage; the row count is then padded up to a multiple of ``num_rows`` so
-    the step compiles for few shapes. ``task_normalize`` (AgentRL's task advantage normalisation) then
+    the step compiles for few shapes. Under ``token_mean`` that weighs every
+    action token as the one-row form would; under the ``seq_mean_*``
+    aggregations each step row counts as a sequence, so an episode weighs in
+    proportion to its steps. ``task_normalize`` (AgentRL's task advantage normalisation) then
     standardises the advantages of each task name across the batch, so tasks
     with different reward scales or group sizes pull with equal weight.
     """

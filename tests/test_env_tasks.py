@@ -21,7 +21,7 @@ from tunix_agentic.data.sources import RunSources
 from tunix_agentic.data.tasks import FileTaskSource, heldout_tasks, task_iterator
 from tunix_agentic.envs import base as envs_base
 from tunix_agentic.envs.base import Action, Task, TaskSource, env_tasks, import_env_modules
-from tunix_agentic.envs.calculator import ArithmeticEnv, ArithmeticTask, ArithmeticTasks
+from tunix_agentic.envs.calculator import ArithmeticEnv, ArithmeticTasks
 from tunix_agentic.envs.countdown import CountdownEnv, CountdownTasks
 from tunix_agentic.models.tokenizer import CharTokenizer
 from tunix_agentic.testing import TINY_RUN_OVERRIDES
@@ -70,18 +70,34 @@ def test_file_tasks_name_the_bad_record(tmp_path, content, message):
         FileTaskSource(train=path)
 
 
+def test_json_array_files_and_unknown_suffixes(tmp_path):
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps([{"prompt": "Compute 2+2.", "answer": 4}]))
+    assert FileTaskSource(train=path).task(0, seed=0, split="train").answer == 4
+    path.write_text(json.dumps({"prompt": "x"}))
+    with pytest.raises(ValueError, match="holds a list of JSON objects"):
+        FileTaskSource(train=path)
+    other = tmp_path / "train.csv"
+    other.write_text("prompt\n")
+    with pytest.raises(ValueError, match=r"must be .jsonl, .json or .parquet"):
+        FileTaskSource(train=other)
+
+
 def test_parquet_without_pyarrow_says_what_to_install(tmp_path):
-    pytest.importorskip("pytest")
-    path = tmp_path / "t.parquet"
-    path.write_bytes(b"PAR1")
     try:
         import pyarrow  # noqa: F401
     except ImportError:
+        path = tmp_path / "t.parquet"
+        path.write_bytes(b"PAR1")
         with pytest.raises(ValueError, match="needs pyarrow"):
             FileTaskSource(train=path)
-    else:
-        with pytest.raises(Exception):  # noqa: B017 - a truncated file; pyarrow's own error
-            FileTaskSource(train=path)
+        return
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.Table.from_pylist([{"prompt": "Compute 1+2.", "answer": "3"}]), path)
+    assert FileTaskSource(train=path).task(0, seed=0, split="train").prompt == "Compute 1+2."
 
 
 # ------------------------------------------------------------------ countdown
@@ -228,7 +244,9 @@ def test_config_errors_name_the_key(override, message):
         load_config(CONFIG, [override])
 
 
-def test_a_source_without_tasks_needs_files(tmp_path):
+def test_a_source_without_tasks_needs_files(tmp_path, monkeypatch):
+    monkeypatch.setattr(envs_base, "_REGISTRY", dict(envs_base._REGISTRY))  # undone after
+
     @envs_base.register_env("test_taskless")
     class Taskless(ArithmeticEnv):
         pass
@@ -264,7 +282,8 @@ def test_user_module_from_the_working_directory_and_a_file(tmp_path, monkeypatch
     cfg = load_config(
         CONFIG, ["env.import=[user_env_mod_a, ./user_env_mod_b.py]", "env.name=user_env_a"]
     )
-    assert cfg.env.imports == ("user_env_mod_a", "./user_env_mod_b.py")
+    # a file is kept by its absolute path, so a resume from elsewhere finds it
+    assert cfg.env.imports == ("user_env_mod_a", str(tmp_path / "user_env_mod_b.py"))
     assert isinstance(env_tasks("user_env_a"), ArithmeticTasks)
     assert env_tasks("user_env_b") is None
     import_env_modules("./user_env_mod_b.py")  # a second import is a no-op
@@ -371,7 +390,6 @@ def test_the_readme_example_replays_its_demonstrations():
         turns, results, reward = asyncio.run(replay(task))
         assert reward == 1.0 and results[-1].done
         assert [r.observation for r in results[:-1]] == [t["content"] for t in turns[1::2]]
-    assert isinstance(ArithmeticTasks().task(0, seed=0, split="train"), ArithmeticTask)
 
 
 def test_the_countdown_config_loads_and_builds_its_sources():
@@ -401,3 +419,53 @@ def test_a_remote_source_takes_its_tasks_from_the_served_environment():
         load_config(CONFIG, ["tasks=[{env: remote, tasks_from: nope}]"])
     with pytest.raises(ValueError, match="'remote' registers no task source"):
         RunSources(load_config(CONFIG, ["tasks=[{env: remote}]"]).tasks)
+
+
+def test_env_kwargs_stay_the_environments_own_across_a_saved_config(tmp_path):
+    from tunix_agentic.config import save_config
+
+    cfg = load_config(CONFIG, ["env.name=countdown", "env.kwargs={format_reward: 0.1}"])
+    save_config(cfg, tmp_path / "config.yaml")
+    again = load_config(tmp_path / "config.yaml", ["env.kwargs.format_reward=0.3"])
+    sources = RunSources(again.tasks, env_name=again.env.name, env_kwargs=again.env.kwargs)
+    env = sources.make_env(next(sources.train_stream(0)))
+    assert env.format_reward == 0.3  # the override wins, as it would on --resume
+    assert again.tasks[0].env_kwargs == {}
+
+
+def test_arithmetic_takes_tasks_from_a_file(tmp_path):
+    train = write_jsonl(tmp_path / "t.jsonl", [{"prompt": "Compute 6*7.", "answer": 42}])
+    cfg = load_config(CONFIG, [f"tasks=[{{train_file: '{train}'}}]"])
+    sources = RunSources(cfg.tasks, env_name=cfg.env.name)
+    task = next(sources.train_stream(0))
+    env = sources.make_env(task)
+
+    async def episode():
+        assert await env.reset(task) == "Compute 6*7."
+        await env.step(Action(text="", answer="42"))
+        return await env.evaluate()
+
+    assert asyncio.run(episode()) == 1.0
+    assert sources.heldout(5, seed=0) == {}  # no held-out file: not scored as 0.00
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["env.name=countdown", "env.kwargs={formt_reward: 1}"], "does not take"),
+        (["tasks=[{heldout_file: HELD}]"], "has no train tasks"),
+        (["seed=4294967295", "tasks=[{env: arithmetic, seed_offset: 1}]"], "seed must be in"),
+        (["env.name=remote", "tasks=[{tasks_from: arithmetic}]", "sft.steps=0"], "does not take"),
+        (["tasks=[{train_file: TRAIN}]"], "provides demonstrations"),
+    ],
+    ids=["misspelt-kwarg", "heldout-only", "seed-range", "remote-without-url", "no-demos"],
+)
+def test_a_trainer_refuses_a_run_that_cannot_go_before_any_work(tmp_path, overrides, message):
+    from tunix_agentic.trainer import Trainer
+
+    held = write_jsonl(tmp_path / "h.jsonl", [{"prompt": "Compute 1+1.", "answer": 2}])
+    overrides = [o.replace("HELD", str(held)).replace("TRAIN", str(held)) for o in overrides]
+    cfg = load_config(CONFIG, [*overrides, f"run_dir={tmp_path / 'run'}"])
+    with pytest.raises(ConfigError, match=message):
+        Trainer(cfg, progress=False)
+    assert not (tmp_path / "run").exists()

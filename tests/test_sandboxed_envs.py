@@ -50,6 +50,10 @@ def sandbox_dirs() -> set[str]:
         ("0.3333", "1/3", False),
         ("__import__('os').getcwd()", "0", False),
         ("9**99999", "1", False),
+        ("(((9**64)**64)**64)**64", "1", False),  # a power of a power: refused, not computed
+        ("2**3**2", "512", False),
+        ("(sqrt(2)+sqrt(3))**4", "49+20*sqrt(6)", True),
+        ("1" + " " * 20_000 + "+0", "1", False),  # over the raw length: refused before any regex
         ("lambda: 1", "1", False),
         ("", "1", False),
     ],
@@ -171,6 +175,37 @@ async def test_swe_lite_bash_runs_the_tests_and_deleting_tests_earns_nothing():
         fixed[task.data["bug_line"] - 1] = task.data["fixed"]
         env.sandbox.write_file(MODULE, "\n".join(fixed) + "\n")
         assert await env.evaluate() == 1.0
+    finally:
+        await env.close()
+
+
+CHEATS = {
+    "shadow-unittest": (
+        "mkdir -p unittest && printf 'print(\"Ran 12 tests in 0.0s\")\\n' > unittest/__main__.py"
+        " && touch unittest/__init__.py"
+    ),
+    "forged-exit": (
+        "printf 'import os\\nprint(\"Ran 12 tests in 0.0s\")\\nprint(\"OK\")\\nos._exit(0)\\n'"
+        " > lib/__init__.py"
+    ),
+    "patched-asserts": (
+        "printf 'import unittest\\nunittest.TestCase.assertEqual = lambda *a, **k: None\\n"
+        "unittest.TestCase.assertTrue = lambda *a, **k: None\\n"
+        "unittest.TestCase.assertFalse = lambda *a, **k: None\\n' >> lib/utils.py"
+    ),
+    "tests-replaced-by-a-file": "rm -r tests && echo x > tests",
+    "module-removed": "rm lib/utils.py",
+}
+
+
+@pytest.mark.parametrize("command", list(CHEATS.values()), ids=list(CHEATS))
+async def test_swe_lite_cannot_be_cheated(command):
+    task = RepoTasks().task(0, seed=0, split="train")
+    env = SweLiteEnv(sandbox=SANDBOX)
+    try:
+        await env.reset(task)
+        await env.step(Action(text="", tool_calls=(ToolCall("bash", {"command": command}),)))
+        assert await env.evaluate() == 0.0, env.test_output[-1500:]
     finally:
         await env.close()
 

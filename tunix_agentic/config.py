@@ -8,6 +8,7 @@ out-of-range value raises ``ValueError`` naming the dotted key.
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
 from collections.abc import Sequence
@@ -41,7 +42,7 @@ class EnvConfig:
     name: str = "arithmetic"
     imports: tuple[str, ...] = ()
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
-    tool_timeout_s: float = 5.0
+    tool_timeout_s: float | None = None  # None: each environment's own default
     # Each episode's sandbox (environments whose factory takes ``sandbox``: math_python,
     # swe_lite, yours); `tunix-agentic sandbox --config RUN.yaml -- CMD` runs CMD in it.
     sandbox: SandboxConfig = SandboxConfig()
@@ -49,13 +50,15 @@ class EnvConfig:
     config_aliases = {"import": "imports"}
 
     def __post_init__(self):
-        if isinstance(self.imports, str):
-            object.__setattr__(self, "imports", (self.imports,))
+        imports = (self.imports,) if isinstance(self.imports, str) else tuple(self.imports)
+        # A .py file is kept by its absolute path: a resumed run may start elsewhere.
+        imports = tuple(os.path.abspath(m) if m.endswith(".py") else m for m in imports)
+        object.__setattr__(self, "imports", imports)
         import_env_modules(self.imports)
         _check_env_name(self.name, "env.name")
         if not isinstance(self.kwargs, dict):
             raise ValueError(f"env.kwargs must be a mapping, got {self.kwargs!r}")
-        if self.tool_timeout_s <= 0:
+        if self.tool_timeout_s is not None and not self.tool_timeout_s > 0:
             raise ValueError(f"env.tool_timeout_s must be > 0, got {self.tool_timeout_s}")
 
 
@@ -180,8 +183,6 @@ class RunConfig:
             _check_env_name(env, f"tasks[{i}].env")
             if t.tasks_from:
                 _check_env_name(t.tasks_from, f"tasks[{i}].tasks_from")
-            if env == self.env.name:
-                t = dataclasses.replace(t, env_kwargs={**self.env.kwargs, **t.env_kwargs})
             resolved.append(dataclasses.replace(t, env=env, name=t.name or env))
         object.__setattr__(self, "tasks", tuple(resolved))
         names = [t.name for t in self.tasks]

@@ -239,10 +239,20 @@ class Trainer:
             raise ConfigError(f"model.path={model.path!r}: {exc}") from None
         try:
             self.sources = RunSources(
-                config.tasks, tool_timeout=config.env.tool_timeout_s, sandbox=config.env.sandbox
+                config.tasks,
+                tool_timeout=config.env.tool_timeout_s,
+                sandbox=config.env.sandbox,
+                env_name=config.env.name,
+                env_kwargs=config.env.kwargs,
             )
+            self.sources.train_stream(config.seed)  # seeds and splits checked before any work
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        if config.sft.steps and not self.sources.demo_sources():
+            raise ConfigError(
+                f"sft.steps={config.sft.steps} but no task source "
+                f"({', '.join(self.sources.specs)}) provides demonstrations: set sft.steps=0"
+            )
         self.env_factory = self.sources.make_env
         self.engine = None  # the run's engine once built (closed when the run ends)
         self._signals: StopSignals | None = None
@@ -255,11 +265,6 @@ class Trainer:
         if cfg.steps == 0:
             return model
         demos = self.sources.demo_sources()
-        if not demos:
-            raise ConfigError(
-                f"sft.steps={cfg.steps} but no task source ({', '.join(self.sources.specs)}) "
-                "provides demonstrations: set sft.steps=0"
-            )
         trainer = SFTTrainer(model, cfg.optimizer)
         batches = demonstration_batches(
             demos,

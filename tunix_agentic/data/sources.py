@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tunix_agentic.data.demos import DemoSource
@@ -40,19 +40,28 @@ class SourceSpec:
 
 
 class RunSources:
-    """The run's task sources by name; ``tool_timeout`` and ``sandbox`` go to every
-    environment whose factory takes that argument (and is not given it in the source's
-    ``env_kwargs``).
+    """The run's task sources by name.
 
+    A source's environment gets its ``env_kwargs``, over ``env_kwargs`` here when its
+    environment is ``env_name`` (the config's ``env.kwargs`` for ``env.name``), and
+    ``tool_timeout`` and ``sandbox`` when its factory takes them and they are not None.
     Raises ``ValueError`` naming the source whose environment has no registered tasks
-    and no task files, or whose files cannot be read.
+    and no task files, whose files cannot be read, that has no train tasks, or whose
+    environment does not take its keyword arguments.
     """
 
     def __init__(
-        self, specs: Sequence[Any], *, tool_timeout: float | None = None, sandbox: Any = None
+        self,
+        specs: Sequence[Any],
+        *,
+        tool_timeout: float | None = None,
+        sandbox: Any = None,
+        env_name: str | None = None,
+        env_kwargs: Mapping[str, Any] | None = None,
     ):
         self.specs = {s.name: _spec(s) for s in specs}
         self.shared = {"tool_timeout": tool_timeout, "sandbox": sandbox}
+        self.defaults = (env_name, dict(env_kwargs or {}))
         self.sources: dict[str, TaskSource] = {}
         for name, spec in self.specs.items():
             if spec.train_file or spec.heldout_file:
@@ -71,10 +80,23 @@ class RunSources:
                     "parquet), or tasks[].tasks_from (an environment whose tasks to use)"
                 )
             self.sources[name] = registered
+        for name, spec in self.specs.items():
+            if self.sources[name].num_tasks("train") < 1:
+                raise ValueError(f"tasks source {name!r} has no train tasks (give train_file)")
+            try:
+                inspect.signature(get_env_factory(spec.env)).bind(**self.env_kwargs(name))
+            except TypeError as exc:
+                raise ValueError(
+                    f"tasks source {name!r}: environment {spec.env!r} does not take "
+                    f"{sorted(self.env_kwargs(name))}: {exc}"
+                ) from None
+            except ValueError:  # a factory without a signature: checked when it is called
+                pass
 
     def env_kwargs(self, name: str) -> dict[str, Any]:
         spec = self.specs[name]
-        kwargs = dict(spec.env_kwargs)
+        default_env, default_kwargs = self.defaults
+        kwargs = {**(default_kwargs if spec.env == default_env else {}), **spec.env_kwargs}
         for key, value in self.shared.items():
             if value is not None and _takes(spec.env, key):
                 kwargs.setdefault(key, value)
@@ -104,10 +126,11 @@ class RunSources:
         )
 
     def heldout(self, n: int, seed: int) -> dict[str, list[Any]]:
-        """Up to ``n`` held-out tasks of each source, tagged with its name."""
+        """Up to ``n`` held-out tasks of each source that has some, tagged with its name."""
         return {
             name: [_tagged(t, name) for t in heldout_tasks(self.sources[name], n, seed=seed)]
             for name in self.specs
+            if self.sources[name].num_tasks("heldout") > 0
         }
 
     def demo_sources(self) -> dict[str, DemoSource]:

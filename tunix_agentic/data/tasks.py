@@ -90,8 +90,8 @@ def heldout_tasks(source: TaskSource, n: int, *, seed: int) -> list[Any]:
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a ``.jsonl`` file (one JSON object per line) or a ``.parquet`` file
-    (needs ``pyarrow``). Raises ``ValueError`` naming the file and line of a bad record."""
+    """The records of a ``.jsonl`` file (one JSON object per line), a ``.json`` file (a list
+    of objects) or a ``.parquet`` file (needs ``pyarrow``). Raises ``ValueError`` naming the file and line of a bad record."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"task file {str(path)!r} does not exist")
@@ -103,8 +103,18 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
                 f"reading {str(path)!r} needs pyarrow (pip install pyarrow), or use JSONL"
             ) from None
         return pq.read_table(path).to_pylist()
-    if path.suffix not in (".jsonl", ".json"):
-        raise ValueError(f"task file {str(path)!r} must be .jsonl or .parquet")
+    if path.suffix == ".json":
+        try:
+            records = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not JSON: {exc.msg} (line {exc.lineno})") from None
+        if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+            raise ValueError(f"{path}: a .json task file holds a list of JSON objects")
+        if not records:
+            raise ValueError(f"task file {str(path)!r} holds no records")
+        return records
+    if path.suffix != ".jsonl":
+        raise ValueError(f"task file {str(path)!r} must be .jsonl, .json or .parquet")
     records = []
     with path.open() as f:
         for lineno, line in enumerate(f, 1):
