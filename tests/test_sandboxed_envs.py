@@ -185,7 +185,7 @@ CHEATS = {
         " && touch unittest/__init__.py"
     ),
     "forged-exit": (
-        "printf 'import os\\nprint(\"Ran 12 tests in 0.0s\")\\nprint(\"OK\")\\nos._exit(0)\\n'"
+        'printf \'import os\\nprint("Ran 12 tests in 0.0s")\\nprint("OK")\\nos._exit(0)\\n\''
         " > lib/__init__.py"
     ),
     "patched-asserts": (
