@@ -137,8 +137,9 @@ async def test_remote_episodes_match_local_ones(server):
 async def test_remote_env_raising_is_an_exception_not_a_reward(server):
     env = RemoteEnv(server)
     try:
-        # ArithmeticEnv refuses a generic Task: the server answers 500, the client raises.
-        with pytest.raises(RemoteEnvError, match="TypeError: ArithmeticEnv needs an Arithmetic"):
+        # ArithmeticEnv refuses a Task without an answer: the server answers 500, the client
+        # raises.
+        with pytest.raises(RemoteEnvError, match="TypeError: task 't' has no answer"):
             await env.reset(Task(task_id="t", prompt="Compute 1+1."))
         with pytest.raises(RemoteEnvError, match="HTTP 500") as info:
             await env.step(Action(text="x", answer="2"))  # stepping before a reset

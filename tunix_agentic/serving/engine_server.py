@@ -30,12 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hmac
 import ipaddress
 import itertools
 import json
 import os
-import signal
 import time
 import uuid
 from collections.abc import Callable
@@ -50,6 +48,7 @@ from tunix_agentic.inference.base import EngineError, PromptTooLongError, TokenO
 from tunix_agentic.inference.engine import JaxEngine
 from tunix_agentic.inference.sampling import SamplingParams
 from tunix_agentic.models.hf import is_hf_dir, load_hf_params
+from tunix_agentic.serving.http import api_key_guard, json_error, serve_until_signal, url
 
 if TYPE_CHECKING:
     from tunix_agentic.config import RunConfig
@@ -262,7 +261,7 @@ _STATE = web.AppKey("state", _ServerState)
 
 
 def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message}}, status=status)
+    return json_error(status, message)
 
 
 def _decode_json(raw: bytes) -> Any:
@@ -372,21 +371,7 @@ async def handle_generate(request: web.Request) -> web.Response:
     return web.json_response(result)
 
 
-@web.middleware
-async def _guard(request: web.Request, handler) -> web.StreamResponse:
-    """API key on every route but ``/health``; any unexpected failure is a JSON 500."""
-    state = request.app[_STATE]
-    if state.api_key is not None and request.path != "/health":
-        given = request.headers.get("Authorization", "")
-        expected = f"Bearer {state.api_key}"
-        if not hmac.compare_digest(given.encode(), expected.encode()):
-            return _error(401, "missing or wrong API key (send Authorization: Bearer KEY)")
-    try:
-        return await handler(request)
-    except web.HTTPException:
-        raise
-    except Exception as exc:  # a bug of ours: say so in the API's error shape
-        return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+_guard = api_key_guard(lambda app: app[_STATE].api_key)
 
 
 async def handle_health(request: web.Request) -> web.Response:
@@ -577,10 +562,6 @@ def check_exposure(host: str, api_key: str | None) -> None:
         )
 
 
-def _url(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
 async def _serve(
     engine: JaxEngine,
     host: str,
@@ -589,29 +570,18 @@ async def _serve(
     api_key: str | None,
     weight_dirs: tuple[str | Path, ...] | list[str | Path],
 ) -> None:
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    signals = (signal.SIGINT, signal.SIGTERM)
-    runner = None
-    try:
-        runner, real_port = await start_server(
+    await serve_until_signal(
+        lambda: start_server(
             engine,
             host=host,
             port=port,
             model_info=model_info,
             api_key=api_key,
             weight_dirs=weight_dirs,
-        )
-        for sig in signals:
-            loop.add_signal_handler(sig, stop.set)
-        print(f"serving on {_url(host, real_port)}", flush=True)
-        await stop.wait()
-    finally:
-        for sig in signals:
-            loop.remove_signal_handler(sig)
-        await engine.close()  # first, so in-flight requests answer "abort" at once
-        if runner is not None:
-            await runner.cleanup()
+        ),
+        lambda real_port: f"serving on {url(host, real_port)}",
+        before_cleanup=engine.close,  # first, so in-flight requests answer "abort" at once
+    )
 
 
 def serve_forever(

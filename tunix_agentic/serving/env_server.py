@@ -32,12 +32,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hmac
 import inspect
 import itertools
 import json
 import math
-import signal
 import sys
 import time
 import uuid
@@ -60,6 +58,7 @@ from tunix_agentic.envs.remote import (
     type_name,
 )
 from tunix_agentic.serving.engine_server import API_KEY_ENV, check_exposure
+from tunix_agentic.serving.http import api_key_guard, json_error, serve_until_signal, url
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 _CLOSE_TIMEOUT_S = 30.0  # an environment's close() that hangs is abandoned after this
@@ -138,11 +137,7 @@ class _State:
 _STATE = web.AppKey("env_state", _State)
 
 
-def _error(status: int, message: str, kind: str | None = None) -> web.Response:
-    error: dict[str, Any] = {"message": message}
-    if kind is not None:
-        error["type"] = kind
-    return web.json_response({"error": error}, status=status)
+_error = json_error
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
@@ -172,21 +167,7 @@ async def _close_env(env: Environment) -> None:
         )
 
 
-@web.middleware
-async def _guard(request: web.Request, handler) -> web.StreamResponse:
-    """The API key on every route but ``/health``; an unexpected failure is a JSON 500."""
-    state = request.app[_STATE]
-    key = state.config.api_key
-    if key is not None and request.path != "/health":
-        given = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
-            return _error(401, "missing or wrong API key (send Authorization: Bearer KEY)")
-    try:
-        return await handler(request)
-    except web.HTTPException:
-        raise
-    except Exception as exc:  # a bug of ours: say so in the API's error shape
-        return _error(500, f"internal error: {type(exc).__name__}: {exc}", type(exc).__name__)
+_guard = api_key_guard(lambda app: app[_STATE].config.api_key, typed=True)
 
 
 async def handle_health(request: web.Request) -> web.Response:
@@ -375,26 +356,11 @@ async def start_env_server(
     return runner, runner.addresses[0][1]
 
 
-def _url(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
 async def _serve(config: EnvServerConfig, host: str, port: int) -> None:
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    signals = (signal.SIGINT, signal.SIGTERM)
-    runner = None
-    try:
-        runner, real_port = await start_env_server(config, host=host, port=port)
-        for sig in signals:
-            loop.add_signal_handler(sig, stop.set)
-        print(f"serving env {config.env_name} on {_url(host, real_port)}", flush=True)
-        await stop.wait()
-    finally:
-        for sig in signals:
-            loop.remove_signal_handler(sig)
-        if runner is not None:
-            await runner.cleanup()
+    await serve_until_signal(
+        lambda: start_env_server(config, host=host, port=port),
+        lambda real_port: f"serving env {config.env_name} on {url(host, real_port)}",
+    )
 
 
 def serve_env_main(
