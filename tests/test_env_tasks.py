@@ -24,7 +24,7 @@ from tunix_agentic.envs.base import Action, Task, TaskSource, env_tasks, import_
 from tunix_agentic.envs.calculator import ArithmeticEnv, ArithmeticTasks
 from tunix_agentic.envs.countdown import CountdownEnv, CountdownTasks
 from tunix_agentic.models.tokenizer import CharTokenizer
-from tunix_agentic.testing import TINY_RUN_OVERRIDES
+from tunix_agentic.testing import TINY_RUN_OVERRIDES, cli
 
 ROOT = Path(__file__).parents[1]
 CONFIG = str(ROOT / "configs" / "calculator_tiny.yaml")
@@ -346,10 +346,7 @@ def readme_example() -> str:
 
 def test_the_readme_example_environment_trains_from_the_cli(tmp_path):
     (tmp_path / "my_guess.py").write_text(readme_example())
-    cmd = [
-        sys.executable,
-        "-c",
-        "import sys; from tunix_agentic.cli.main import main; sys.exit(main(sys.argv[1:]))",
+    cmd = cli(
         "train",
         "--quiet",
         "--config",
@@ -363,7 +360,7 @@ def test_the_readme_example_environment_trains_from_the_cli(tmp_path):
         *TINY_RUN_OVERRIDES,
         "engine.max_seq_len=256",
         f"run_dir={tmp_path / 'run'}",
-    ]
+    )
     # `python -c` puts no directory of the user's on sys.path: the working directory is
     # found as the console script would find it.
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)

@@ -6,14 +6,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tunix_agentic.envs.sandbox import bwrap_problem, sweep_orphans
-from tunix_agentic.testing import TINY_RUN_OVERRIDES
+from tunix_agentic.testing import TINY_RUN_OVERRIDES, cli
 
 ROOT = Path(__file__).parents[1]
 CONFIG = str(ROOT / "configs" / "calculator_tiny.yaml")
@@ -25,10 +24,7 @@ def start_trainer(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     its sandboxes live in a directory of this test's own."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    cmd = [
-        sys.executable,
-        "-c",
-        "import sys; from tunix_agentic.cli.main import main; sys.exit(main(sys.argv[1:]))",
+    cmd = cli(
         "train",
         "--quiet",
         "--config",
@@ -41,7 +37,7 @@ def start_trainer(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
         "agent.max_new_tokens=24",
         "engine.max_seq_len=512",
         f"run_dir={tmp_path / 'run'}",
-    ]
+    )
     env = {**os.environ, "TMPDIR": str(tmp)}
     proc = subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path

@@ -91,3 +91,12 @@ def arithmetic_demonstration(
 
     messages = ArithmeticTasks().demonstration(task, rng=rng, use_tools=use_tool)
     return demonstration_rows(task.prompt, messages, template, tools=ArithmeticEnv().tool_schemas())
+
+
+def cli(*args: str) -> list[str]:
+    """The argv that runs ``tunix-agentic ARGS`` in a fresh interpreter (as the console
+    script would, without relying on the script being on PATH)."""
+    import sys
+
+    boot = "import sys; from tunix_agentic.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    return [sys.executable, "-c", boot, *args]

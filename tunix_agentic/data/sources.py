@@ -25,20 +25,6 @@ from tunix_agentic.envs.base import (
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class SourceSpec:
-    """One resolved task source (the config's ``tasks[i]``)."""
-
-    name: str
-    env: str
-    tasks_from: str = ""
-    weight: float = 1.0
-    seed_offset: int = 0
-    train_file: str | None = None
-    heldout_file: str | None = None
-    env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
 class RunSources:
     """The run's task sources by name.
 
@@ -59,7 +45,9 @@ class RunSources:
         env_name: str | None = None,
         env_kwargs: Mapping[str, Any] | None = None,
     ):
-        self.specs = {s.name: _spec(s) for s in specs}
+        # Each spec is a resolved ``tasks[i]`` of the config (TaskSourceConfig): name, env,
+        # tasks_from, weight, seed_offset, train_file, heldout_file, env_kwargs.
+        self.specs = {s.name: s for s in specs}
         self.shared = {"tool_timeout": tool_timeout, "sandbox": sandbox}
         self.defaults = (env_name, dict(env_kwargs or {}))
         self.sources: dict[str, TaskSource] = {}
@@ -142,10 +130,6 @@ class RunSources:
                 tools = make_env(spec.env, **self.env_kwargs(name)).tool_schemas()
                 out[name] = DemoSource(source, tools, spec.weight)
         return out
-
-
-def _spec(cfg: Any) -> SourceSpec:
-    return SourceSpec(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(SourceSpec)})
 
 
 def _tagged(task: Any, name: str) -> Any:
