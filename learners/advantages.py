@@ -36,6 +36,28 @@ def rloo(rewards: np.ndarray) -> np.ndarray:
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {"grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo}
 
 
+def turn_advantages(
+    trajectory_advantages: np.ndarray, step_rewards: list[np.ndarray], eps: float = 1e-6
+) -> list[np.ndarray]:
+    """Turn-level advantages from per-step (process) rewards, for one group.
+
+    Step t of trajectory i gets its trajectory's advantage plus its standardised
+    process return-to-go: ``A[i] + (g[i][t] - mean(g)) / (std(g) + eps)``, with
+    ``g[i][t] = sum(step_rewards[i][t:])`` and the mean and (population) std over every
+    step of the group. Without process rewards (all zero: std 0) each step keeps the
+    trajectory's advantage, so this reduces to the trajectory-level form. ``[G]`` and G
+    arrays ``[T_i]`` -> G arrays ``[T_i]``.
+    """
+    returns = [np.cumsum(np.asarray(r, np.float64)[::-1])[::-1] for r in step_rewards]
+    flat = np.concatenate(returns) if returns else np.zeros(0)
+    mean, std = (flat.mean(), flat.std()) if flat.size else (0.0, 0.0)
+    out = []
+    for a, g in zip(np.asarray(trajectory_advantages, np.float64), returns, strict=True):
+        shaped = (g - mean) / (std + eps) if std > 0 else np.zeros_like(g)
+        out.append((a + shaped).astype(np.float32))
+    return out
+
+
 def register_advantage(name: str, fn: AdvantageFn) -> None:
     ADVANTAGE_ESTIMATORS[name] = fn
 

@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from tunix_agentic.learners.advantages import turn_advantages
+
 
 def bucket_length(n: int, multiple: int = 64) -> int:
     return max(multiple, -(-n // multiple) * multiple)
@@ -47,13 +49,15 @@ def grpo_batch(
     num_rows: int | None = None,
     length_multiple: int = 64,
     task_normalize: bool = False,
+    turn_level: bool = False,
 ) -> dict[str, np.ndarray]:
     """Arrays for one GRPO step: advantages computed within each group.
 
     A trajectory gives one row, or one per step when its steps saw less than the
     whole history (``Trajectory.learner_rows``), each with the trajectory's
     advantage; the row count is then padded up to a multiple of ``num_rows`` so
-    the step compiles for few shapes. Under ``token_mean`` that weighs every
+    the step compiles for few shapes. With ``turn_level`` a step row's advantage
+    adds the step's standardised process return-to-go (:func:`turn_advantages`). Under ``token_mean`` that weighs every
     action token as the one-row form would; under the ``seq_mean_*``
     aggregations each step row counts as a sequence, so an episode weighs in
     proportion to its steps. ``task_normalize`` (AgentRL's task advantage normalisation) then
@@ -63,10 +67,16 @@ def grpo_batch(
     rows, advantages, names = [], [], []
     for group in groups:
         adv = advantage_fn(group.rewards)
-        for traj, a in zip(group.trajectories, adv, strict=True):
+        per_step = turn_advantages(
+            adv, [np.asarray([st.reward for st in t.steps]) for t in group.trajectories]
+        )
+        for traj, a, steps in zip(group.trajectories, adv, per_step, strict=True):
             mine = traj.learner_rows()
             rows += mine
-            advantages += [float(a)] * len(mine)
+            if turn_level and len(mine) == len(traj.steps):  # a row per step
+                advantages += [float(x) for x in steps]
+            else:
+                advantages += [float(a)] * len(mine)
             names += [traj.task_name] * len(mine)
     if task_normalize:
         advantages = normalize_by_task(np.asarray(advantages, np.float32), names).tolist()

@@ -33,6 +33,9 @@ class GRPOConfig:
     kl_coef: float = 0.0
     temperature: float = 1.0  # must match the sampling temperature, so ratios start at 1
     task_normalize: bool = False  # AgentRL task advantage normalisation across the batch
+    # With one learner row per step (a sliding-window context): add each step's standardised
+    # process return-to-go (StepResult rewards) to the trajectory's advantage.
+    turn_advantage: bool = False
     # Truncated importance sampling: > 0 turns on the decoupled objective (ratio to the
     # learner's own pre-update policy, per-token weight min(p_prox / p_sampler, tis_cap)).
     tis_cap: float = 0.0

@@ -83,3 +83,16 @@ def test_register_advantage(monkeypatch):
     assert get_advantage_fn("raw") is raw
     np.testing.assert_array_equal(get_advantage_fn("raw")(np.array([1.0, 0.0])), [2.0, 0.0])
     assert get_advantage_fn("grpo") is grpo  # the built-ins stay
+
+
+def test_turn_advantages_add_the_standardised_process_return_to_go():
+    from tunix_agentic.learners.advantages import turn_advantages
+
+    # returns-to-go: [1, 1] and [0]; over the group's 3 steps mean 2/3, std sqrt(2)/3
+    out = turn_advantages(np.array([0.5, -0.5]), [np.array([0.0, 1.0]), np.array([0.0])])
+    shaped = (np.array([1.0, 1.0, 0.0]) - 2 / 3) / (np.sqrt(2) / 3 + 1e-6)
+    np.testing.assert_allclose(out[0], 0.5 + shaped[:2], rtol=1e-6)
+    np.testing.assert_allclose(out[1], -0.5 + shaped[2:], rtol=1e-6)
+    # no process rewards: every step keeps its trajectory's advantage
+    same = turn_advantages(np.array([1.0, -1.0]), [np.zeros(3), np.zeros(1)])
+    assert [x.tolist() for x in same] == [[1.0, 1.0, 1.0], [-1.0]]

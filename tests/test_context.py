@@ -79,6 +79,14 @@ def test_grpo_batch_gives_every_step_row_its_trajectory_advantage():
     # a: 3 step rows, b: 1 row -> 4 rows, a multiple of num_rows (few compiled shapes)
     assert batch["input_ids"].shape[0] == 4
     assert batch["advantages"].tolist() == [0.5, 0.5, 0.5, -0.5]
+    # Turn-level: step rewards (process rewards) shape each step's advantage.
+    a.steps[1].reward = 1.0  # a's returns-to-go: [1, 1, 0]; b's: [0]
+    turn = grpo_batch(
+        [group], lambda r: np.asarray(r) - np.mean(r), pad_id=0, num_rows=2, turn_level=True
+    )
+    g = np.array([1.0, 1.0, 0.0, 0.0])
+    shaped = (g - g.mean()) / (g.std() + 1e-6)
+    np.testing.assert_allclose(turn["advantages"], [0.5, 0.5, 0.5, -0.5] + shaped, rtol=1e-5)
 
 
 class Echo(Environment):

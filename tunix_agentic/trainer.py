@@ -624,6 +624,7 @@ class _GRPOSteps:
             pad_id=self.pad_id,
             num_rows=rollout.groups_per_batch * rollout.group_size,
             task_normalize=self.cfg.learner.task_normalize,
+            turn_level=self.cfg.learner.turn_advantage,
         )
         return self.learner.train_step(batch)
 
