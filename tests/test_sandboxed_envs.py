@@ -212,10 +212,13 @@ async def test_swe_lite_cannot_be_cheated(command):
 
 # ------------------------------------------------------- through the orchestrator
 @pytest.mark.parametrize("env_cls", [MathPythonEnv, SweLiteEnv], ids=["math_python", "swe_lite"])
-async def test_sandboxed_envs_run_through_the_orchestrator(env_cls):
+async def test_sandboxed_envs_run_through_the_orchestrator(env_cls, tmp_path):
+    from tunix_agentic.metrics import MetricsRecorder, read_scalars
+
     source = MathTasks() if env_cls is MathPythonEnv else RepoTasks()
     template = ChatTemplate(CharTokenizer(128))
     engine = JaxEngine(tiny_model(seed=3), EngineConfig(max_slots=8, max_seq_len=512))
+    metrics = MetricsRecorder(tmp_path / "tb")
     before = sandbox_dirs()
     try:
         orch = RolloutOrchestrator(
@@ -224,10 +227,17 @@ async def test_sandboxed_envs_run_through_the_orchestrator(env_cls):
             template,
             AgentConfig(max_turns=2, max_new_tokens=16),
             RolloutConfig(group_size=2, groups_per_batch=1, filter_uniform_groups=False),
+            metrics=metrics,
         )
         (group,) = await orch.run_tasks([source.task(0, seed=0, split="train")], group_size=2)
+        metrics.write_step(1)
     finally:
         await engine.close()
+        metrics.close()
+    # Sandbox start-up reaches TensorBoard, one start per episode.
+    scalars = read_scalars(tmp_path / "tb")
+    assert scalars["time/env/sandbox_start_count"] == [(1, 2.0)]
+    assert scalars["time/env/sandbox_start_s"][0][1] > 0
     assert len(group.trajectories) == 2 and not group.dropped
     for traj in group.trajectories:
         assert traj.status in ("ok", "max_turns", "max_tokens") and traj.reward == 0.0
