@@ -466,3 +466,14 @@ def test_a_trainer_refuses_a_run_that_cannot_go_before_any_work(tmp_path, overri
     with pytest.raises(ConfigError, match=message):
         Trainer(cfg, progress=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_the_remote_config_routes_episodes_to_the_served_environment():
+    from tunix_agentic.envs.remote import RemoteEnv
+
+    cfg = load_config(ROOT / "configs" / "remote_countdown_tiny.yaml")
+    sources = RunSources(cfg.tasks, env_name=cfg.env.name, env_kwargs=cfg.env.kwargs)
+    task = next(sources.train_stream(cfg.seed))
+    env = sources.make_env(task)
+    assert isinstance(env, RemoteEnv) and env.env_name == "countdown"
+    assert env.url.startswith("http://127.0.0.1:8100") and "numbers" in task.data
