@@ -18,6 +18,16 @@ def grpo(rewards: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     return ((r - r.mean()) / (r.std() + eps)).astype(np.float32)
 
 
+def grpo_bessel(rewards: np.ndarray, eps: float = 1e-4) -> np.ndarray:
+    """GRPO as TRL computes it: (r - mean(r)) / (std(r) + eps) with the Bessel-corrected
+    (n - 1) std and eps 1e-4; at group size G that is sqrt((G-1)/G) times :func:`grpo`'s
+    advantages (0.87 at G=4). A group of one has advantage 0."""
+    r = np.asarray(rewards, np.float64)
+    if r.size < 2:
+        return np.zeros_like(r, np.float32)
+    return ((r - r.mean()) / (r.std(ddof=1) + eps)).astype(np.float32)
+
+
 def dr_grpo(rewards: np.ndarray) -> np.ndarray:
     """Dr. GRPO (Liu et al. 2025): mean-centred only; dividing by std biases toward easy/hard groups."""
     r = np.asarray(rewards, np.float64)
@@ -33,7 +43,12 @@ def rloo(rewards: np.ndarray) -> np.ndarray:
     return (r - (r.sum() - r) / (g - 1)).astype(np.float32)
 
 
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {"grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo}
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {
+    "grpo": grpo,  # the default: population std + 1e-6 (DeepSeekMath's formula)
+    "grpo_bessel": grpo_bessel,  # TRL's: Bessel-corrected std + 1e-4
+    "dr_grpo": dr_grpo,
+    "rloo": rloo,
+}
 
 
 def turn_advantages(

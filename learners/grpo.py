@@ -31,6 +31,11 @@ class GRPOConfig:
     clip_low: float = 0.2
     clip_high: float = 0.28
     kl_coef: float = 0.0
+    # TRL's default: the k3 KL weighted by the ratio to the sampling policy.
+    kl_ratio_corrected: bool = False
+    # Dr. GRPO's constant for seq_mean_token_sum_norm (e.g. agent.max_new_tokens x turns);
+    # 0: the batch's padded width, which moves with its length bucket.
+    norm_length: int = 0
     temperature: float = 1.0  # must match the sampling temperature, so ratios start at 1
     task_normalize: bool = False  # AgentRL task advantage normalisation across the batch
     # With one learner row per step (a sliding-window context): add each step's standardised
@@ -57,6 +62,8 @@ class GRPOConfig:
             raise ValueError(f"learner.tis_cap must be 0 (off) or >= 1, got {self.tis_cap}")
         if self.kl_coef < 0:
             raise ValueError(f"learner.kl_coef must be >= 0, got {self.kl_coef}")
+        if self.norm_length < 0:
+            raise ValueError(f"learner.norm_length must be >= 0, got {self.norm_length}")
         if not self.temperature > 0:
             raise ValueError(f"learner.temperature must be > 0, got {self.temperature}")
 
@@ -133,6 +140,8 @@ class GRPOLearner:
                 kl_coef=cfg.kl_coef,
                 behaviour_logprobs=behaviour,
                 tis_cap=cfg.tis_cap,
+                norm_length=cfg.norm_length,
+                kl_ratio_corrected=cfg.kl_ratio_corrected,
             )
             probs = jax.nn.softmax(logits, axis=-1)
             entropy = -jnp.sum(probs * jax.nn.log_softmax(logits, axis=-1), axis=-1)

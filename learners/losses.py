@@ -12,12 +12,17 @@ import jax.numpy as jnp
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 
 
-def aggregate(per_token: jnp.ndarray, mask: jnp.ndarray, how: str) -> jnp.ndarray:
+def aggregate(
+    per_token: jnp.ndarray, mask: jnp.ndarray, how: str, norm_length: int = 0
+) -> jnp.ndarray:
     """Reduce ``[B, T]`` to a scalar.
 
     - token_mean: every generated token weighs the same (DAPO, Yu et al. 2025).
     - seq_mean_token_mean: mean per sequence, then over sequences (original GRPO).
-    - seq_mean_token_sum_norm: token sum over B*T, a length-unbiased constant (Dr. GRPO).
+    - seq_mean_token_sum_norm: token sum over (rows with tokens) x L (Dr. GRPO, Liu et al.
+      2025), L a constant: ``norm_length`` (e.g. the maximum completion length), or, when
+      0, the padded width T, which moves with the batch's length bucket (the scale halves
+      when the longest sequence crosses a bucket edge).
     """
     if how == "token_mean":
         return jnp.sum(per_token * mask) / jnp.maximum(jnp.sum(mask), 1.0)
@@ -27,7 +32,7 @@ def aggregate(per_token: jnp.ndarray, mask: jnp.ndarray, how: str) -> jnp.ndarra
         return jnp.sum(per_seq) / jnp.maximum(jnp.sum(rows > 0), 1.0)
     if how == "seq_mean_token_sum_norm":
         rows = jnp.maximum(jnp.sum(jnp.any(mask > 0, axis=-1)), 1.0)
-        return jnp.sum(per_token * mask) / (rows * mask.shape[-1])
+        return jnp.sum(per_token * mask) / (rows * (norm_length or mask.shape[-1]))
     raise ValueError(f"unknown loss aggregation {how!r}; known: {AGGREGATIONS}")
 
 
@@ -44,6 +49,8 @@ def grpo_loss(
     kl_coef: float = 0.0,
     behaviour_logprobs: jnp.ndarray | None = None,
     tis_cap: float = 0.0,
+    norm_length: int = 0,
+    kl_ratio_corrected: bool = False,
 ) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
     """Clipped-ratio surrogate (PPO, Schulman et al. 2017; GRPO, Shao et al. 2024).
 
@@ -59,6 +66,10 @@ def grpo_loss(
     before the update), the ratio is clipped around it, and each token's term
     is weighted by ``min(exp(old - behaviour), tis_cap)`` without gradient.
     That corrects both a stale sampler and a sampler whose numerics differ.
+
+    ``kl_ratio_corrected`` multiplies each token's k3 KL by the (gradient-free) ratio
+    ``pi / pi_old``, the importance correction TRL applies by default for samples drawn
+    from the old policy. ``norm_length`` is Dr. GRPO's constant (see :func:`aggregate`).
     """
     adv = advantages[:, None]
     log_ratio = logprobs - old_logprobs
@@ -82,9 +93,11 @@ def grpo_loss(
     if ref_logprobs is not None and kl_coef > 0:
         d = ref_logprobs - logprobs
         kl = jnp.exp(d) - d - 1.0
+        if kl_ratio_corrected:
+            kl = kl * jax.lax.stop_gradient(ratio)
         per_token = per_token + kl_coef * kl
         aux["ref_kl"] = jnp.sum(kl * mask) / denom
-    return aggregate(per_token, mask, aggregation), aux
+    return aggregate(per_token, mask, aggregation, norm_length), aux
 
 
 def masked_cross_entropy(logprobs: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:

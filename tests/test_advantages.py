@@ -68,7 +68,8 @@ def test_get_advantage_fn_known(name):
 
 def test_get_advantage_fn_unknown_raises():
     with pytest.raises(
-        ValueError, match=r"unknown advantage estimator 'ppo'; known: \['dr_grpo', 'grpo', 'rloo'\]"
+        ValueError,
+        match=r"unknown advantage estimator 'ppo'; known: \['dr_grpo', 'grpo', 'grpo_bessel', 'rloo'\]",
     ):
         get_advantage_fn("ppo")
 
