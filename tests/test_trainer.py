@@ -7,7 +7,7 @@ import pytest
 from tunix_agentic.cli.main import main
 from tunix_agentic.config import load_config
 from tunix_agentic.envs.base import register_env
-from tunix_agentic.envs.calculator import ArithmeticEnv
+from tunix_agentic.envs.calculator import ArithmeticEnv, ArithmeticTasks
 from tunix_agentic.metrics import read_scalars
 from tunix_agentic.rollout.orchestrator import InfraFailureError
 from tunix_agentic.testing import TINY_RUN_OVERRIDES
@@ -114,7 +114,7 @@ class _ResetFails(ArithmeticEnv):
         raise ConnectionError("sandbox image missing")
 
 
-register_env("_test_reset_fails")(_ResetFails)
+register_env("_test_reset_fails", tasks=ArithmeticTasks())(_ResetFails)
 
 
 def test_a_failing_run_closes_everything_and_shows_its_traceback(tmp_path):
