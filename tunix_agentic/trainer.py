@@ -248,7 +248,9 @@ class Trainer:
             self.sources.train_stream(config.seed)  # seeds and splits checked before any work
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        if config.sft.steps and not self.sources.demo_sources():
+        if config.sft.steps and not any(
+            src.has_demonstrations for src in self.sources.sources.values()
+        ):
             raise ConfigError(
                 f"sft.steps={config.sft.steps} but no task source "
                 f"({', '.join(self.sources.specs)}) provides demonstrations: set sft.steps=0"

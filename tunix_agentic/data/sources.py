@@ -48,8 +48,8 @@ class RunSources:
         # Each spec is a resolved ``tasks[i]`` of the config (TaskSourceConfig): name, env,
         # tasks_from, weight, seed_offset, train_file, heldout_file, env_kwargs.
         self.specs = {s.name: s for s in specs}
-        self.shared = {"tool_timeout": tool_timeout, "sandbox": sandbox}
-        self.defaults = (env_name, dict(env_kwargs or {}))
+        shared = {"tool_timeout": tool_timeout, "sandbox": sandbox}
+        defaults = dict(env_kwargs or {})
         self.sources: dict[str, TaskSource] = {}
         for name, spec in self.specs.items():
             if spec.train_file or spec.heldout_file:
@@ -68,27 +68,32 @@ class RunSources:
                     "parquet), or tasks[].tasks_from (an environment whose tasks to use)"
                 )
             self.sources[name] = registered
+        # Each source's factory keywords, resolved and checked once (not per episode).
+        self._kwargs: dict[str, dict[str, Any]] = {}
         for name, spec in self.specs.items():
             if self.sources[name].num_tasks("train") < 1:
                 raise ValueError(f"tasks source {name!r} has no train tasks (give train_file)")
+            kwargs = {**(defaults if spec.env == env_name else {}), **spec.env_kwargs}
             try:
-                inspect.signature(get_env_factory(spec.env)).bind(**self.env_kwargs(name))
-            except TypeError as exc:
-                raise ValueError(
-                    f"tasks source {name!r}: environment {spec.env!r} does not take "
-                    f"{sorted(self.env_kwargs(name))}: {exc}"
-                ) from None
+                sig = inspect.signature(get_env_factory(spec.env))
             except ValueError:  # a factory without a signature: checked when it is called
-                pass
+                sig = None
+            if sig is not None:
+                for key, value in shared.items():
+                    if value is not None and key in sig.parameters:
+                        kwargs.setdefault(key, value)
+                try:
+                    sig.bind(**kwargs)
+                except TypeError as exc:
+                    raise ValueError(
+                        f"tasks source {name!r}: environment {spec.env!r} does not take "
+                        f"{sorted(kwargs)}: {exc}"
+                    ) from None
+            self._kwargs[name] = kwargs
 
     def env_kwargs(self, name: str) -> dict[str, Any]:
-        spec = self.specs[name]
-        default_env, default_kwargs = self.defaults
-        kwargs = {**(default_kwargs if spec.env == default_env else {}), **spec.env_kwargs}
-        for key, value in self.shared.items():
-            if value is not None and _takes(spec.env, key):
-                kwargs.setdefault(key, value)
-        return kwargs
+        """The keyword arguments source ``name``'s environment is built with."""
+        return dict(self._kwargs[name])
 
     def make_env(self, task: Any) -> Environment:
         """The environment for ``task``, by its ``task_name`` (the only source's when
@@ -136,13 +141,3 @@ def _tagged(task: Any, name: str) -> Any:
     if dataclasses.is_dataclass(task) and hasattr(task, "task_name"):
         return dataclasses.replace(task, task_name=name)
     return task
-
-
-def _takes(env: str, argument: str) -> bool:
-    """Whether the factory of environment ``env`` accepts keyword ``argument``."""
-
-    try:
-        params = inspect.signature(get_env_factory(env)).parameters
-    except (TypeError, ValueError):
-        return False
-    return argument in params
