@@ -10,7 +10,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from tunix_agentic.learners.advantages import turn_advantages
+from tunix_agentic.learners.advantages import BatchAdvantage, overlong_penalty, turn_advantages
+
+OVERLONG_MODES = ("none", "mask", "penalty")
 
 
 def bucket_length(n: int, multiple: int = 64) -> int:
@@ -41,15 +43,26 @@ def pad_rows(
     return out
 
 
+def is_truncated(trajectory) -> bool:
+    """Whether an episode was cut off by a length limit: status "max_tokens", or a step the
+    engine stopped at its token budget (finish reason "length")."""
+    return trajectory.status == "max_tokens" or any(
+        s.finish_reason == "length" for s in trajectory.steps
+    )
+
+
 def grpo_batch(
     groups: Sequence,  # Sequence[rollout.Group]
-    advantage_fn: Callable[[np.ndarray], np.ndarray],
+    advantage_fn: Callable[[np.ndarray], np.ndarray] | BatchAdvantage,
     *,
     pad_id: int,
     num_rows: int | None = None,
     length_multiple: int = 64,
     task_normalize: bool = False,
     turn_level: bool = False,
+    overlong: str = "none",
+    overlong_max_len: int = 0,
+    overlong_cache_len: int = 0,
 ) -> dict[str, np.ndarray]:
     """Arrays for one GRPO step: advantages computed within each group.
 
@@ -63,21 +76,50 @@ def grpo_batch(
     proportion to its steps. ``task_normalize`` (AgentRL's task advantage normalisation) then
     standardises the advantages of each task name across the batch, so tasks
     with different reward scales or group sizes pull with equal weight.
+
+    ``advantage_fn`` is a group-level estimator (``[G] -> [G]``, called per group) or a
+    :class:`BatchAdvantage` (called once over every trajectory, with group ids and task
+    names). Overlong responses (DAPO, Yu et al. 2025; truncation per :func:`is_truncated`):
+    ``overlong="mask"`` zeroes the loss mask of every row of a truncated trajectory (its
+    reward still counts in the group statistics); ``"penalty"`` adds
+    :func:`overlong_penalty` of ``num_generated`` (``overlong_max_len``,
+    ``overlong_cache_len``) to each reward before the advantages. Unless ``overlong`` is
+    "none" the batch also holds ``truncated`` ``[R]`` (1.0 for rows of truncated
+    trajectories; 0 for padding rows).
     """
-    rows, advantages, names = [], [], []
+    if overlong not in OVERLONG_MODES:
+        raise ValueError(f"unknown overlong mode {overlong!r}; known: {OVERLONG_MODES}")
+    if overlong == "penalty" and not 0 < overlong_cache_len <= overlong_max_len:
+        raise ValueError(
+            "overlong='penalty' needs 0 < overlong_cache_len <= overlong_max_len, got "
+            f"{overlong_cache_len}, {overlong_max_len}"
+        )
+    group_rewards = []
     for group in groups:
-        adv = advantage_fn(group.rewards)
+        rewards = np.asarray(group.rewards, np.float32)
+        if overlong == "penalty":
+            lengths = [t.num_generated for t in group.trajectories]
+            rewards = rewards + overlong_penalty(lengths, overlong_max_len, overlong_cache_len)
+        group_rewards.append(rewards)
+    group_advantages = _advantages(groups, group_rewards, advantage_fn)
+
+    rows, advantages, names, truncated = [], [], [], []
+    for group, adv in zip(groups, group_advantages, strict=True):
         per_step = turn_advantages(
             adv, [np.asarray([st.reward for st in t.steps]) for t in group.trajectories]
         )
         for traj, a, steps in zip(group.trajectories, adv, per_step, strict=True):
             mine = traj.learner_rows()
+            cut = is_truncated(traj)
+            if overlong == "mask" and cut:
+                mine = [{**row, "loss_mask": np.zeros_like(row["loss_mask"])} for row in mine]
             rows += mine
             if turn_level and len(mine) == len(traj.steps):  # a row per step
                 advantages += [float(x) for x in steps]
             else:
                 advantages += [float(a)] * len(mine)
             names += [traj.task_name] * len(mine)
+            truncated += [float(cut)] * len(mine)
     if task_normalize:
         advantages = normalize_by_task(np.asarray(advantages, np.float32), names).tolist()
     if num_rows and len(rows) > num_rows:
@@ -86,7 +128,25 @@ def grpo_batch(
     adv = np.zeros(batch["input_ids"].shape[0], np.float32)
     adv[: len(advantages)] = advantages
     batch["advantages"] = adv
+    if overlong != "none":
+        flags = np.zeros(batch["input_ids"].shape[0], np.float32)
+        flags[: len(truncated)] = truncated
+        batch["truncated"] = flags
     return batch
+
+
+def _advantages(
+    groups: Sequence, group_rewards: list[np.ndarray], advantage_fn
+) -> list[np.ndarray]:
+    """Per-group advantage arrays: per group, or once over the batch for a batch-level fn."""
+    if not isinstance(advantage_fn, BatchAdvantage):
+        return [advantage_fn(r) for r in group_rewards]
+    if not group_rewards:
+        return []
+    ids = np.concatenate([np.full(len(r), i) for i, r in enumerate(group_rewards)])
+    names = [t.task_name for g in groups for t in g.trajectories]
+    flat = advantage_fn(np.concatenate(group_rewards), ids, names)
+    return np.split(flat, np.cumsum([len(r) for r in group_rewards])[:-1])
 
 
 def normalize_by_task(
