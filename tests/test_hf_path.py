@@ -144,6 +144,7 @@ QWEN3_DIMS = {  # config.json fields of Qwen3-0.6B and -1.7B (public model cards
         ("qwen3_0.6b_gpu", "0.6b"),
         ("qwen3_1.7b_gpu", "1.7b"),
         ("qwen3_0.6b_tpu_v5e", "0.6b"),
+        ("qwen3_1.7b_tpu_v5e8", "1.7b"),
         ("math_python_qwen3_0.6b_gpu", "0.6b"),
         ("swe_lite_qwen3_1.7b_gpu", "1.7b"),
     ],
@@ -171,3 +172,9 @@ def test_the_real_model_recipes_load_and_take_their_shape_from_the_model_dir(
     assert cfg.model.dtype == "bfloat16" and cfg.sft.steps == 0
     assert cfg.learner.lora.enabled or cfg.learner.optimizer.master_dtype == "float32"
     assert cfg.engine.max_seq_len >= cfg.agent.max_new_tokens
+    if cfg.learner.mesh.devices:  # a multi-chip recipe: its meshes fit the devices named
+        for mesh in (cfg.learner.mesh, cfg.engine.mesh):
+            start, stop = map(int, mesh.devices.split(":"))
+            assert mesh.fsdp * mesh.tp == stop - start
+        rows = cfg.rollout.group_size * cfg.rollout.groups_per_batch
+        assert rows % (cfg.learner.mesh.fsdp * cfg.learner.micro_batch_rows) == 0

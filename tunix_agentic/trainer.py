@@ -619,16 +619,21 @@ class _GRPOSteps:
         self.learner, self.cfg, self.pad_id = learner, cfg, pad_id
 
     def train_on(self, groups: list[Group]) -> dict[str, float]:
-        rollout = self.cfg.rollout
+        rollout, lcfg = self.cfg.rollout, self.cfg.learner
+        rows = rollout.groups_per_batch * rollout.group_size
+        multiple = self.learner.row_multiple()
         batch = grpo_batch(
             groups,
             self.learner.advantage_fn,
             pad_id=self.pad_id,
-            num_rows=rollout.groups_per_batch * rollout.group_size,
-            task_normalize=self.cfg.learner.task_normalize,
-            turn_level=self.cfg.learner.turn_advantage,
+            num_rows=-(-rows // multiple) * multiple,
+            task_normalize=lcfg.task_normalize,
+            turn_level=lcfg.turn_advantage,
+            overlong=lcfg.overlong,
+            overlong_max_len=lcfg.overlong_max_len,
+            overlong_cache_len=lcfg.overlong_cache_len,
         )
-        return self.learner.train_step(batch)
+        return self.learner.train_step(batch, pad_id=self.pad_id)
 
     def params_for_engine(self) -> Any:
         return self.learner.params_for_engine()

@@ -50,6 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
 from tunix_agentic.inference.base import (
     EngineError,
@@ -70,6 +71,14 @@ from tunix_agentic.inference.scheduler import (
     commit,
 )
 from tunix_agentic.models.transformer import ModelConfig, Transformer, init_cache
+from tunix_agentic.sharding import (
+    MeshConfig,
+    cache_sharding,
+    make_mesh,
+    replicated,
+    reshard,
+    shard_tree,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +98,8 @@ class EngineConfig:
     # (beside the SFT warm start) instead of when each shape is first met mid-rollout.
     warmup: bool = True
     seed: int = 0
+    # Devices the engine serves from (tunix_agentic.sharding); the default is one device.
+    mesh: MeshConfig = MeshConfig()
 
     def __post_init__(self):
         for name in ("max_slots", "max_seq_len", "decode_steps", "min_prefill_len"):
@@ -123,20 +134,39 @@ class JaxEngine:
     The engine keeps its own copy of the model's parameters, so a learner's
     donating train step on the same model never deletes the engine's arrays.
     ``update_weights`` takes ownership of the arrays it is given.
+
+    ``mesh`` (default: from ``config.mesh``): serve from a sharded model (:mod:`tunix_agentic.sharding`: weights by its
+    rules, the KV cache's kv-heads over ``tp``). Weights handed to ``update_weights`` are
+    moved onto the engine's shardings, wherever the learner keeps them (a learner on
+    other devices: disaggregated placement).
     """
 
     def __init__(
-        self, model: Transformer, config: EngineConfig = EngineConfig(), *, version: int = 0
+        self,
+        model: Transformer,
+        config: EngineConfig = EngineConfig(),
+        *,
+        version: int = 0,
+        mesh: Mesh | None = None,
     ):
         self.config = config
         self.model_config: ModelConfig = model.cfg
+        if mesh is None and not config.mesh.trivial:
+            mesh = make_mesh(config.mesh)
+        self.mesh = mesh
         graphdef, params = nnx.split(model, nnx.Param)
         # Its own copy: device_put to the same place does not copy, and a donating train step
         # on the model would otherwise delete the engine's parameters.
         params = commit(jax.tree.map(jnp.copy, params))
+        cache = init_cache(self.model_config, config.max_slots, config.max_seq_len)
+        if mesh is not None:
+            params = shard_tree(params, mesh)
+            cache = jax.device_put(cache, cache_sharding(mesh, self.model_config.num_kv_heads))
+        else:  # one device, the cache's (a model trained on a mesh is gathered onto it)
+            params = jax.device_put(params, jax.tree.leaves(cache)[0].sharding)
         # Committed like every later cache (the outputs of donated calls), so the first
         # prefill and decode compile once, not once for a fresh cache and again after.
-        cache = commit(init_cache(self.model_config, config.max_slots, config.max_seq_len))
+        cache = commit(cache)
         self._open = OpenRequests()
         self._scheduler = Scheduler(
             StepConfig(graphdef, config.max_seq_len, config.decode_steps),
@@ -146,6 +176,8 @@ class JaxEngine:
             version=version,
             open_requests=self._open,
         )
+        if mesh is not None:  # the decode state beside the sharded weights and cache
+            self._scheduler.state = jax.device_put(self._scheduler.state, replicated(mesh))
         self._latest: tuple[Any, int] = (params, version)  # the newest weights handed over
         self._latest_update = WeightUpdate.applied(version)
         self._rid_counter = itertools.count()
@@ -264,8 +296,9 @@ class JaxEngine:
                     f"{jax.tree_util.keystr(path)}: {a.dtype}{list(a.shape)}, the model has "
                     f"{b.dtype}{list(b.shape)}"
                 )
-        # Committed like the current params, so the swap never triggers a silent recompile.
-        params = commit(params)
+        # Placed (and committed) like the current params, so the swap never triggers a silent
+        # recompile; from a learner on other devices this is the reshard.
+        params = reshard(params, self._device_specs[0])
         self._latest = (params, int(version))
         if self.closed:  # kept as the pending weights: nothing will apply them
             update = WeightUpdate.failed(version, self._closed_error())

@@ -233,6 +233,9 @@ class Transformer(nnx.Module):
       (``None``: batch row i is slot i).
     - logits_at: optional ``[B]`` index; then only those positions' logits are
       computed (``[B, V]``), which is all prefill needs.
+    - remat: recompute each layer's activations in the backward pass instead of
+      keeping them (``jax.checkpoint`` per layer; training without a cache only):
+      activation memory of one layer instead of all, for about one more forward.
     """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -253,11 +256,22 @@ class Transformer(nnx.Module):
                 cfg.d_model, cfg.vocab_size, use_bias=False, dtype=dt, param_dtype=dt, rngs=rngs
             )
 
-    def __call__(self, tokens, positions, cache: KVCache | None = None, rows=None, logits_at=None):
+    def __call__(
+        self,
+        tokens,
+        positions,
+        cache: KVCache | None = None,
+        rows=None,
+        logits_at=None,
+        remat: bool = False,
+    ):
         x = self.embed(tokens)
         new_cache = []
         for i, layer in enumerate(self.layers):
-            x, layer_cache = layer(x, positions, None if cache is None else cache[i], rows)
+            if remat and cache is None:
+                x, layer_cache = nnx.remat(_train_block)(layer, x, positions), None
+            else:
+                x, layer_cache = layer(x, positions, None if cache is None else cache[i], rows)
             new_cache.append(layer_cache)
         x = self.final_norm(x)
         if logits_at is not None:
@@ -267,6 +281,10 @@ class Transformer(nnx.Module):
         else:
             logits = self.lm_head(x)
         return logits.astype(jnp.float32), (None if cache is None else tuple(new_cache))
+
+
+def _train_block(layer: Block, x: jax.Array, positions: jax.Array) -> jax.Array:
+    return layer(x, positions, None, None)[0]
 
 
 def init_cache(cfg: ModelConfig, slots: int, max_len: int) -> KVCache:

@@ -1,0 +1,392 @@
+"""Our GRPO step beside Tunix's GRPOLearner and TRL's GRPOTrainer, printed, never asserted.
+
+Same model and workload as ../shared/peers (README.md there): a 4.46M-parameter
+Qwen3-style decoder (4 layers, d_model 256, q/k-norm, tied, vocab 2048, fp32);
+per step 4 prompts x G=4 = 16 completions of exactly 64 tokens after 32-token
+prompts (no stop ids, so nothing ends early), temperature 1, a reference model
+with KL 0.04, AdamW 1e-5, token_mean aggregation (TRL's dapo default). One step
+= our engine generates the 16 completions + one learner train step + the
+weight sync to the engine. Figures: the median over steps 2..N, split into
+generate / train / sync; the train step alone with rows padded to 128 (the
+default ``length_multiple=64``) and to 96 (``length_multiple=32``); the peers'
+s/step from their own scripts run as subprocesses (skipped with a note when
+their venvs are missing; build them with ``bash ../shared/peers/setup_venvs.sh``)
+and the ratios. TRL's script reports whole steps only: its train share is
+estimated as its step minus HF ``generate`` (sampled, same shapes) timed by
+``bench_hf_generate.py`` in the same run, and printed as an estimate. Last, our
+train step's tokens/s at the default run's shapes (the 234K-parameter model of
+configs/calculator_tiny.yaml, 64 rows x 128) and at a ~48M-parameter model,
+with the fraction of this machine's measured f32 matmul peak.
+
+    python profiling/bench_learner.py     # LEARNER_STEPS=8 LEARNER_TRAIN_REPEATS=7
+    LEARNER_PEERS=0 LEARNER_BIG=0 LEARNER_STEPS=3 python profiling/bench_learner.py  # quick
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+from flax import nnx
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from bench_engine import DECODE_STEPS, NEW, PEER_DIMS, PROMPT, matmul_peak_gflops  # noqa: E402
+
+from tunix_agentic.inference import EngineConfig, JaxEngine, SamplingParams  # noqa: E402
+from tunix_agentic.learners.batching import pad_rows  # noqa: E402
+from tunix_agentic.learners.grpo import GRPOConfig, GRPOLearner  # noqa: E402
+from tunix_agentic.learners.state import OptimizerConfig  # noqa: E402
+from tunix_agentic.models.transformer import ModelConfig, Transformer, count_params  # noqa: E402
+
+PEERS = Path(os.environ.get("PEERS_DIR", HERE.parents[1] / "shared" / "peers"))
+JAX_PY = os.environ.get("ANCHOR_JAX_PY", "/tmp/peers/venv/bin/python")
+TORCH_PY = os.environ.get("ANCHOR_TORCH_PY", "/tmp/peers/venv-torch/bin/python")
+NUMBER = r"([\d,]+(?:\.\d+)?)"
+
+STEPS = int(os.environ.get("LEARNER_STEPS", 8))  # step 1 compiles and is not counted
+N_PROMPTS = int(os.environ.get("LEARNER_PROMPTS", 4))
+G = int(os.environ.get("LEARNER_G", 4))
+TRAIN_REPEATS = int(os.environ.get("LEARNER_TRAIN_REPEATS", 7))
+RUN_PEERS = os.environ.get("LEARNER_PEERS", "1") != "0"
+RUN_BIG = os.environ.get("LEARNER_BIG", "1") != "0"
+BIG_ROWS = int(os.environ.get("LEARNER_BIG_ROWS", 8))
+BIG_LEN = int(os.environ.get("LEARNER_BIG_LEN", 128))
+DEFAULT_ROWS = int(os.environ.get("LEARNER_DEFAULT_ROWS", 64))  # groups_per_batch x group_size
+DEFAULT_LEN = int(os.environ.get("LEARNER_DEFAULT_LEN", 128))  # engine.max_seq_len
+
+# configs/calculator_tiny.yaml, the default run's model (234K parameters, character vocab).
+DEFAULT_DIMS = ModelConfig(
+    vocab_size=128,
+    d_model=96,
+    num_layers=2,
+    num_heads=6,
+    num_kv_heads=3,
+    head_dim=16,
+    ffn_dim=288,
+    rope_theta=10_000.0,
+)
+BIG_DIMS = ModelConfig(
+    vocab_size=32000,
+    d_model=512,
+    num_layers=8,
+    num_heads=8,
+    num_kv_heads=4,
+    head_dim=64,
+    ffn_dim=2048,
+    rope_theta=1_000_000.0,
+    qk_norm=True,
+)
+PEER_GRPO = GRPOConfig(
+    optimizer=OptimizerConfig(learning_rate=1e-5, b2=0.999),  # AdamW, as TRL/Tunix default
+    aggregation="token_mean",
+    kl_coef=0.04,
+)
+
+
+# ------------------------------------------------------------------ helpers
+def median_s(times: list[float]) -> float:
+    return statistics.median(times) if times else float("nan")
+
+
+def train_flops(cfg: ModelConfig, n_params: int, rows: int, length: int, ref: bool) -> float:
+    """Matmul FLOPs of one train step over ``rows x length`` padded tokens.
+
+    Forward: 2 x (parameters less the input embedding) per token, plus the LM head
+    when tied (2 V d), plus attention's two [T, T] products (computed in full, masked);
+    backward twice the forward; the reference model one more forward.
+    """
+    embed = cfg.vocab_size * cfg.d_model
+    dense = 2 * (n_params - embed) + (2 * embed if cfg.tie_embeddings else 0)
+    attn = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * length
+    fwd = rows * length * (dense + attn)
+    return fwd * (3 + (1 if ref else 0))
+
+
+def random_batch(cfg: ModelConfig, rows: int, length: int, seed: int = 0) -> dict:
+    """A learner batch of ``rows`` full-length rows: a 1/3 prompt, the rest the completion."""
+    rng = np.random.default_rng(seed)
+    prompt = max(1, length // 3)
+    out = []
+    for _ in range(rows):
+        mask = np.zeros(length, np.float32)
+        mask[prompt:] = 1.0
+        old = np.where(mask > 0, -np.log(cfg.vocab_size), 0.0).astype(np.float32)
+        ids = rng.integers(1, cfg.vocab_size, length).astype(np.int32)
+        out.append({"input_ids": ids, "loss_mask": mask, "old_logprobs": old})
+    batch = pad_rows(out, pad_id=0, length_multiple=length)
+    batch["advantages"] = rng.standard_normal(rows).astype(np.float32)
+    return batch
+
+
+def time_train(learner: GRPOLearner, batch: dict, repeats: int) -> tuple[float, float]:
+    """(first call incl. compile, median of ``repeats`` more) seconds of ``train_step``."""
+    t = time.perf_counter()
+    learner.train_step(batch)  # returns floats, so this waits for the device
+    first = time.perf_counter() - t
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        learner.train_step(batch)
+        times.append(time.perf_counter() - t)
+    return first, median_s(times)
+
+
+# --------------------------------------------------------------- full step
+def even_reward(ids: list[int]) -> float:
+    """The peers' reward: the fraction of completion tokens whose id is even."""
+    return sum(1 for i in ids if i % 2 == 0) / max(len(ids), 1)
+
+
+def step_prompts(step: int) -> list[list[int]]:
+    rng = np.random.default_rng(1000 + step)
+    return [
+        [1] + rng.integers(4, PEER_DIMS.vocab_size, PROMPT - 1).tolist() for _ in range(N_PROMPTS)
+    ]
+
+
+async def grpo_step(
+    engine: JaxEngine, learner: GRPOLearner, step: int, length_multiple: int = 64
+) -> dict[str, float]:
+    advantage_fn = learner.advantage_fn
+    t0 = time.perf_counter()
+    requests = [p for p in step_prompts(step) for _ in range(G)]
+    outs = await asyncio.gather(
+        *(
+            engine.generate(
+                p,
+                SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=NEW, seed=step * 64 + i),
+            )
+            for i, p in enumerate(requests)
+        )
+    )
+    t1 = time.perf_counter()
+    rows, rewards = [], []
+    for p, out in zip(requests, outs, strict=True):
+        n = len(out.token_ids)
+        mask = np.r_[np.zeros(len(p)), np.ones(n)].astype(np.float32)
+        old = np.r_[np.zeros(len(p)), out.logprobs].astype(np.float32)
+        rows.append(
+            {
+                "input_ids": np.asarray(p + out.token_ids, np.int32),
+                "loss_mask": mask,
+                "old_logprobs": old,
+            }
+        )
+        rewards.append(even_reward(out.token_ids))
+    adv = np.concatenate(
+        [
+            advantage_fn(np.asarray(rewards[g * G : (g + 1) * G], np.float32))
+            for g in range(N_PROMPTS)
+        ]
+    )
+    batch = pad_rows(rows, pad_id=0, length_multiple=length_multiple)
+    batch["advantages"] = adv.astype(np.float32)
+    metrics = learner.train_step(batch)
+    t2 = time.perf_counter()
+    await engine.update_weights(learner.params_for_engine(), version=step)
+    t3 = time.perf_counter()
+    return {
+        "total": t3 - t0,
+        "generate": t1 - t0,
+        "train": t2 - t1,
+        "sync": t3 - t2,
+        "gen_tokens": sum(len(o.token_ids) for o in outs),
+        "width": batch["input_ids"].shape[1],
+        "loss": metrics["loss"],
+        "ref_kl": metrics.get("ref_kl", 0.0),
+    }
+
+
+async def ours_full(peak: float) -> dict[str, float]:
+    model = Transformer(PEER_DIMS, rngs=nnx.Rngs(0))
+    n_params = count_params(model)
+    engine = JaxEngine(
+        model,
+        EngineConfig(max_slots=N_PROMPTS * G, max_seq_len=PROMPT + NEW, decode_steps=DECODE_STEPS),
+    )
+    learner = GRPOLearner(model, PEER_GRPO)
+    print(
+        f"model: {n_params:,} parameters; {jax.devices()}; f32 matmul peak {peak:.1f} GFLOP/s; "
+        f"{N_PROMPTS}x{G} completions of {NEW} tokens after {PROMPT}-token prompts, kl 0.04"
+    )
+    steps = []
+    for step in range(1, STEPS + 1):
+        steps.append(await grpo_step(engine, learner, step))
+    await engine.close()
+    first, steady = steps[0], steps[1:] or steps
+    all_full = all(s["gen_tokens"] == N_PROMPTS * G * NEW for s in steps)
+    fig = {k: median_s([s[k] for s in steady]) for k in ("total", "generate", "train", "sync")}
+    print(
+        f"RESULT ours_grpo {N_PROMPTS}x{G} P={PROMPT} C={NEW} beta=0.04: {fig['total']:.3f} s/step "
+        f"(median of steps 2..{STEPS}), {N_PROMPTS * G * NEW / fig['total']:,.0f} completion tok/s, "
+        f"first step {first['total']:.2f}s"
+    )
+    print(
+        f"RESULT ours_grpo split: generate {fig['generate']:.3f}s ({100 * fig['generate'] / fig['total']:.0f}%), "
+        f"train step {fig['train']:.3f}s ({100 * fig['train'] / fig['total']:.0f}%, rows padded to "
+        f"{first['width']}), weight sync {fig['sync']:.3f}s; every completion {NEW} tokens: "
+        f"{all_full}; loss {steps[-1]['loss']:+.4f}, ref_kl {steps[-1]['ref_kl']:.2e}"
+    )
+    return fig
+
+
+def ours_train_widths(peak: float) -> dict[int, float]:
+    """The train step alone on one fixed peer-shaped batch, rows padded to 128 vs 96.
+
+    The two widths alternate, call by call, so that load from other processes falls on both.
+    """
+    model = Transformer(PEER_DIMS, rngs=nnx.Rngs(0))
+    n_params = count_params(model)
+    learner = GRPOLearner(model, PEER_GRPO)
+    rows = N_PROMPTS * G
+    base = random_batch(PEER_DIMS, rows, PROMPT + NEW)
+    base["loss_mask"][:, :PROMPT] = 0.0
+    base["loss_mask"][:, PROMPT:] = 1.0
+    raw = [{k: base[k][i] for k in ("input_ids", "loss_mask", "old_logprobs")} for i in range(rows)]
+    batches, firsts, times = {}, {}, {}
+    for multiple in (64, 32):
+        batch = pad_rows(raw, pad_id=0, length_multiple=multiple)
+        batch["advantages"] = base["advantages"]
+        width = batch["input_ids"].shape[1]
+        batches[width] = (multiple, batch)
+        firsts[width], _ = time_train(learner, batch, 0)
+        times[width] = []
+    for _ in range(TRAIN_REPEATS):
+        for width, (_, batch) in batches.items():
+            t = time.perf_counter()
+            learner.train_step(batch)
+            times[width].append(time.perf_counter() - t)
+    out = {}
+    for width, (multiple, _) in batches.items():
+        med = out[width] = median_s(times[width])
+        frac = train_flops(PEER_DIMS, n_params, rows, width, True) / med / (peak * 1e9)
+        print(
+            f"RESULT ours train_step {rows}x{width} (length_multiple={multiple}, "
+            f"{PROMPT + NEW} real tokens): {1e3 * med:.1f} ms (median of {TRAIN_REPEATS}, "
+            f"alternating), first {firsts[width]:.2f}s, {100 * frac:.1f}% of matmul peak"
+        )
+    if len(out) == 2:
+        (wa, ta), (wb, tb) = sorted(out.items(), reverse=True)
+        print(f"RATIO train_step padded to {wa} / padded to {wb}: {ta / tb:.2f}x the time")
+    return out
+
+
+def ours_scale(name: str, cfg: ModelConfig, rows: int, length: int, peak: float, ref: bool) -> None:
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    n_params = count_params(model)
+    config = GRPOConfig(optimizer=OptimizerConfig(learning_rate=3e-4), kl_coef=0.04 if ref else 0.0)
+    learner = GRPOLearner(model, config)
+    batch = random_batch(cfg, rows, length)
+    repeats = TRAIN_REPEATS if n_params < 10_000_000 else max(2, TRAIN_REPEATS // 3)
+    first, med = time_train(learner, batch, repeats)
+    frac = train_flops(cfg, n_params, rows, length, ref) / med / (peak * 1e9)
+    print(
+        f"RESULT ours train_step [{name}, {n_params:,} params, {rows}x{length}, kl {'0.04' if ref else 'off'}]: "
+        f"{1e3 * med:.1f} ms, {rows * length / med:,.0f} tok/s (median of {repeats}), "
+        f"first {first:.2f}s, {100 * frac:.1f}% of matmul peak"
+    )
+
+
+# ------------------------------------------------------------------ peers
+def run(cmd: list[str], env: dict[str, str] | None = None, timeout: int = 600) -> str:
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+        )
+    except subprocess.TimeoutExpired:
+        return f"timed out after {timeout}s: {' '.join(cmd)}"
+    return proc.stdout + proc.stderr
+
+
+def figure(text: str, pattern: str) -> float | None:
+    m = re.search(pattern, text)
+    return float(m.group(1).replace(",", "")) if m else None
+
+
+def result_line(text: str) -> str:
+    return next((line for line in text.splitlines() if line.startswith("RESULT")), text[-500:])
+
+
+def peers() -> dict[str, float]:
+    env = {
+        "ANCHOR_GRPO_PROMPTS": str(N_PROMPTS),
+        "ANCHOR_GRPO_G": str(G),
+        "ANCHOR_GRPO_STEPS": str(STEPS),
+        "ANCHOR_PROMPT_LEN": str(PROMPT),
+        "ANCHOR_NEW_TOKENS": str(NEW),
+    }
+    figures: dict[str, float] = {}
+    jobs = [
+        ("tunix_grpo", JAX_PY, "bench_tunix_grpo.py", {}, rf"{NUMBER} s/step"),
+        ("trl_grpo", TORCH_PY, "bench_trl_grpo.py", {}, rf"{NUMBER} s/step"),
+        (
+            "hf_generate",
+            TORCH_PY,
+            "bench_hf_generate.py",
+            {"ANCHOR_SAMPLING": "top_p", "ANCHOR_BATCH": str(N_PROMPTS * G)},
+            rf"{NUMBER} gen tok/s",
+        ),
+    ]
+    for name, python, script, extra, pattern in jobs:
+        if not Path(python).exists():
+            print(f"skip {name}: {python} not found (bash {PEERS}/setup_venvs.sh builds it)")
+            continue
+        out = run([python, str(PEERS / script)], env={**env, **extra})
+        value = figure(out, pattern)
+        if value is not None:
+            figures[name] = value
+        print(result_line(out))
+    return figures
+
+
+# ------------------------------------------------------------------- main
+async def main() -> None:
+    peak = matmul_peak_gflops()
+    ours = await ours_full(peak)
+    widths = ours_train_widths(peak)
+    ours_scale("default run, calculator_tiny", DEFAULT_DIMS, DEFAULT_ROWS, DEFAULT_LEN, peak, False)
+    if RUN_BIG:
+        ours_scale("~48M", BIG_DIMS, BIG_ROWS, BIG_LEN, peak, False)
+    if not RUN_PEERS:
+        print("peers skipped (LEARNER_PEERS=0)")
+        return
+    theirs = peers()
+    shape = f"{N_PROMPTS}x{G}, P={PROMPT}, C={NEW}, beta 0.04, same run"
+    for name in ("trl_grpo", "tunix_grpo"):
+        if theirs.get(name):
+            print(
+                f"RATIO ours / {name} full step ({shape}): {ours['total']:.3f}s vs "
+                f"{theirs[name]:.3f}s: ours is {theirs[name] / ours['total']:.2f}x their speed"
+            )
+    if theirs.get("trl_grpo") and theirs.get("hf_generate"):
+        gen = N_PROMPTS * G * NEW / theirs["hf_generate"]
+        trl_train = theirs["trl_grpo"] - gen
+        print(
+            f"ESTIMATE trl train share = TRL step {theirs['trl_grpo']:.3f}s - HF generate (sampled, "
+            f"same shapes, bench_hf_generate.py) {gen:.3f}s = {trl_train:.3f}s (ref forward, "
+            "reward, policy fwd+bwd, AdamW; TRL's script does not split its step)"
+        )
+        if trl_train > 0:
+            print(
+                f"RATIO ours train step / trl train share (estimated): {ours['train']:.3f}s vs "
+                f"{trl_train:.3f}s: ours is {trl_train / ours['train']:.2f}x their speed"
+            )
+            if 96 in widths:
+                print(
+                    f"RATIO ours train step padded to 96 / trl train share (estimated): "
+                    f"{widths[96]:.3f}s vs {trl_train:.3f}s: ours is {trl_train / widths[96]:.2f}x their speed"
+                )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
