@@ -15,8 +15,19 @@ from tunix_agentic.learners.advantages import BatchAdvantage, overlong_penalty, 
 OVERLONG_MODES = ("none", "mask", "penalty")
 
 
-def bucket_length(n: int, multiple: int = 64) -> int:
-    return max(multiple, -(-n // multiple) * multiple)
+def bucket_length(n: int, multiple: int = 64, geometric: bool = False) -> int:
+    """The padded width for ``n`` tokens: the next multiple of ``multiple``, or with
+    ``geometric`` the next of ``multiple`` x 1, 1.5, 2, 3, 4, 6, 8, ... (at most a third
+    of a row is padding, and a run meets about two widths per doubling of its length, so
+    the jitted step compiles for few shapes even at long sequences)."""
+    if not geometric:
+        return max(multiple, -(-n // multiple) * multiple)
+    if multiple % 2:
+        raise ValueError(f"a geometric bucket's base must be even, got {multiple}")
+    half, c = multiple // 2, 2  # width = half x c, c in 2, 3, 4, 6, 8, 12, 16, ...
+    while half * c < n:
+        c = c * 3 // 2 if c & (c - 1) == 0 else c * 4 // 3
+    return half * c
 
 
 def pad_rows(
@@ -25,12 +36,14 @@ def pad_rows(
     pad_id: int,
     num_rows: int | None = None,
     length_multiple: int = 64,
+    geometric: bool = False,
 ) -> dict[str, np.ndarray]:
-    """Stack per-trajectory arrays (from ``Trajectory.learner_arrays``) into ``[R, T]``."""
+    """Stack per-trajectory arrays (from ``Trajectory.learner_arrays``) into ``[R, T]``,
+    T from :func:`bucket_length`."""
     if not rows:
         raise ValueError("cannot build a batch from no trajectories")
     r = max(num_rows or len(rows), len(rows))
-    t = bucket_length(max(len(x["input_ids"]) for x in rows), length_multiple)
+    t = bucket_length(max(len(x["input_ids"]) for x in rows), length_multiple, geometric)
     out = {
         "input_ids": np.full((r, t), pad_id, np.int32),
         "loss_mask": np.zeros((r, t), np.float32),
@@ -58,6 +71,7 @@ def grpo_batch(
     pad_id: int,
     num_rows: int | None = None,
     length_multiple: int = 64,
+    geometric: bool = False,
     task_normalize: bool = False,
     turn_level: bool = False,
     overlong: str = "none",
@@ -124,7 +138,13 @@ def grpo_batch(
         advantages = normalize_by_task(np.asarray(advantages, np.float32), names).tolist()
     if num_rows and len(rows) > num_rows:
         num_rows = -(-len(rows) // num_rows) * num_rows
-    batch = pad_rows(rows, pad_id=pad_id, num_rows=num_rows, length_multiple=length_multiple)
+    batch = pad_rows(
+        rows,
+        pad_id=pad_id,
+        num_rows=num_rows,
+        length_multiple=length_multiple,
+        geometric=geometric,
+    )
     adv = np.zeros(batch["input_ids"].shape[0], np.float32)
     adv[: len(advantages)] = advantages
     batch["advantages"] = adv

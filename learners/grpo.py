@@ -91,6 +91,9 @@ class GRPOConfig:
     overlong: str = "none"
     overlong_max_len: int = 0
     overlong_cache_len: int = 0
+    # Rows are padded to this width x 1, 1.5, 2, 3, 4, 6, ... (learners/batching.py:
+    # bucket_length): at most a third padding, about two compiled shapes per doubling.
+    length_bucket: int = 32
     # Gradient accumulation: rows per micro-batch (0: the whole batch at once); the update
     # equals the whole batch's. The batch's row count must be a multiple of it.
     micro_batch_rows: int = 0
@@ -129,6 +132,10 @@ class GRPOConfig:
             raise ValueError(
                 "learner.overlong: penalty needs 0 <= overlong_cache_len < overlong_max_len, "
                 f"got {self.overlong_cache_len} and {self.overlong_max_len}"
+            )
+        if self.length_bucket < 2 or self.length_bucket % 2:
+            raise ValueError(
+                f"learner.length_bucket must be an even number >= 2, got {self.length_bucket}"
             )
         for name in ("micro_batch_rows", "mi_pairs"):
             if getattr(self, name) < 0:
@@ -313,10 +320,14 @@ class GRPOLearner:
         if n_micro == 1:
             grads, (sums, lp) = micro_step(zeros, arrays)
         else:
-            stacked = jax.tree.map(lambda x: x.reshape(n_micro, micro, *x.shape[1:]), arrays)
+            # Micro-batch j takes rows j, j + n_micro, ...: strided, so with rows sharded
+            # over fsdp in blocks every micro-batch spans every device.
+            stacked = jax.tree.map(
+                lambda x: x.reshape(micro, n_micro, *x.shape[1:]).swapaxes(0, 1), arrays
+            )
             grads, (per_micro, lp) = jax.lax.scan(micro_step, zeros, stacked)
             sums = jax.tree.map(lambda x: jnp.sum(x, axis=0), per_micro)
-            lp = lp.reshape(rows, -1)
+            lp = lp.swapaxes(0, 1).reshape(rows, -1)
         metrics = dict(sums)
         metrics["grad_norm"] = jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree.leaves(grads)))
         # Learner vs sampler on the whole batch (quantiles do not add up over micro-batches).

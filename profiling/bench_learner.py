@@ -6,9 +6,11 @@ per step 4 prompts x G=4 = 16 completions of exactly 64 tokens after 32-token
 prompts (no stop ids, so nothing ends early), temperature 1, a reference model
 with KL 0.04, AdamW 1e-5, token_mean aggregation (TRL's dapo default). One step
 = our engine generates the 16 completions + one learner train step + the
-weight sync to the engine. Figures: the median over steps 2..N, split into
-generate / train / sync; the train step alone with rows padded to 128 (the
-default ``length_multiple=64``) and to 96 (``length_multiple=32``); the peers'
+weight sync to the engine (rows padded as the trainer pads them: 96 here). Figures:
+the median over steps 2..N, split into generate / train / sync; the train step
+alone with rows padded to 128 (multiples of 64, the padding before
+``learner.length_bucket``) and to 96; the cost of the collapse diagnostic
+(``learner.mi_pairs``, off in the comparison since the peers compute none); the peers'
 s/step from their own scripts run as subprocesses (skipped with a note when
 their venvs are missing; build them with ``bash ../shared/peers/setup_venvs.sh``)
 and the ratios. TRL's script reports whole steps only: its train share is
@@ -25,6 +27,7 @@ with the fraction of this machine's measured f32 matmul peak.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import re
 import statistics
@@ -90,6 +93,8 @@ PEER_GRPO = GRPOConfig(
     optimizer=OptimizerConfig(learning_rate=1e-5, b2=0.999),  # AdamW, as TRL/Tunix default
     aggregation="token_mean",
     kl_coef=0.04,
+    # The peers compute no collapse diagnostic; its cost is printed on its own line.
+    mi_pairs=0,
 )
 
 
@@ -154,9 +159,7 @@ def step_prompts(step: int) -> list[list[int]]:
     ]
 
 
-async def grpo_step(
-    engine: JaxEngine, learner: GRPOLearner, step: int, length_multiple: int = 64
-) -> dict[str, float]:
+async def grpo_step(engine: JaxEngine, learner: GRPOLearner, step: int) -> dict[str, float]:
     advantage_fn = learner.advantage_fn
     t0 = time.perf_counter()
     requests = [p for p in step_prompts(step) for _ in range(G)]
@@ -189,7 +192,8 @@ async def grpo_step(
             for g in range(N_PROMPTS)
         ]
     )
-    batch = pad_rows(rows, pad_id=0, length_multiple=length_multiple)
+    # Padded as the trainer pads (learner.length_bucket, geometric widths).
+    batch = pad_rows(rows, pad_id=0, length_multiple=learner.config.length_bucket, geometric=True)
     batch["advantages"] = adv.astype(np.float32)
     metrics = learner.train_step(batch)
     t2 = time.perf_counter()
@@ -278,6 +282,25 @@ def ours_train_widths(peak: float) -> dict[int, float]:
     if len(out) == 2:
         (wa, ta), (wb, tb) = sorted(out.items(), reverse=True)
         print(f"RATIO train_step padded to {wa} / padded to {wb}: {ta / tb:.2f}x the time")
+    # The collapse diagnostic (learner.mi_pairs, on by default): k*k extra forward rows.
+    mi = GRPOLearner(
+        Transformer(PEER_DIMS, rngs=nnx.Rngs(0)), dataclasses.replace(PEER_GRPO, mi_pairs=4)
+    )
+    _, batch = batches[min(batches)]
+    prompts = np.arange(rows) // G  # distinct prompts per group, as in a real batch
+    batch = {**batch, "input_ids": batch["input_ids"].copy()}
+    batch["input_ids"][:, 0] = 1 + prompts
+    time_train(mi, batch, 0)
+    plain, with_mi = [], []
+    for _ in range(TRAIN_REPEATS):
+        for learner_, sink in ((learner, plain), (mi, with_mi)):
+            t = time.perf_counter()
+            learner_.train_step(batch)
+            sink.append(time.perf_counter() - t)
+    print(
+        f"RATIO train_step with the collapse diagnostic (mi_pairs=4: 16 extra forward rows) / "
+        f"without, {rows}x{min(batches)}: {median_s(with_mi) / median_s(plain):.2f}x the time"
+    )
     return out
 
 

@@ -15,6 +15,7 @@ from flax import nnx
 from tunix_agentic.inference.engine import EngineConfig, JaxEngine
 from tunix_agentic.inference.sampling import SamplingParams
 from tunix_agentic.learners.grpo import GRPOConfig, GRPOLearner
+from tunix_agentic.learners.lora import LoRAConfig
 from tunix_agentic.learners.state import OptimizerConfig
 from tunix_agentic.models.transformer import ModelConfig, Transformer
 from tunix_agentic.sharding import MeshConfig, make_mesh, replicated
@@ -92,6 +93,9 @@ def devices_mode() -> dict:
     out["fsdp4_tp2"] = train(make_mesh(MeshConfig(fsdp=4, tp=2)))
     out["fsdp2_micro4"] = train(make_mesh(MeshConfig(fsdp=2, devices="0:2")), micro_batch_rows=4)
     out["micro4_remat"] = train(None, micro_batch_rows=4, remat=True)
+    lora = LoRAConfig(rank=4, alpha=8.0)
+    out["lora_one"] = train(make_mesh(MeshConfig(), devs[:1]), lora=lora)
+    out["lora_fsdp4_tp2"] = train(make_mesh(MeshConfig(fsdp=4, tp=2)), lora=lora)
     # The engine: sharded vs one device, same greedy tokens.
     prompts = [[1, 5, 9, 13], [2, 4, 6], [7, 7, 7, 7, 7, 3]]
     cfg = EngineConfig(max_slots=4, max_seq_len=32, decode_steps=4)
@@ -116,6 +120,13 @@ def devices_mode() -> dict:
     engine.update_weights(learner.params_for_engine(), 1)
     out["disagg_engine"] = generate(engine, prompts)
     out["disagg_reference"] = generate(JaxEngine(learner.policy_model(), cfg), prompts)
+    # Colocated: the engine on the learner's own devices (0-3), laid out its own way.
+    colocated = JaxEngine(
+        Transformer(MODEL, rngs=nnx.Rngs(3)),
+        dataclasses_replace(cfg, mesh=MeshConfig(fsdp=2, tp=2, devices="0:4")),
+    )
+    colocated.update_weights(learner.params_for_engine(), 1)
+    out["coloc_engine"] = generate(colocated, prompts)
     out["disagg_engine_devices"] = sorted(
         {d.id for x in jax.tree.leaves(engine._scheduler.params) for d in x.sharding.device_set}
     )

@@ -46,6 +46,17 @@ def test_bucket_length(n, multiple, expected):
     assert bucket_length(n, multiple) == expected
 
 
+def test_geometric_buckets_pad_at_most_a_third_with_two_widths_per_doubling():
+    widths = [bucket_length(n, 32, geometric=True) for n in (1, 32, 33, 48, 49, 65, 97, 129)]
+    assert widths == [32, 32, 48, 48, 64, 96, 128, 192]
+    assert [bucket_length(n, 24, geometric=True) for n in (25, 37, 73, 100)] == [36, 48, 96, 144]
+    for n in range(33, 3000):
+        assert n <= bucket_length(n, 32, geometric=True) < n * 1.5
+    assert len({bucket_length(n, 32, geometric=True) for n in range(1025, 2049)}) == 2
+    with pytest.raises(ValueError, match="even"):
+        bucket_length(10, 33, geometric=True)
+
+
 def test_pad_rows_literal():
     rows = [make_traj([1, 2], [3]).learner_arrays(), make_traj([4], [5, 6, 7, 8]).learner_arrays()]
     batch = pad_rows(rows, pad_id=PAD, num_rows=3, length_multiple=4)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 
 from tunix_agentic.learners.grpo import GRPOConfig, GRPOLearner
 from tunix_agentic.models.transformer import sequence_logprobs
-from tunix_agentic.testing import tiny_model
+from tunix_agentic.testing import on_policy_batch, tiny_model
 
 
 def _batch(model, behaviour_shift: float = 0.0) -> dict[str, np.ndarray]:
@@ -54,3 +55,70 @@ def test_tis_weighs_tokens_the_sampler_underrated_up_to_the_cap():
 def test_tis_cap_below_one_is_rejected(cap):
     with pytest.raises(ValueError, match="learner.tis_cap"):
         GRPOConfig(tis_cap=cap)
+
+
+def _train(config: GRPOConfig, steps: int = 2) -> tuple[list[dict[str, float]], list[np.ndarray]]:
+    import jax
+
+    learner = GRPOLearner(tiny_model(), config)
+    batch = on_policy_batch(tiny_model())
+    batch["loss_mask"][1, 20:] = 0.0  # rows of different lengths: the normalisers matter
+    metrics = [learner.train_step(batch) for _ in range(steps)]
+    return metrics, [np.asarray(x) for x in jax.tree.leaves(learner.params_for_engine())]
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
+@pytest.mark.parametrize("extra", [{}, {"remat": True}, {"kl_coef": 0.1, "tis_cap": 2.0}])
+def test_micro_batches_and_remat_give_the_whole_batch_update(aggregation, extra):
+    base = GRPOConfig(aggregation=aggregation, mi_pairs=0, **extra)
+    whole, whole_params = _train(base)
+    micro, micro_params = _train(dataclasses.replace(base, micro_batch_rows=1))
+    for a, b in zip(whole, micro, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+    for a, b in zip(whole_params, micro_params, strict=True):
+        np.testing.assert_allclose(b, a, atol=2e-6)
+    assert whole[0]["grad_norm"] > 0  # the step did move the policy
+
+
+def test_a_micro_batch_size_that_does_not_divide_the_rows_is_refused():
+    learner = GRPOLearner(tiny_model(), GRPOConfig(micro_batch_rows=3, mi_pairs=0))
+    with pytest.raises(ValueError, match="micro_batch_rows=3 does not divide the batch's 4 rows"):
+        learner.train_step(on_policy_batch(tiny_model()))
+
+
+def test_every_step_logs_the_sampler_mismatch_and_the_collapse_diagnostic():
+    learner = GRPOLearner(tiny_model(), GRPOConfig(mi_pairs=4))
+    batch = on_policy_batch(tiny_model())
+    metrics = learner.train_step(batch)
+    # On-policy data scored by the same model: no mismatch.
+    assert metrics["mismatch_abs_logp"] == pytest.approx(0.0, abs=1e-5)
+    assert metrics["mismatch_ratio_p50"] == pytest.approx(1.0, abs=1e-5)
+    # Four distinct random prompts: responses identify them somewhat (MI >= 0 by construction
+    # of the proxy when the diagonal wins; accuracy is a fraction).
+    assert 0.0 <= metrics["collapse/retrieval_accuracy"] <= 1.0
+    assert "collapse/mutual_information" in metrics
+    # Identical prompts cannot be told apart: fewer than two distinct prompts, no figure.
+    same = {**batch, "input_ids": batch["input_ids"].copy()}
+    same["input_ids"][:, :8] = same["input_ids"][0, :8]
+    assert "collapse/retrieval_accuracy" not in learner.collapse_metrics(same)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("loss_type", "trpo"),
+        ("kl_estimator", "k4"),
+        ("kl_penalty", "both"),
+        ("off_policy_mask", "rows"),
+        ("overlong", "truncate"),
+        ("dual_clip", 0.5),
+        ("micro_batch_rows", -1),
+        ("mi_pairs", 1),
+        ("length_bucket", 33),
+    ],
+)
+def test_bad_learner_settings_are_refused_with_the_field_named(field, value):
+    with pytest.raises(ValueError, match=f"learner.{field}"):
+        GRPOConfig(**{field: value})

@@ -19,6 +19,7 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from tunix_agentic.metrics import read_scalars
 from tunix_agentic.models.transformer import ModelConfig, Transformer
 from tunix_agentic.sharding import (
     MeshConfig,
@@ -28,6 +29,7 @@ from tunix_agentic.sharding import (
     spec_for,
     tree_shardings,
 )
+from tunix_agentic.testing import TINY_RUN_OVERRIDES, cli
 
 WORKER = Path(__file__).with_name("sharding_worker.py")
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,6 +135,8 @@ def test_one_device_and_eight_fake_devices_train_and_serve_alike():
     assert len(one["params"]) > 10_000 and one["mi"] is not None
     for name in ("none", "fsdp8", "fsdp4_tp2", "fsdp2_micro4", "micro4_remat"):
         _same_training(r[name], one)
+    _same_training(r["lora_fsdp4_tp2"], r["lora_one"])  # LoRA: a sharded base, adapters
+    assert r["lora_one"]["params"] != one["params"]
     # The weights really were split: fsdp on the model dimension, tp on heads / mlp / vocab.
     assert "P('fsdp', 'tp')" in r["fsdp4_tp2"]["specs"]
     assert "P(None, 'fsdp')" in r["fsdp8"]["specs"]
@@ -144,6 +148,38 @@ def test_one_device_and_eight_fake_devices_train_and_serve_alike():
     assert r["disagg_engine_devices"] == [4, 5, 6, 7]
     assert r["disagg_engine"] == r["disagg_reference"]
     assert r["disagg_engine"] != r["engine_one"]  # trained weights, not the engine's own
+    assert r["coloc_engine"] == r["disagg_reference"]  # colocated: same devices, own layout
+
+
+@pytest.mark.slow
+def test_a_disaggregated_run_trains_from_the_cli_on_eight_fake_devices(tmp_path):
+    """As a user runs it: the engine on devices 0-3 (tp 2), the learner on 4-7 (fsdp 4),
+    micro-batched; the run trains, syncs weights and evaluates."""
+    run = tmp_path / "run"
+    cmd = cli(
+        "train",
+        "--config",
+        str(ROOT / "configs" / "calculator_tiny.yaml"),
+        *TINY_RUN_OVERRIDES,
+        "rl.steps=2",
+        "sft.steps=5",
+        "learner.mesh={fsdp: 4, devices: '4:8'}",
+        "learner.micro_batch_rows=2",
+        "engine.mesh={tp: 2, devices: '0:2'}",
+        f"run_dir={run}",
+    )
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+        "JAX_PLATFORMS": "cpu",
+    }
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 2
+    scalars = read_scalars(run / "tensorboard")
+    assert len(scalars["learner/loss"]) == 2
+    assert "learner/collapse/mutual_information" in scalars
 
 
 def _free_port() -> int:

@@ -627,6 +627,8 @@ class _GRPOSteps:
             self.learner.advantage_fn,
             pad_id=self.pad_id,
             num_rows=-(-rows // multiple) * multiple,
+            length_multiple=lcfg.length_bucket,
+            geometric=True,
             task_normalize=lcfg.task_normalize,
             turn_level=lcfg.turn_advantage,
             overlong=lcfg.overlong,

@@ -129,6 +129,30 @@ def rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
     return out.astype(x.dtype)
 
 
+def _matmul_2d(x: jax.Array, w: jax.Array, dtype, transpose: bool) -> jax.Array:
+    dtype = dtype or w.dtype  # the layer's compute dtype, as nnx.Linear / Embed promote
+    y = jax.lax.dot_general(
+        x.reshape(-1, x.shape[-1]).astype(dtype),
+        w.astype(dtype),
+        (((1,), (1 if transpose else 0,)), ((), ())),
+    )
+    return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def dense(layer: nnx.Linear, x: jax.Array) -> jax.Array:
+    """``layer(x)`` (a bias-free linear layer) as one 2-D matmul over the flattened leading
+    dimensions. Same values; XLA on CPU computes the weight gradient of a 2-D matmul
+    without the layout copies it makes for a contraction over two batch dimensions (the
+    train step ran about 1.3x faster at the peers' benchmark shapes)."""
+    return _matmul_2d(x, layer.kernel[...], layer.dtype, transpose=False)
+
+
+def dense_t(embed: nnx.Embed, x: jax.Array) -> jax.Array:
+    """``embed.attend(x)`` (tied embeddings' logits, ``x @ table.T``) as one 2-D matmul;
+    see :func:`dense`."""
+    return _matmul_2d(x, embed.embedding[...], embed.dtype, transpose=True)
+
+
 class RMSNorm(nnx.Module):
     def __init__(self, dim: int, *, eps: float, rngs: nnx.Rngs):
         del rngs
@@ -157,9 +181,9 @@ class Attention(nnx.Module):
     def __call__(self, x, positions, cache, rows):
         cfg = self.cfg
         b, t, _ = x.shape
-        q = self.q_proj(x).reshape(b, t, cfg.num_heads, cfg.head_dim)
-        k = self.k_proj(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
-        v = self.v_proj(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+        q = dense(self.q_proj, x).reshape(b, t, cfg.num_heads, cfg.head_dim)
+        k = dense(self.k_proj, x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+        v = dense(self.v_proj, x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         inv_freq = rope_frequencies(cfg)
@@ -193,7 +217,7 @@ class Attention(nnx.Module):
         probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
         out = jnp.einsum("bkgts,bksd->bkgtd", probs, values.astype(q.dtype))
         out = out.transpose(0, 3, 1, 2, 4).reshape(b, t, -1)
-        return self.o_proj(out), new_cache
+        return dense(self.o_proj, out), new_cache
 
 
 class MLP(nnx.Module):
@@ -205,7 +229,7 @@ class MLP(nnx.Module):
         self.down_proj = nnx.Linear(cfg.ffn_dim, cfg.d_model, **lin)
 
     def __call__(self, x):
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        return dense(self.down_proj, jax.nn.silu(dense(self.gate_proj, x)) * dense(self.up_proj, x))
 
 
 class Block(nnx.Module):
@@ -277,9 +301,9 @@ class Transformer(nnx.Module):
         if logits_at is not None:
             x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)[:, 0]  # [B, D]
         if self.cfg.tie_embeddings:
-            logits = self.embed.attend(x)
+            logits = dense_t(self.embed, x)
         else:
-            logits = self.lm_head(x)
+            logits = dense(self.lm_head, x)
         return logits.astype(jnp.float32), (None if cache is None else tuple(new_cache))
 
 
