@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Any
 
 import jax
@@ -21,7 +22,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from tunix_agentic.learners.advantages import get_advantage_fn
-from tunix_agentic.learners.batching import OVERLONG_MODES
+from tunix_agentic.learners.batching import OVERLONG_MODES, bucket_length
 from tunix_agentic.learners.diagnostics import cross_pairs, mi_from_scores
 from tunix_agentic.learners.lora import LoRAConfig, init_adapters
 from tunix_agentic.learners.lora import merge as lora_merge
@@ -45,7 +46,6 @@ from tunix_agentic.sharding import (
     MeshConfig,
     make_mesh,
     put_batch,
-    put_replicated,
     replicated,
     shard_tree,
     tree_shardings,
@@ -127,11 +127,18 @@ class GRPOConfig:
                 f"learner.overlong must be one of {OVERLONG_MODES}, got {self.overlong!r}"
             )
         if self.overlong == "penalty" and not (
-            0 <= self.overlong_cache_len < self.overlong_max_len
+            0 < self.overlong_cache_len <= self.overlong_max_len
         ):
             raise ValueError(
-                "learner.overlong: penalty needs 0 <= overlong_cache_len < overlong_max_len, "
+                "learner.overlong: penalty needs 0 < overlong_cache_len <= overlong_max_len, "
                 f"got {self.overlong_cache_len} and {self.overlong_max_len}"
+            )
+        if self.loss_type == "gspo" and max(self.clip_low, self.clip_high) > 0.01:
+            warnings.warn(
+                f"learner.loss_type=gspo with clip_low={self.clip_low}, "
+                f"clip_high={self.clip_high}: a sequence-level ratio rarely leaves so wide a "
+                "band (GSPO uses about 3e-4 and 4e-4), so there is little trust region",
+                stacklevel=2,
             )
         if self.length_bucket < 2 or self.length_bucket % 2:
             raise ValueError(
@@ -202,18 +209,16 @@ class GRPOLearner:
             if mesh is not None:
                 self.base = shard_tree(self.base, mesh)
             adapters = init_adapters(self.base, config.lora, jax.random.key(seed))
-            self.state = TrainState(model, optimizer, trainable=adapters)
+            self.state = TrainState(model, optimizer, trainable=adapters, mesh=mesh)
         else:
-            self.state = TrainState(model, optimizer, master_dtype=config.optimizer.master_dtype)
+            self.state = TrainState(
+                model, optimizer, master_dtype=config.optimizer.master_dtype, mesh=mesh
+            )
         step_kwargs: dict[str, Any] = {}
         if mesh is not None:
-            s = self.state
-            s.params = shard_tree(s.params, mesh)
-            opt_shardings = tree_shardings(jax.eval_shape(optimizer.init, s.params), mesh)
-            s.opt_state = jax.jit(optimizer.init, out_shardings=opt_shardings)(s.params)
             step_kwargs["out_shardings"] = (
-                tree_shardings(s.params, mesh),
-                opt_shardings,
+                tree_shardings(self.state.params, mesh),
+                tree_shardings(self.state.opt_state, mesh),
                 replicated(mesh),
             )
         # The KL reference: the policy as it starts. Under LoRA that is the frozen base itself
@@ -267,6 +272,7 @@ class GRPOLearner:
             "adv": batch["advantages"],
             "loss_w": aggregation_weights(mask, cfg.aggregation, cfg.norm_length),
             "metric_w": metric_weights(mask),
+            "row_w": jnp.any(mask > 0, axis=-1) / jnp.maximum(jnp.sum(jnp.any(mask > 0, -1)), 1),
         }
         rows = mask.shape[0]
         micro = cfg.micro_batch_rows or rows
@@ -288,9 +294,10 @@ class GRPOLearner:
             adv = mb["adv"]
             extra = {}
             if ref is not None and cfg.kl_penalty == "reward":
-                seq_kl = sequence_kl(old, ref, m)
+                seq_kl = sequence_kl(old, ref, m, cfg.kl_estimator)
                 adv = kl_penalized_advantages(adv, seq_kl, cfg.kl_coef)
-                extra["kl_penalty_mean"] = jnp.sum(seq_kl * mb["metric_w"].sum(-1))
+                # The advantage subtracted, averaged over the batch's rows with tokens.
+                extra["kl_penalty_mean"] = jnp.sum(cfg.kl_coef * seq_kl * mb["row_w"])
 
             def loss_fn(p):
                 lp, logp = self._forward(self._full(p, base), ids, remat=cfg.remat)
@@ -313,13 +320,15 @@ class GRPOLearner:
                 return loss, (aux, jax.lax.stop_gradient(lp))
 
             (loss, (aux, lp)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-            grads_acc = jax.tree.map(jnp.add, grads_acc, grads)
+            grads_acc = jax.tree.map(lambda a, g: a + g.astype(a.dtype), grads_acc, grads)
             return grads_acc, ({"loss": loss, **aux, **extra}, lp)
 
-        zeros = jax.tree.map(jnp.zeros_like, params)
         if n_micro == 1:
-            grads, (sums, lp) = micro_step(zeros, arrays)
+            grads, (sums, lp) = micro_step(jax.tree.map(jnp.zeros_like, params), arrays)
         else:
+            # Summed in float32 whatever the parameters' dtype, then cast back: bf16 sums
+            # over micro-batches would round away what the whole batch keeps.
+            zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params)
             # Micro-batch j takes rows j, j + n_micro, ...: strided, so with rows sharded
             # over fsdp in blocks every micro-batch spans every device.
             stacked = jax.tree.map(
@@ -328,6 +337,7 @@ class GRPOLearner:
             grads, (per_micro, lp) = jax.lax.scan(micro_step, zeros, stacked)
             sums = jax.tree.map(lambda x: jnp.sum(x, axis=0), per_micro)
             lp = lp.swapaxes(0, 1).reshape(rows, -1)
+            grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
         metrics = dict(sums)
         metrics["grad_norm"] = jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree.leaves(grads)))
         # Learner vs sampler on the whole batch (quantiles do not add up over micro-batches).
@@ -356,14 +366,22 @@ class GRPOLearner:
                 break
         if len(keep) < 2:
             return {}
-        pair_ids, pair_mask = cross_pairs(
-            ids[keep], mask[keep], len(keep), pad_id, length_multiple=32
+        pair_ids, pair_mask = cross_pairs(ids[keep], mask[keep], len(keep), pad_id)
+        # Padded like training rows (few compiled shapes), rows to a multiple of the fsdp
+        # size so they split over the mesh like a batch.
+        n = len(keep) * len(keep)
+        width = bucket_length(pair_ids.shape[1], self.config.length_bucket, geometric=True)
+        rows = -(-n // self.row_multiple()) * self.row_multiple()
+        pair_ids = np.pad(
+            pair_ids, ((0, rows - n), (0, width - pair_ids.shape[1])), constant_values=pad_id
         )
+        pair_mask = np.pad(pair_mask, ((0, rows - n), (0, width - pair_mask.shape[1])))
         if self.mesh is not None:
-            pair_ids, pair_mask = (put_replicated(x, self.mesh) for x in (pair_ids, pair_mask))
-        scores = np.asarray(
-            self._pair_scores(self.state.params, self.base, pair_ids, pair_mask)
-        ).reshape(len(keep), len(keep))
+            placed = put_batch({"ids": pair_ids, "mask": pair_mask}, self.mesh)
+            pair_ids, pair_mask = placed["ids"], placed["mask"]
+        scores = np.asarray(self._pair_scores(self.state.params, self.base, pair_ids, pair_mask))[
+            :n
+        ].reshape(len(keep), len(keep))
         return {f"collapse/{k}": float(v) for k, v in mi_from_scores(scores).items()}
 
     def train_step(self, batch: dict[str, np.ndarray], *, pad_id: int = 0) -> dict[str, float]:

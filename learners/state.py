@@ -14,6 +14,9 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.sharding import Mesh
+
+from tunix_agentic.sharding import shard_tree, tree_shardings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,18 +86,28 @@ class TrainState:
         *,
         trainable: Any = None,
         master_dtype: str = "",
+        mesh: Mesh | None = None,
     ):
         """``trainable``: the tree to optimise instead of the model's parameters (LoRA
         adapters); ``params`` then holds it, and ``graphdef`` still the model's graph.
         ``master_dtype="float32"``: the parameters are kept (and optimised) in float32;
-        :meth:`params_for_model` gives them back in the model's own dtypes."""
+        :meth:`params_for_model` gives them back in the model's own dtypes. ``mesh``: the
+        parameters are sharded first (:mod:`tunix_agentic.sharding`), then cast, and the
+        optimizer state is created sharded."""
         self.graphdef, params = nnx.split(model, nnx.Param)
         self.model_dtypes = jax.tree.map(lambda x: x.dtype, params)
+        params = params if trainable is None else trainable
+        if mesh is not None:  # sharded before the float32 copy and the moments exist
+            params = shard_tree(params, mesh)
         if trainable is None and master_dtype:
-            params = jax.tree.map(lambda x: x.astype(master_dtype), params)
-        self.params = params if trainable is None else trainable
+            params = jax.tree.map(lambda x: x.astype(master_dtype), params)  # keeps shardings
+        self.params = params
         self.optimizer = optimizer
-        self.opt_state = optimizer.init(self.params)
+        if mesh is None:
+            self.opt_state = optimizer.init(params)
+        else:  # born sharded: the moments never exist whole on one device
+            shardings = tree_shardings(jax.eval_shape(optimizer.init, params), mesh)
+            self.opt_state = jax.jit(optimizer.init, out_shardings=shardings)(params)
         self.step = 0
 
     def model(self) -> nnx.Module:

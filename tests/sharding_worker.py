@@ -68,6 +68,29 @@ def train(mesh, **kw) -> dict:
     }
 
 
+def master_dtype_check(mesh) -> dict:
+    import dataclasses
+
+    model = Transformer(dataclasses.replace(MODEL, dtype="bfloat16"), rngs=nnx.Rngs(0))
+    config = dataclasses.replace(
+        learner_config(), optimizer=OptimizerConfig(learning_rate=1e-3, master_dtype="float32")
+    )
+    learner = GRPOLearner(model, config, mesh=mesh)
+    loss = learner.train_step(batch())["loss"]
+    leaves = jax.tree.leaves(learner.state.params) + jax.tree.leaves(learner.state.opt_state)
+    big = [x for x in leaves if x.ndim == 2]
+    return {
+        "loss": loss,
+        "dtypes": sorted({str(x.dtype) for x in big}),
+        "engine_dtypes": sorted(  # the weight matrices, back in the model's bf16
+            {str(x.dtype) for x in jax.tree.leaves(learner.params_for_engine()) if x.ndim == 2}
+        ),
+        "sharded": all(
+            len(x.sharding.device_set) == 8 and not x.sharding.is_fully_replicated for x in big
+        ),
+    }
+
+
 def generate(engine: JaxEngine, prompts: list[list[int]]) -> list[list[int]]:
     async def go():
         try:
@@ -93,6 +116,8 @@ def devices_mode() -> dict:
     out["fsdp4_tp2"] = train(make_mesh(MeshConfig(fsdp=4, tp=2)))
     out["fsdp2_micro4"] = train(make_mesh(MeshConfig(fsdp=2, devices="0:2")), micro_batch_rows=4)
     out["micro4_remat"] = train(None, micro_batch_rows=4, remat=True)
+    # bf16 weights, float32 master copy and moments: sharded before they exist.
+    out["master_fsdp8"] = master_dtype_check(make_mesh(MeshConfig(fsdp=8)))
     lora = LoRAConfig(rank=4, alpha=8.0)
     out["lora_one"] = train(make_mesh(MeshConfig(), devs[:1]), lora=lora)
     out["lora_fsdp4_tp2"] = train(make_mesh(MeshConfig(fsdp=4, tp=2)), lora=lora)
@@ -116,6 +141,9 @@ def devices_mode() -> dict:
     engine = JaxEngine(
         Transformer(MODEL, rngs=nnx.Rngs(3)),
         dataclasses_replace(cfg, mesh=MeshConfig(fsdp=2, tp=2, devices="4:8")),
+    )
+    out["disagg_untrained"] = generate(
+        JaxEngine(Transformer(MODEL, rngs=nnx.Rngs(3)), cfg), prompts
     )
     engine.update_weights(learner.params_for_engine(), 1)
     out["disagg_engine"] = generate(engine, prompts)

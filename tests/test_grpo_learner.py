@@ -89,20 +89,53 @@ def test_a_micro_batch_size_that_does_not_divide_the_rows_is_refused():
 
 
 def test_every_step_logs_the_sampler_mismatch_and_the_collapse_diagnostic():
+    from tunix_agentic.learners.diagnostics import cross_pairs, mi_from_scores
+
+    model = tiny_model()
     learner = GRPOLearner(tiny_model(), GRPOConfig(mi_pairs=4))
-    batch = on_policy_batch(tiny_model())
+    batch = on_policy_batch(model)
+    # The diagnostic scores every (prompt j, response i) pair with the policy before the
+    # update: recompute it independently with the same model.
+    pair_ids, pair_mask = cross_pairs(batch["input_ids"], batch["loss_mask"], 4, pad_id=0)
+    lp = np.asarray(sequence_logprobs(model, pair_ids))
+    expected = mi_from_scores((lp * pair_mask[:, 1:]).sum(-1).reshape(4, 4))
     metrics = learner.train_step(batch)
     # On-policy data scored by the same model: no mismatch.
     assert metrics["mismatch_abs_logp"] == pytest.approx(0.0, abs=1e-5)
     assert metrics["mismatch_ratio_p50"] == pytest.approx(1.0, abs=1e-5)
-    # Four distinct random prompts: responses identify them somewhat (MI >= 0 by construction
-    # of the proxy when the diagonal wins; accuracy is a fraction).
-    assert 0.0 <= metrics["collapse/retrieval_accuracy"] <= 1.0
-    assert "collapse/mutual_information" in metrics
+    for key, value in expected.items():
+        assert metrics[f"collapse/{key}"] == pytest.approx(value, abs=1e-4), key
     # Identical prompts cannot be told apart: fewer than two distinct prompts, no figure.
     same = {**batch, "input_ids": batch["input_ids"].copy()}
     same["input_ids"][:, :8] = same["input_ids"][0, :8]
     assert "collapse/retrieval_accuracy" not in learner.collapse_metrics(same)
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k3"])
+def test_kl_as_a_reward_penalty_uses_the_configured_estimator(estimator):
+    """Sampled by another policy (seed 1), the reference is the learner's start (seed 0):
+    each row's advantage loses kl_coef x the summed estimator over its tokens."""
+    batch = on_policy_batch(tiny_model(seed=1))
+    ref = np.zeros_like(batch["old_logprobs"])
+    ref[:, 1:] = np.asarray(sequence_logprobs(tiny_model(), batch["input_ids"]))
+    d = (batch["old_logprobs"] - ref)[:, 1:]
+    k = d if estimator == "k1" else np.exp(-d) + d - 1.0
+    per_row = (k * batch["loss_mask"][:, 1:]).sum(-1)
+    config = GRPOConfig(kl_coef=0.1, kl_penalty="reward", kl_estimator=estimator, mi_pairs=0)
+    metrics = GRPOLearner(tiny_model(), config).train_step(batch)
+    assert metrics["kl_penalty_mean"] == pytest.approx(0.1 * per_row.mean(), rel=1e-4)
+
+
+def test_overlong_penalty_settings_match_dapo():
+    with pytest.raises(ValueError, match="overlong_cache_len"):
+        GRPOConfig(overlong="penalty", overlong_max_len=64, overlong_cache_len=0)
+    GRPOConfig(overlong="penalty", overlong_max_len=64, overlong_cache_len=64)  # all of it
+
+
+def test_gspo_with_ppo_sized_clips_warns():
+    with pytest.warns(UserWarning, match="trust region"):
+        GRPOConfig(loss_type="gspo")
+    GRPOConfig(loss_type="gspo", clip_low=3e-4, clip_high=4e-4)
 
 
 @pytest.mark.parametrize(

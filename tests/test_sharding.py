@@ -147,7 +147,10 @@ def test_one_device_and_eight_fake_devices_train_and_serve_alike():
     # the engine's devices and generate what the learner's policy generates.
     assert r["disagg_engine_devices"] == [4, 5, 6, 7]
     assert r["disagg_engine"] == r["disagg_reference"]
-    assert r["disagg_engine"] != r["engine_one"]  # trained weights, not the engine's own
+    assert r["disagg_engine"] != r["disagg_untrained"]  # the learner's, not its own
+    m = r["master_fsdp8"]
+    assert m["dtypes"] == ["float32"] and m["engine_dtypes"] == ["bfloat16"]
+    assert m["sharded"] and np.isfinite(m["loss"])
     assert r["coloc_engine"] == r["disagg_reference"]  # colocated: same devices, own layout
 
 
@@ -180,6 +183,19 @@ def test_a_disaggregated_run_trains_from_the_cli_on_eight_fake_devices(tmp_path)
     scalars = read_scalars(run / "tensorboard")
     assert len(scalars["learner/loss"]) == 2
     assert "learner/collapse/mutual_information" in scalars
+
+
+def test_a_learner_mesh_the_machine_cannot_hold_fails_before_any_work(tmp_path):
+    from tunix_agentic.config import ConfigError, load_config
+    from tunix_agentic.trainer import Trainer
+
+    config = load_config(
+        ROOT / "configs" / "calculator_tiny.yaml",
+        [f"learner.mesh={{fsdp: {len(jax.devices()) + 1}}}", f"run_dir={tmp_path / 'run'}"],
+    )
+    with pytest.raises(ConfigError, match=r"learner.mesh: mesh fsdp=\d+ x tp=1 does not fit"):
+        Trainer(config, progress=False)
+    assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def _free_port() -> int:

@@ -221,12 +221,6 @@ def put_batch(batch: Mapping[str, Any], mesh: Mesh) -> dict[str, jax.Array]:
     return out
 
 
-def put_replicated(value: Any, mesh: Mesh) -> jax.Array:
-    """A host array copied to every device of ``mesh`` (every process passes the same)."""
-    arr = np.asarray(value)
-    return jax.make_array_from_callback(arr.shape, replicated(mesh), lambda idx: arr[idx])
-
-
 def initialize_distributed(
     coordinator: str | None = None,
     num_processes: int | None = None,

@@ -46,6 +46,7 @@ from tunix_agentic.models.tokenizer import load_tokenizer
 from tunix_agentic.models.transformer import Transformer, count_params
 from tunix_agentic.rl_loop import StepReport, run_rl_steps
 from tunix_agentic.rollout.orchestrator import Group, RolloutOrchestrator
+from tunix_agentic.sharding import make_mesh
 
 
 @dataclasses.dataclass
@@ -255,6 +256,15 @@ class Trainer:
                 f"sft.steps={config.sft.steps} but no task source "
                 f"({', '.join(self.sources.specs)}) provides demonstrations: set sft.steps=0"
             )
+        for name, mesh in (
+            ("learner.mesh", config.learner.mesh),
+            ("engine.mesh", config.engine.mesh),
+        ):
+            if not mesh.trivial:
+                try:  # the devices exist and fit, before any work
+                    make_mesh(mesh)
+                except ValueError as exc:
+                    raise ConfigError(f"{name}: {exc}") from None
         self.env_factory = self.sources.make_env
         self.engine = None  # the run's engine once built (closed when the run ends)
         self._signals: StopSignals | None = None
