@@ -86,9 +86,7 @@ def reinforce(rewards: np.ndarray, group_ids: np.ndarray, task_names: Sequence[s
     """REINFORCE with a batch baseline (Williams 1992, "Simple Statistical Gradient-Following
     Algorithms"): ``r - mean(r over the whole batch)``, groups ignored. ``[N] -> [N]``."""
     r = np.asarray(rewards, np.float64)
-    if r.size == 0:
-        return np.zeros(0, np.float32)
-    return (r - r.mean()).astype(np.float32)
+    return dr_grpo(r) if r.size else np.zeros(0, np.float32)  # dr_grpo over the batch
 
 
 def reinforce_pp(
@@ -98,9 +96,7 @@ def reinforce_pp(
     Aligning Large Language Models"): global batch normalisation, ``(r - mean) / (std +
     eps)`` with the mean and (population) std over the whole batch. ``[N] -> [N]``."""
     r = np.asarray(rewards, np.float64)
-    if r.size == 0:
-        return np.zeros(0, np.float32)
-    return ((r - r.mean()) / (r.std() + eps)).astype(np.float32)
+    return grpo(r, eps) if r.size else np.zeros(0, np.float32)  # grpo over the batch
 
 
 def erpo(

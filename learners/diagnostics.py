@@ -12,9 +12,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from tunix_agentic.learners.batching import bucket_length
+
 
 def cross_pairs(
-    input_ids: np.ndarray, loss_mask: np.ndarray, k: int, pad_id: int, length_multiple: int = 1
+    input_ids: np.ndarray,
+    loss_mask: np.ndarray,
+    k: int,
+    pad_id: int,
+    length_multiple: int = 1,
+    geometric: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Every (prompt j, response i) sequence of the first ``k`` rows that have response tokens.
 
@@ -42,7 +49,7 @@ def cross_pairs(
     longest = max((len(p) for p in prompts), default=0) + max(
         (len(r) for r in responses), default=0
     )
-    width = max(-(-longest // length_multiple) * length_multiple, 1)
+    width = bucket_length(longest, length_multiple, geometric)
     pair_ids = np.full((k * k, width), pad_id, np.int32)
     pair_mask = np.zeros((k * k, width), np.float32)
     for i in range(k):

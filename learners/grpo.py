@@ -22,7 +22,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from tunix_agentic.learners.advantages import get_advantage_fn
-from tunix_agentic.learners.batching import OVERLONG_MODES, bucket_length
+from tunix_agentic.learners.batching import OVERLONG_MODES
 from tunix_agentic.learners.diagnostics import cross_pairs, mi_from_scores
 from tunix_agentic.learners.lora import LoRAConfig, init_adapters
 from tunix_agentic.learners.lora import merge as lora_merge
@@ -366,16 +366,15 @@ class GRPOLearner:
                 break
         if len(keep) < 2:
             return {}
-        pair_ids, pair_mask = cross_pairs(ids[keep], mask[keep], len(keep), pad_id)
         # Padded like training rows (few compiled shapes), rows to a multiple of the fsdp
         # size so they split over the mesh like a batch.
-        n = len(keep) * len(keep)
-        width = bucket_length(pair_ids.shape[1], self.config.length_bucket, geometric=True)
-        rows = -(-n // self.row_multiple()) * self.row_multiple()
-        pair_ids = np.pad(
-            pair_ids, ((0, rows - n), (0, width - pair_ids.shape[1])), constant_values=pad_id
+        pair_ids, pair_mask = cross_pairs(
+            ids[keep], mask[keep], len(keep), pad_id, self.config.length_bucket, geometric=True
         )
-        pair_mask = np.pad(pair_mask, ((0, rows - n), (0, width - pair_mask.shape[1])))
+        n = len(keep) * len(keep)
+        rows = -(-n // self.row_multiple()) * self.row_multiple()
+        pair_ids = np.pad(pair_ids, ((0, rows - n), (0, 0)), constant_values=pad_id)
+        pair_mask = np.pad(pair_mask, ((0, rows - n), (0, 0)))
         if self.mesh is not None:
             placed = put_batch({"ids": pair_ids, "mask": pair_mask}, self.mesh)
             pair_ids, pair_mask = placed["ids"], placed["mask"]
@@ -417,14 +416,12 @@ class GRPOLearner:
         """Restore what :meth:`checkpoint_params` saved."""
         if self.base is not None:
             self.base, params = params["base"], params["adapters"]
+            if self.mesh is not None:
+                self.base = shard_tree(self.base, self.mesh)
             if self.ref_params is not None:
                 self.ref_params = self.base  # the base the run's adapters were trained on
         if self.mesh is not None:
             params = shard_tree(params, self.mesh)
-            if self.base is not None:
-                self.base = shard_tree(self.base, self.mesh)
-                if self.ref_params is not None:
-                    self.ref_params = self.base
             if opt_state is not None:
                 opt_state = shard_tree(opt_state, self.mesh)
         self.state.load(params, opt_state, step)

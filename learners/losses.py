@@ -37,16 +37,7 @@ def aggregate(
       0, the padded width T, which moves with the batch's length bucket (the scale halves
       when the longest sequence crosses a bucket edge).
     """
-    if how == "token_mean":
-        return jnp.sum(per_token * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-    if how == "seq_mean_token_mean":
-        rows = jnp.sum(mask, axis=-1)
-        per_seq = jnp.sum(per_token * mask, axis=-1) / jnp.maximum(rows, 1.0)
-        return jnp.sum(per_seq) / jnp.maximum(jnp.sum(rows > 0), 1.0)
-    if how == "seq_mean_token_sum_norm":
-        rows = jnp.maximum(jnp.sum(jnp.any(mask > 0, axis=-1)), 1.0)
-        return jnp.sum(per_token * mask) / (rows * (norm_length or mask.shape[-1]))
-    raise ValueError(f"unknown loss aggregation {how!r}; known: {AGGREGATIONS}")
+    return jnp.sum(per_token * aggregation_weights(mask, how, norm_length))
 
 
 def aggregation_weights(mask: jnp.ndarray, how: str, norm_length: int = 0) -> jnp.ndarray:

@@ -157,7 +157,7 @@ class JaxEngine:
         graphdef, params = nnx.split(model, nnx.Param)
         # Its own copy: device_put to the same place does not copy, and a donating train step
         # on the model would otherwise delete the engine's parameters.
-        params = commit(jax.tree.map(jnp.copy, params))
+        params = jax.tree.map(jnp.copy, params)
         cache = init_cache(self.model_config, config.max_slots, config.max_seq_len)
         if mesh is not None:
             params = shard_tree(params, mesh)
