@@ -45,6 +45,7 @@ sys.path.insert(0, str(HERE))
 
 from bench_engine import DECODE_STEPS, NEW, PEER_DIMS, PROMPT, matmul_peak_gflops  # noqa: E402
 
+from tunix_agentic.config import load_config  # noqa: E402
 from tunix_agentic.inference import EngineConfig, JaxEngine, SamplingParams  # noqa: E402
 from tunix_agentic.learners.batching import pad_rows  # noqa: E402
 from tunix_agentic.learners.grpo import GRPOConfig, GRPOLearner  # noqa: E402
@@ -64,20 +65,15 @@ RUN_PEERS = os.environ.get("LEARNER_PEERS", "1") != "0"
 RUN_BIG = os.environ.get("LEARNER_BIG", "1") != "0"
 BIG_ROWS = int(os.environ.get("LEARNER_BIG_ROWS", 8))
 BIG_LEN = int(os.environ.get("LEARNER_BIG_LEN", 128))
-DEFAULT_ROWS = int(os.environ.get("LEARNER_DEFAULT_ROWS", 64))  # groups_per_batch x group_size
-DEFAULT_LEN = int(os.environ.get("LEARNER_DEFAULT_LEN", 128))  # engine.max_seq_len
-
-# configs/calculator_tiny.yaml, the default run's model (234K parameters, character vocab).
-DEFAULT_DIMS = ModelConfig(
-    vocab_size=128,
-    d_model=96,
-    num_layers=2,
-    num_heads=6,
-    num_kv_heads=3,
-    head_dim=16,
-    ffn_dim=288,
-    rope_theta=10_000.0,
+# The default run's model (234K parameters, character vocab), read from its config.
+DEFAULT_CONFIG = load_config(HERE.parent / "configs" / "calculator_tiny.yaml")
+DEFAULT_DIMS = DEFAULT_CONFIG.model
+_ROLLOUT = DEFAULT_CONFIG.rollout
+DEFAULT_ROWS = int(
+    os.environ.get("LEARNER_DEFAULT_ROWS", _ROLLOUT.groups_per_batch * _ROLLOUT.group_size)
 )
+DEFAULT_LEN = int(os.environ.get("LEARNER_DEFAULT_LEN", DEFAULT_CONFIG.engine.max_seq_len))
+
 BIG_DIMS = ModelConfig(
     vocab_size=32000,
     d_model=512,
