@@ -5,8 +5,15 @@ as :data:`SANDBOX_WORKDIR` (their cwd and ``$HOME``) and a ``/tmp`` of its own; 
 long-lived shell and interpreter it starts runs under the limits of its :class:`SandboxConfig`,
 and :meth:`Sandbox.close` kills them all and removes the directory. Each command is its own
 bwrap instance (about 10 ms), so ``/tmp`` is a host directory of the sandbox bound in, not a
-tmpfs: a tmpfs would be private to one command, and the agent's shell, its interpreter and
-the task's set-up commands must see the same files.
+tmpfs of bwrap's: that would be private to one command, and the agent's shell, its
+interpreter and the task's set-up commands must see the same files.
+
+Totals
+    Under root the directory (``/workspace`` and ``/tmp``) is a tmpfs of ``disk_mb``, and a
+    cgroup bounds the memory and tasks of all the sandbox's processes together;
+    :attr:`Sandbox.totals` says which bounds hold (:mod:`~tunix_agentic.envs.sandbox_limits`:
+    where and how). A read-only path under ``/tmp`` is bound so that no link the sandbox
+    plants in its ``/tmp`` can steer bwrap (see ``_bwrap_prefix``).
 
 Backends
     ``"bwrap"`` (bubblewrap) starts every command in fresh mount, PID, IPC, UTS (and, unless
@@ -40,9 +47,10 @@ Processes, uids and fork bombs
 Leaks
     Directories are named ``<pid>.<start time>-<random>`` under one root per user
     (``$TMPDIR/tunix-sandboxes-<euid>``), so a directory whose owner died (even by SIGKILL) is
-    recognised and removed by :func:`sweep_orphans`, which a new sandbox runs (at most every
-    5 s per process). Processes need no sweep: bwrap's die with this process, and under root
-    a process-backend sandbox's leftovers are killed by uid when the uid is next leased.
+    recognised and removed by :func:`sweep_orphans` (with its tmpfs and cgroups), which a new
+    sandbox runs (at most every 5 s per process). Processes need no sweep: bwrap's die with
+    this process, and under root a process-backend sandbox's leftovers are killed by uid
+    when the uid is next leased.
 
 Modules
     This module holds :class:`Sandbox` and :class:`CommandResult` and re-exports the rest of
@@ -54,7 +62,8 @@ Modules
     capture, the asyncio process wrapper), :mod:`~tunix_agentic.envs.sandbox_resources`
     (killing, reaping and releasing what a sandbox holds) and
     :mod:`~tunix_agentic.envs.sandbox_paths` (symlink-safe host access to the working
-    directory).
+    directory) and :mod:`~tunix_agentic.envs.sandbox_limits` (the per-sandbox totals: tmpfs
+    and cgroups).
 """
 
 from __future__ import annotations
@@ -110,6 +119,14 @@ from tunix_agentic.envs.sandbox_launch import (
     _sandbox_env,
     bwrap_problem,
 )
+from tunix_agentic.envs.sandbox_limits import (
+    SandboxLimitWarning,
+    SandboxTotals,
+    join_prefix,
+    make_cgroups,
+    mount_scratch,
+    warn_unbounded,
+)
 from tunix_agentic.envs.sandbox_paths import _resolve_in
 from tunix_agentic.envs.sandbox_resources import _killpg, _reap, _Resources, _running, _unwatch
 
@@ -123,7 +140,9 @@ __all__ = [
     "SandboxConfig",
     "SandboxError",
     "SandboxIsolationWarning",
+    "SandboxLimitWarning",
     "SandboxProcess",
+    "SandboxTotals",
     "bwrap_problem",
     "sweep_orphans",
     "truncate_middle",
@@ -161,7 +180,8 @@ class Sandbox:
     Sandbox.create(config)``, or ``async with Sandbox(config) as sandbox``) makes its
     directory and picks the backend. After that: :attr:`workdir` (host path of the working
     directory), :attr:`cwd` (the same directory as the sandbox's commands see it),
-    :attr:`backend` (``"bwrap"`` or ``"process"``), :attr:`uid` (the uid commands run as;
+    :attr:`backend` (``"bwrap"`` or ``"process"``), :attr:`totals` (which per-sandbox totals
+    hold: a :class:`SandboxTotals`), :attr:`uid` (the uid commands run as;
     None: this process's), :attr:`python` (an interpreter that runs inside, None if none:
     this process's own when the sandbox can reach it, else the system's ``python3``, as for
     the process backend under root, whose sandbox uid cannot enter ``/root``), :attr:`start_s`
@@ -185,7 +205,9 @@ class Sandbox:
         self.uid: int | None = None
         self.python: str | None = None
         self.start_s: float | None = None
+        self.totals: SandboxTotals | None = None
         self._tmp: Path | None = None
+        self._cgroup_procs: tuple[str, ...] = ()
         self._nproc = self.config.max_procs
         self._prefix: dict[bool, list[str]] = {}
         self._res = _Resources()
@@ -226,6 +248,8 @@ class Sandbox:
             )
         # Off the loop: a sweep may remove a dead episode's large tree.
         await asyncio.get_running_loop().run_in_executor(None, self._setup_dirs, backend)
+        assert self.totals is not None
+        warn_unbounded(self.totals)
         self.backend = backend
         self.cwd = SANDBOX_WORKDIR if backend == "bwrap" else str(self.workdir)
         self.python = self._find_python()
@@ -250,6 +274,16 @@ class Sandbox:
         name = f"{os.getpid()}.{_start_time(os.getpid()) or 0}-{secrets.token_hex(6)}"
         res.dir = root / name
         res.dir.mkdir(mode=0o711)
+        res.mounted = mount_scratch(res.dir, self.config.disk_mb)
+        cgroups = make_cgroups(name, self.config)
+        res.cgroups = cgroups.dirs
+        self._cgroup_procs = cgroups.procs_files
+        self.totals = SandboxTotals(
+            disk="tmpfs" if res.mounted else "per-file",
+            memory=cgroups.memory or "per-process",
+            processes=cgroups.pids or ("per-uid" if self.uid is not None else "per-user"),
+            cgroups=tuple(str(d) for d in cgroups.dirs),
+        )
         self.workdir = res.dir / "work"
         self._tmp = res.dir / "tmp"
         for sub in (self.workdir, self._tmp):
@@ -332,9 +366,12 @@ class Sandbox:
             return [exe, *args[1:]]
         if pty not in self._prefix:
             assert self.workdir is not None and self._tmp is not None
-            self._prefix[pty] = _bwrap_prefix(
-                self.config, self.workdir, self._tmp, self.uid, nproc=self._nproc, pty=pty
-            )
+            self._prefix[pty] = [
+                *join_prefix(self._cgroup_procs),
+                *_bwrap_prefix(
+                    self.config, self.workdir, self._tmp, self.uid, nproc=self._nproc, pty=pty
+                ),
+            ]
         return [*self._prefix[pty], *args]
 
     def _env(self) -> dict[str, str]:
@@ -346,7 +383,7 @@ class Sandbox:
         """Popen keyword arguments shared by every launch (environment, cwd, pre-exec)."""
         if self.backend == "bwrap":
             return {"env": self._env(), "cwd": "/"}
-        preexec = _process_preexec(_limits(self.config, self._nproc), self.uid)
+        preexec = _process_preexec(_limits(self.config, self._nproc), self.uid, self._cgroup_procs)
         return {"env": self._env(), "cwd": str(self.workdir), "preexec_fn": preexec}
 
     def popen(self, argv: Sequence[str] | str, **kwargs: Any) -> subprocess.Popen[bytes]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 SANDBOX_WORKDIR = "/workspace"
 BACKENDS = ("auto", "bwrap", "process")
@@ -50,19 +50,28 @@ class SandboxConfig:
     one process for the whole episode, its commands each get their own). ``memory_mb``:
     address space per process (``RLIMIT_AS``). ``max_procs``: processes and threads the sandbox
     may run at once (see the :mod:`tunix_agentic.envs.sandbox` docstring for how that is
-    enforced). ``file_size_mb``: largest file a process may write (``RLIMIT_FSIZE``; total
-    disk use is not limited).
+    enforced). ``file_size_mb``: largest file a process may write (``RLIMIT_FSIZE``).
+    ``disk_mb``: what ``/workspace`` and ``/tmp`` may hold together (a tmpfs of that size;
+    needs root, else only ``file_size_mb`` holds). ``total_memory_mb``: memory of all the
+    sandbox's processes together, its tmpfs files included (a cgroup; None: 4 x
+    ``memory_mb``). :mod:`tunix_agentic.envs.sandbox_limits` says where each total holds.
     ``timeout_s``: default wall-clock limit of one command. ``network``: keep the host's
     network (default: none, only a private loopback). ``ro_paths``: host paths visible
     read-only at the same path (missing ones are skipped; default: system directories and
-    this Python's prefixes). ``backend``: ``"auto"``, ``"bwrap"`` or ``"process"``.
-    ``uid_base``: first uid of the range sandboxes run as when this process is root.
+    this Python's prefixes). ``backend``: ``"auto"``, ``"bwrap"`` or ``"process"``; where
+    model-written code runs (every :class:`~tunix_agentic.envs.sandboxed.SandboxedEnv`, the
+    ``sandbox`` CLI command) ``"auto"`` means bwrap or nothing (:func:`isolated`), and only an
+    explicit ``"process"`` runs commands unisolated. ``uid_base``: first uid of the range
+    sandboxes run as when this process is root (none of its uids may be the host's: see
+    :func:`~tunix_agentic.envs.sandbox_host.check_uid_range`).
     """
 
     cpu_s: int = 30
     memory_mb: int = 2048
     max_procs: int = 64
     file_size_mb: int = 64
+    disk_mb: int = 512
+    total_memory_mb: int | None = None
     timeout_s: float = 30.0
     network: bool = False
     ro_paths: tuple[str, ...] = field(default_factory=_default_ro_paths)
@@ -70,7 +79,14 @@ class SandboxConfig:
     uid_base: int = 200_000
 
     def __post_init__(self) -> None:
-        for name in ("cpu_s", "memory_mb", "max_procs", "file_size_mb"):
+        total = self.total_memory_mb
+        if total is not None and (
+            isinstance(total, bool) or not isinstance(total, int) or total < 1
+        ):
+            raise ValueError(
+                f"SandboxConfig.total_memory_mb must be a positive integer or null, got {total!r}"
+            )
+        for name in ("cpu_s", "memory_mb", "max_procs", "file_size_mb", "disk_mb"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"SandboxConfig.{name} must be a positive integer, got {value!r}")
@@ -113,3 +129,26 @@ class SandboxConfig:
             if norm not in clean:
                 clean.append(norm)
         object.__setattr__(self, "ro_paths", tuple(clean))
+
+
+def isolated(config: SandboxConfig) -> SandboxConfig:
+    """``config`` for model-written code: ``backend="auto"`` becomes ``"bwrap"``.
+
+    A plain :class:`~tunix_agentic.envs.sandbox.Sandbox` with ``"auto"`` falls back to the
+    ``process`` backend (no isolation) when bwrap cannot run; code an agent wrote must not
+    end up there by accident, so its sandboxes refuse to start instead
+    (:func:`unisolated_refusal` says how to fix that), and running it unisolated takes an
+    explicit ``backend="process"``.
+    """
+    return replace(config, backend="bwrap") if config.backend == "auto" else config
+
+
+def unisolated_refusal(problem: str) -> SandboxError:
+    """The error of a sandbox for model-written code on a host where bwrap cannot run."""
+    return SandboxError(
+        f"bwrap cannot run here ({problem}), and model-written code is not run without "
+        "isolation unless asked: install bubblewrap (apt-get install bubblewrap), or set "
+        "env.sandbox.backend: process (the sandbox CLI: --backend process) to run it as plain "
+        "subprocesses WITHOUT isolation, where the host's files, network and other processes' "
+        "command lines are within its reach"
+    )

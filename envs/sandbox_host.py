@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import grp
 import os
+import pwd
 import re
 import secrets
 import shutil
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from tunix_agentic.envs.sandbox_config import UID_SLOTS, SandboxError
+from tunix_agentic.envs.sandbox_limits import sweep_cgroups, unmount_scratch
 
 
 def _start_time(pid: int) -> int | None:
@@ -131,7 +134,8 @@ def sweep_orphans(root: str | os.PathLike[str] | None = None) -> list[Path]:
 
     A directory's owner is alive when a process with its pid and start time exists, so a
     reused pid does not keep a dead owner's directory. Under root, processes still running
-    as a dead sandbox's uid (possible only with the ``process`` backend) are killed first.
+    as a dead sandbox's uid (possible only with the ``process`` backend) are killed first,
+    its tmpfs is unmounted and its cgroups (wherever this process makes them) are removed.
     Safe to run from several processes at once (a directory is renamed before removal).
     """
     base = Path(root) if root is not None else _sandboxes_root()
@@ -153,6 +157,7 @@ def sweep_orphans(root: str | os.PathLike[str] | None = None) -> list[Path]:
             alive[pid] = _start_time(pid)
         if alive[pid] == started:
             continue
+        unmount_scratch(entry.path)  # a mount point cannot be renamed
         trash = base / f".trash-{secrets.token_hex(6)}"
         try:
             os.rename(entry.path, trash)
@@ -164,7 +169,19 @@ def sweep_orphans(root: str | os.PathLike[str] | None = None) -> list[Path]:
                 _reclaim_uid(base, uid)
         _rmtree(trash)
         removed.append(Path(entry.path))
+    sweep_cgroups(lambda name: _owner_dead(name, alive))
     return removed
+
+
+def _owner_dead(name: str, alive: dict[int, int | None]) -> bool:
+    """Whether ``name`` is a sandbox's name whose owning process has died."""
+    match = _DIR_NAME.match(name)
+    if not match:
+        return False
+    pid = int(match.group(1))
+    if pid not in alive:
+        alive[pid] = _start_time(pid)
+    return alive[pid] != int(match.group(2))
 
 
 # --------------------------------------------------------------------------- uid leases
@@ -199,14 +216,97 @@ def _reclaim_uid(base: Path, uid: int) -> None:
         os.close(fd)
 
 
+_CHECKED_RANGES: set[tuple[Path, int]] = set()
+
+
+def check_uid_range(base: int, slots: int = UID_SLOTS, *, root: Path | None = None) -> None:
+    """Raises :class:`SandboxError` naming the uids of ``base .. base+slots-1`` that are this
+    host's: leasing one would let a sandbox signal that user's processes (a lease kills every
+    process of its uid) and reach their files.
+
+    A uid is the host's when a user (``pwd.getpwall()``) or, as sandboxes run with gid =
+    uid, a group has it, when ``/etc/subuid`` or ``/etc/subgid`` gives it to a user's
+    containers, or when a process runs with it (real, effective, saved or filesystem uid)
+    and no sandbox of ``root`` (default: this user's sandboxes' root) ever leased it: a
+    lease leaves ``<root>/.uids/<uid>``, so the range's own sandboxes, this process's or a
+    concurrent trainer's, and a dead trainer's leftovers (killed by the next lease) pass.
+    Sandboxes of another root (another ``TMPDIR``) in the same range count as strangers.
+    Reads ``/proc`` and the user database: call it off the event loop.
+    """
+    locks = (root if root is not None else _sandboxes_root()) / ".uids"
+    last = base + slots - 1
+    found: list[str] = []
+    found += [f"uid {p.pw_uid} ({p.pw_name})" for p in pwd.getpwall() if base <= p.pw_uid <= last]
+    found += [f"gid {g.gr_gid} ({g.gr_name})" for g in grp.getgrall() if base <= g.gr_gid <= last]
+    for table in ("/etc/subuid", "/etc/subgid"):
+        for owner, start, count in _subid_ranges(table):
+            if start <= last and start + count > base:
+                found.append(f"{table} {start}..{start + count - 1} ({owner})")
+    for uid, pid in sorted(_uid_owners(base, last).items()):
+        if not (locks / str(uid)).exists():
+            found.append(f"uid {uid} (running: pid {pid})")
+    if found:
+        shown = ", ".join(found[:8]) + (f" and {len(found) - 8} more" if len(found) > 8 else "")
+        raise SandboxError(
+            f"sandbox uid_base={base}: its uids {base}..{last} are this host's: {shown}; a "
+            f"sandbox would run as them. Choose an env.sandbox.uid_base whose {slots} uids "
+            "no user, group or process uses"
+        )
+
+
+def _subid_ranges(path: str) -> list[tuple[str, int, int]]:
+    """``(owner, first, count)`` of a subordinate id file; none if it is missing."""
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        parts = line.strip().split(":")
+        if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+            out.append((parts[0], int(parts[1]), int(parts[2])))
+    return out
+
+
+def _uid_owners(first: int, last: int) -> dict[int, int]:
+    """``{uid: a pid}`` for uids in ``first .. last`` that some process runs with (any of its
+    real, effective, saved and filesystem uids)."""
+    found: dict[int, int] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status", "rb") as f:
+                status = f.read()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith(b"Uid:"):
+                for uid in {int(v) for v in line.split()[1:]}:
+                    if first <= uid <= last:
+                        found.setdefault(uid, int(name))
+                break
+    return found
+
+
 def _lease_uid(base: Path, first: int) -> tuple[int, int]:
     """Claims a free uid in ``first .. first+UID_SLOTS-1``: ``(uid, lock fd)``.
 
     The lock is an ``flock`` on ``<root>/.uids/<uid>``: the kernel drops it when its holder
     dies, so a crashed trainer's uids are free again; a claimed uid's leftover processes
-    (from such a crash) are killed before it is used.
+    (from such a crash) are killed before it is used. The first lease of a range in a
+    process checks it (:func:`check_uid_range`) and raises :class:`SandboxError` if the
+    host uses one of its uids.
     """
     with _UID_LOCK:
+        if (base, first) not in _CHECKED_RANGES:
+            check_uid_range(first, UID_SLOTS, root=base)
+            _CHECKED_RANGES.add((base, first))
         for uid in range(first, first + UID_SLOTS):
             if uid in _HELD_UIDS:
                 continue

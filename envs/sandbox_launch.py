@@ -19,14 +19,17 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from tunix_agentic.envs.sandbox_config import SANDBOX_WORKDIR, SandboxConfig, _under
+from tunix_agentic.envs.sandbox_host import _sandboxes_root
+from tunix_agentic.envs.sandbox_seccomp import seccomp_loader, seccomp_problem, with_seccomp
 
 _STANDARD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _SHM_BYTES = 64 << 20
+_SKELETON_BYTES = 1 << 20  # the private tmpfs that holds a read-only path under /tmp
 
 
 _LIBC: Any = None
@@ -68,6 +71,9 @@ def _probe_bwrap() -> str | None:
     ]
     if missing:
         return f"{' and '.join(missing)} not found on {_STANDARD_PATH}"
+    problem = seccomp_problem(_sandboxes_root())  # bwrap never runs without the filter
+    if problem is not None:
+        return problem
     with tempfile.TemporaryDirectory(prefix="tunix-bwrap-probe-") as tmp:
         work, scratch = Path(tmp) / "work", Path(tmp) / "tmp"
         work.mkdir()
@@ -145,7 +151,8 @@ def _limits(config: SandboxConfig, nproc: int) -> list[tuple[int, tuple[int, int
 def _bwrap_prefix(
     config: SandboxConfig, work: Path, scratch: Path, uid: int | None, *, nproc: int, pty: bool
 ) -> list[str]:
-    """The host argv before the sandboxed command: ``bwrap ... -- [setpriv ...] prlimit ... --``."""
+    """The host argv before the sandboxed command: ``bwrap ... -- [setpriv ...] prlimit ... --``,
+    run through :func:`~tunix_agentic.envs.sandbox_seccomp.with_seccomp` (the seccomp filter)."""
     argv = [_tool("bwrap") or "bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc"]
     argv += ["--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]
     if not config.network:
@@ -159,7 +166,7 @@ def _bwrap_prefix(
     argv += ["--perms", "1777", "--size", str(_SHM_BYTES), "--tmpfs", "/dev/shm"]
     argv += ["--bind", str(work), SANDBOX_WORKDIR, "--bind", str(scratch), "/tmp"]
     bound: list[str] = []  # binds and symlinks: they cover everything below them
-    dirs: set[str] = set()  # directories made for binds below them
+    dirs: set[str] = {"/tmp"}  # directories made (or bound) for binds below them
     for path in sorted(config.ro_paths, key=lambda p: (p.count("/"), p)):
         if any(_under(path, b) for b in bound):
             continue
@@ -178,7 +185,16 @@ def _bwrap_prefix(
             parent = os.path.dirname(parent)
         for anc in reversed(ancestors):
             if anc not in dirs and not any(_under(anc, b) for b in bound):
-                argv += ["--perms", "0755", "--dir", anc]
+                if os.path.dirname(anc) == "/tmp":
+                    # bwrap makes a bind's missing directories by following links, and /tmp
+                    # is the sandbox's host directory, which it writes: a link planted
+                    # there would steer root's mkdir to any host path. So the first
+                    # directory below /tmp is a private tmpfs, made and kept a mount point
+                    # in every namespace the sandbox runs in (which it cannot rename,
+                    # remove or unmount); what lies below is made inside that tmpfs.
+                    argv += ["--perms", "0755", "--size", str(_SKELETON_BYTES), "--tmpfs", anc]
+                else:
+                    argv += ["--perms", "0755", "--dir", anc]
                 dirs.add(anc)
         argv += ["--ro-bind", path, path]
         bound.append(path)
@@ -205,21 +221,32 @@ def _bwrap_prefix(
     for res, (soft, hard) in _limits(config, nproc):
         argv.append(f"{names[res]}={soft}:{hard}")
     argv.append("--")
-    return argv
+    return with_seccomp(argv, _sandboxes_root())  # see envs/sandbox_seccomp.py
 
 
 def _process_preexec(
-    limits: list[tuple[int, tuple[int, int]]], uid: int | None
+    limits: list[tuple[int, tuple[int, int]]],
+    uid: int | None,
+    cgroup_procs: Sequence[str] = (),
 ) -> Callable[[], None]:
-    """The child-side set-up of the ``process`` backend: limits, uid, parent-death signal.
+    """The child-side set-up of the ``process`` backend: cgroups, limits, uid, death signal.
 
     Runs between fork and exec, so it only makes system calls on values prepared here.
-    The parent-death signal is set last: a uid change clears it.
+    The child joins the sandbox's cgroups (``cgroup_procs`` files) while it still may; the
+    parent-death signal is set last: a uid change clears it.
     """
+    procs = [os.fsencode(p) for p in cgroup_procs]
     libc = _libc()
     parent = os.getpid()
+    load_filter = seccomp_loader(libc)  # None without libseccomp: limits only
 
     def preexec() -> None:
+        for path in procs:  # "0": the writing process itself
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
         for res, value in limits:
             resource.setrlimit(res, value)
         if uid is not None:
@@ -229,5 +256,7 @@ def _process_preexec(
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # the parent died before the signal was armed
             os._exit(1)
+        if load_filter is not None:  # last: it sets no_new_privs
+            load_filter()
 
     return preexec

@@ -1,6 +1,7 @@
-"""What a sandbox must release, and how: process trees, PID namespaces, directory, uid.
+"""What a sandbox must release, and how: process trees, PID namespaces, cgroups, directory, uid.
 
-:class:`_Resources` holds a sandbox's tracked processes, its directory and its uid lease;
+:class:`_Resources` holds a sandbox's tracked processes, its cgroups, its directory (a tmpfs
+mount point under root) and its uid lease;
 the helpers kill a tracked process's group and the PID namespace its bwrap made, reap it
 (asyncio, pty or ``Popen``) and close a pty without ptyprocess's sleeps. Kept apart from
 :mod:`tunix_agentic.envs.sandbox` so that a finalizer can release a dropped sandbox without
@@ -21,10 +22,11 @@ from typing import Any
 import ptyprocess
 
 from tunix_agentic.envs.sandbox_host import _HELD_UIDS, _kill_uid, _rmtree
+from tunix_agentic.envs.sandbox_limits import remove_cgroups, unmount_scratch
 
 
 class _Resources:
-    """What a sandbox must release: its processes, directory and uid lease.
+    """What a sandbox must release: its processes, cgroups, directory and uid lease.
 
     Kept apart from :class:`Sandbox` so a finalizer can release them when a sandbox is
     dropped without :meth:`Sandbox.close` (at the latest at interpreter exit).
@@ -32,6 +34,8 @@ class _Resources:
 
     def __init__(self) -> None:
         self.dir: Path | None = None
+        self.mounted = False  # dir is a tmpfs of this sandbox
+        self.cgroups: tuple[Path, ...] = ()
         self.uid: int | None = None
         self.uid_fd: int | None = None
         self.kill_uid = False
@@ -88,7 +92,10 @@ class _Resources:
         self.wait_dying(5.0)
         if self.kill_uid and self.uid is not None:
             _kill_uid(self.uid)
+        remove_cgroups(self.cgroups)  # kills what escaped the trees (a new session)
         if self.dir is not None:
+            if self.mounted:
+                unmount_scratch(self.dir)
             _rmtree(self.dir)
         if self.uid_fd is not None:
             _HELD_UIDS.discard(self.uid or -1)

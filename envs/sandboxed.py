@@ -7,15 +7,22 @@ TensorBoard as ``time/env/sandbox_start``), builds the episode's tools on it, an
 closes tools and sandbox in ``close`` on every path. A sandbox that cannot start
 raises from ``reset``: an infrastructure failure, retried or dropped, never a
 reward of 0.
+
+Its episodes run model-written code, so ``backend: auto`` fails closed here: without
+a working bwrap, ``reset`` raises :class:`~tunix_agentic.envs.sandbox.SandboxError`
+saying how to install it or opt out (``backend: process``, explicitly); see
+:func:`~tunix_agentic.envs.sandbox_config.isolated`.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
 from tunix_agentic.envs.base import Action, Environment, StepResult, run_tool_calls
-from tunix_agentic.envs.sandbox import Sandbox, SandboxConfig
+from tunix_agentic.envs.sandbox import Sandbox, SandboxConfig, bwrap_problem
+from tunix_agentic.envs.sandbox_config import isolated, unisolated_refusal
 from tunix_agentic.envs.tools import Tool
 
 
@@ -29,6 +36,16 @@ def sandbox_config(value: SandboxConfig | Mapping[str, Any] | None) -> SandboxCo
     if not isinstance(value, Mapping):
         raise ValueError(f"sandbox must be a SandboxConfig or a mapping, got {value!r}")
     return SandboxConfig(**dict(value))
+
+
+def check_isolation(config: SandboxConfig) -> None:
+    """Raises :class:`~tunix_agentic.envs.sandbox.SandboxError`, saying how to fix it, when
+    model-written code could not run isolated in ``config``'s sandboxes here: bwrap cannot
+    run and ``config.backend`` is not an explicit ``"process"``. A start-up check for a
+    trainer or server (each episode's ``reset`` makes it too); the first call probes bwrap
+    (blocking: call it off the event loop)."""
+    if isolated(config).backend == "bwrap" and (problem := bwrap_problem()) is not None:
+        raise unisolated_refusal(problem)
 
 
 class SandboxedEnv(Environment):
@@ -50,7 +67,7 @@ class SandboxedEnv(Environment):
         super().__init__()
         if not tool_timeout > 0:
             raise ValueError(f"tool_timeout must be positive, got {tool_timeout}")
-        self.sandbox_config = sandbox_config(sandbox)
+        self.sandbox_config = isolated(sandbox_config(sandbox))  # every sandbox it makes
         self.tool_timeout = float(tool_timeout)
         self.sandbox: Sandbox | None = None
         self.tools: dict[str, Tool] = {}
@@ -73,6 +90,7 @@ class SandboxedEnv(Environment):
     async def start(self, task: Any) -> Sandbox:
         """Closes what a previous episode left, starts this episode's sandbox and tools."""
         await self.close()
+        await asyncio.get_running_loop().run_in_executor(None, check_isolation, self.sandbox_config)
         self.sandbox = await Sandbox.create(self.sandbox_config)
         self.timings = {"sandbox_start": self.sandbox.start_s}
         await self.setup(task, self.sandbox)

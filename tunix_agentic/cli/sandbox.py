@@ -3,7 +3,9 @@
 Runs one command in exactly the sandbox the ``bash``, ``python`` and ``file_edit`` tools get
 (the same :class:`~tunix_agentic.envs.sandbox.SandboxConfig`, read from the ``env.sandbox``
 section of a run config), with this terminal's stdin, stdout and stderr, and exits with the
-command's exit code: a way to check by hand what an agent's commands can and cannot do.
+command's exit code: a way to check by hand what an agent's commands can and cannot do. Like
+the tools' sandbox it fails closed: without a working bwrap it refuses to run (exit 1)
+unless ``--backend process`` (or ``env.sandbox.backend: process``) asks for no isolation.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from tunix_agentic.envs.sandbox import Sandbox, SandboxConfig, SandboxError
+from tunix_agentic.envs.sandbox_config import isolated
+from tunix_agentic.envs.sandboxed import check_isolation
 
 TIMEOUT_EXIT = 124  # as timeout(1)
 INTERRUPT_EXIT = 130  # 128 + SIGINT
@@ -58,10 +62,13 @@ def run_in_sandbox(
 
     ``timeout`` (default: ``config.timeout_s``; 0: none) kills the command and returns 124;
     Ctrl-C kills it and returns 130. The sandbox is removed in every case. Raises
-    :class:`SandboxError` when the sandbox cannot start.
+    :class:`SandboxError` when the sandbox cannot start, or when bwrap cannot run and
+    ``config.backend`` is not ``"process"`` (as for the tools: :func:`isolated`).
     """
     import asyncio
 
+    check_isolation(config)
+    config = isolated(config)
     sandbox = Sandbox(config)
     loop = asyncio.new_event_loop()
     try:
