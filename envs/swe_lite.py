@@ -1,4 +1,4 @@
-"""swe_lite: fix a bug in a small generated Python repository, judged by hidden tests.
+"""swe_lite: fix a bug in a small generated Python repository, judged on unseen arguments.
 
 Each episode's sandbox holds a repository from :mod:`tunix_agentic.envs.swe_repos`
 (``lib/utils.py`` with one bug, ``tests/test_visible.py`` that fails because of
@@ -6,22 +6,19 @@ it). The agent has the ``bash`` tool (one persistent shell; run the tests, read
 files) and ``file_edit`` (view, replace a line range, create), and replies
 ``<answer>done</answer>`` when it thinks the tests pass (or runs out of turns).
 
-The EVAL stage judges only the agent's ``lib/utils.py``: it is copied into a
-fresh sandbox beside the original ``lib/__init__.py`` and test files and the
-hidden tests, and a harness runs them in an isolated interpreter (``python -I
--B``: no working directory on the path, so nothing of the agent's can stand in
-for ``unittest``). The harness reads a one-time token from its stdin before
-importing the code under test and prints it with the counts, and checks after
-the run that the assertion methods are still unittest's own: reward 1.0 when
-every expected test ran and passed. The code under test still runs in the
-harness's process, so a determined agent could forge more than this checks
-(e.g. patch ``int.__eq__``-like behaviour through C extensions it cannot
-build here, or ``sys.modules`` tricks beyond the assertion check).
+The EVAL stage judges only the agent's ``lib/utils.py`` (read without following links, at
+most 1 MiB): :func:`~tunix_agentic.envs.swe_judge.judge_module` calls its functions in a
+fresh sandbox on the visible tests' arguments, fixed edge cases and arguments drawn at random
+for this judgement, gets the values back as data, and compares them, in this process, with
+the reference implementation's values, which never enter any sandbox. Reward 1.0 when every
+value matches. Nothing the agent's code does in its process (printing a verdict, patching
+builtins or ``sys.modules``, returning an object equal to everything, exiting early) nor
+anything it leaves beside the module (start-up hooks, ``.pth`` files, edited tests, running
+processes) can stand in for right answers on arguments it has not seen.
 """
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,24 +28,10 @@ from tunix_agentic.envs.base import Action, StepResult, Task, TaskSource, regist
 from tunix_agentic.envs.file_edit import FileEditTool, numbered, replace_lines
 from tunix_agentic.envs.sandbox import Sandbox, SandboxConfig
 from tunix_agentic.envs.sandboxed import SandboxedEnv
-from tunix_agentic.envs.swe_repos import MODULE, VISIBLE_TESTS, make_repo_task
+from tunix_agentic.envs.swe_judge import check_functions, judge_module, read_module
+from tunix_agentic.envs.swe_repos import MODULE, make_repo_task
 from tunix_agentic.envs.terminal import BashTool
 from tunix_agentic.envs.tools import Tool
-
-HARNESS = "judge_harness.py"
-# Runs in the judging sandbox as `python -I -B judge_harness.py`. The token comes first on
-# stdin, before any code under test is imported; the verdict line carries it.
-_HARNESS_SOURCE = """\
-import sys, unittest
-token = sys.stdin.readline().strip()
-checked = ("assertEqual", "assertTrue", "assertFalse", "assertRaises")
-originals = {name: getattr(unittest.TestCase, name) for name in checked}
-sys.path.insert(0, "/workspace" if len(sys.argv) < 2 else sys.argv[1])
-suite = unittest.defaultTestLoader.loadTestsFromNames(sys.argv[2:])
-result = unittest.TextTestRunner(stream=sys.stderr, verbosity=0).run(suite)
-intact = all(getattr(unittest.TestCase, n) is originals[n] for n in checked)
-print(token, result.testsRun, len(result.failures) + len(result.errors), int(intact))
-"""
 
 
 class RepoTasks(TaskSource):
@@ -91,7 +74,7 @@ class RepoTasks(TaskSource):
 
 @register_env("swe_lite", tasks=RepoTasks())
 class SweLiteEnv(SandboxedEnv):
-    """Bash and file-edit calls until ``<answer>``; the hidden tests decide the reward in
+    """Bash and file-edit calls until ``<answer>``; the judge decides the reward in
     EVAL (status ``answered`` when the agent said it was done, ``no_action`` for a turn
     with neither a call nor an answer; both then go to EVAL)."""
 
@@ -123,8 +106,9 @@ class SweLiteEnv(SandboxedEnv):
             sandbox.write_file(path, text)
 
     async def reset(self, task: Task) -> str:
-        if not isinstance(task, Task) or "files" not in task.data:
+        if not isinstance(task, Task) or not isinstance(task.data.get("files"), Mapping):
             raise TypeError(f"SweLiteEnv needs a repository Task, got {task!r:.100}")
+        check_functions(task.data.get("functions"))
         self._task, self._done, self.test_output = task, False, ""
         await self.start(task)
         return task.prompt
@@ -139,36 +123,23 @@ class SweLiteEnv(SandboxedEnv):
         return await self.run_tools(action)
 
     async def evaluate(self) -> float:
-        """Judges the agent's ``lib/utils.py`` in a fresh sandbox (see the module docstring):
-        1.0 if every visible and hidden test ran and passed, else 0.0. A missing or
-        unreadable module scores 0 (the agent's doing, not an infrastructure fault)."""
+        """Judges the agent's ``lib/utils.py`` (see the module docstring): 1.0 if every
+        function returned the reference's value on every argument, else 0.0. A missing,
+        non-regular or oversized module scores 0 (the agent's doing, not an infrastructure
+        fault). ``test_output`` then says what went wrong, expected values included: it is
+        for logs, never for the agent."""
         if self._task is None or self.sandbox is None:
             raise RuntimeError("evaluate() needs an episode (reset first)")
         try:
-            module = self.sandbox.read_file(MODULE)
-        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            module = read_module(self.sandbox)
+        except (OSError, ValueError) as exc:
             self.test_output = f"cannot read {MODULE}: {exc}"
             return 0.0
-        files = {**self._task.data["files"], **self._task.data["hidden"], MODULE: module}
-        names = [p[:-3].replace("/", ".") for p in (VISIBLE_TESTS, *self._task.data["hidden"])]
-        expected = sum(
-            text.count("    def test_")
-            for path, text in files.items()
-            if path.startswith("tests/test_")
+        verdict = await judge_module(
+            module,
+            self._task.data["functions"],
+            self.sandbox_config,
+            timeout=self.test_timeout,
         )
-        token = secrets.token_hex(16)
-        async with Sandbox(self.sandbox_config) as judge:
-            for path, text in files.items():
-                judge.write_file(path, text)
-            judge.write_file(HARNESS, _HARNESS_SOURCE)
-            result = await judge.run(
-                ["python", "-I", "-B", HARNESS, judge.cwd or ".", *names],
-                timeout=self.test_timeout,
-                input=token + "\n",
-            )
-        self.test_output = result.output
-        verdict = [line.split() for line in result.output.splitlines() if line.startswith(token)]
-        if result.timed_out or len(verdict) != 1 or len(verdict[0]) != 4:
-            return 0.0
-        _, ran, failed, intact = verdict[0]
-        return 1.0 if (int(ran), int(failed), intact) == (expected, 0, "1") else 0.0
+        self.test_output = verdict.report
+        return verdict.reward

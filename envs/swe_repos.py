@@ -1,18 +1,23 @@
-"""Small generated Python repositories with one bug, failing tests and hidden tests.
+"""Small generated Python repositories with one bug, failing tests, and what the judge checks.
 
 A repository is a package ``lib/`` of two or three utility functions picked from
 a library below, one of them with a single-line bug (an off-by-one, a wrong
-operator or comparison), ``tests/test_visible.py`` (unittest) of which at least
-one test fails because of the bug, and hidden tests kept outside the repository
-that the EVAL stage copies in and runs. Everything is deterministic in
-``(seed, split, index)``; each bug is a one-line replacement, so a demonstration
-can fix it with one file edit.
+operator or comparison), and ``tests/test_visible.py`` (unittest) of which at least
+one test fails because of the bug. Each function's source is its reference
+implementation; the judge (:mod:`tunix_agentic.envs.swe_judge`) calls the agent's
+functions on the visible tests' arguments, fixed edge cases and fresh random
+arguments, and compares with what the reference returns. Repositories are
+deterministic in ``(seed, split, index)``; each bug is a one-line replacement, so a
+demonstration can fix it with one file edit.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import random
 import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -21,14 +26,43 @@ from tunix_agentic.envs.base import Task
 
 @dataclasses.dataclass(frozen=True)
 class Function:
-    """One library function: its source lines, the bugs that can be put in a line, and
-    visible and hidden test lines (``self.assertEqual(...)`` statements)."""
+    """One library function: its source lines (the reference implementation), the bugs that
+    can be put in a line, the argument tuples of its visible tests, the argument tuples the
+    judge always adds (edge cases that between them expose every bug), and ``draw``, which
+    makes fresh random arguments for each judgement (so answers cannot be hard-coded)."""
 
     name: str
     source: tuple[str, ...]
     bugs: tuple[tuple[int, str], ...]  # (line index in source, the buggy line)
-    visible: tuple[str, ...]
-    hidden: tuple[str, ...]
+    visible: tuple[tuple[Any, ...], ...]
+    hidden: tuple[tuple[Any, ...], ...]
+    draw: Callable[[random.Random], tuple[Any, ...]]
+
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyzAEIOUaeiouXYZ"
+
+
+def _text(rng: random.Random, n: int, alphabet: str = _LETTERS + " ,.!") -> str:
+    return "".join(rng.choice(alphabet) for _ in range(n))
+
+
+def _ints(rng: random.Random, n: int, lo: int = -50, hi: int = 50) -> list[int]:
+    return [rng.randint(lo, hi) for _ in range(n)]
+
+
+def _draw_clamp(rng: random.Random) -> tuple[Any, ...]:
+    lo = rng.randint(-50, 50)
+    hi = lo + rng.randint(0, 40)
+    x = rng.choice([rng.randint(lo - 20, hi + 20), round(rng.uniform(lo - 3, hi + 3), 2)])
+    return (x, lo, hi)
+
+
+def _draw_palindrome(rng: random.Random) -> tuple[Any, ...]:
+    half = _text(rng, rng.randint(0, 6), "abcdefgxyzABCDEFG")
+    word = half + rng.choice(["", "q", "Q"]) + half[::-1]
+    word = "".join(ch.swapcase() if rng.random() < 0.3 else ch for ch in word)
+    noisy = "".join(ch + rng.choice(["", "", " ", ",", "!"]) for ch in word)
+    return (noisy if rng.random() < 0.6 else _text(rng, rng.randint(1, 9)),)
 
 
 FUNCTIONS = (
@@ -43,16 +77,9 @@ FUNCTIONS = (
             "    return x",
         ),
         ((1, "    if x > lo:"), (4, "        return lo"), (3, "    if x > hi + 1:")),
-        (
-            "self.assertEqual(clamp(5, 0, 10), 5)",
-            "self.assertEqual(clamp(-3, 0, 10), 0)",
-            "self.assertEqual(clamp(11, 0, 10), 10)",
-        ),
-        (
-            "self.assertEqual(clamp(15, 0, 10), 10)",
-            "self.assertEqual(clamp(10.5, 0, 10), 10)",
-            "self.assertEqual(clamp(0, 0, 10), 0)",
-        ),
+        ((5, 0, 10), (-3, 0, 10), (11, 0, 10)),
+        ((15, 0, 10), (10.5, 0, 10), (0, 0, 10), (-7, -9, -2)),
+        _draw_clamp,
     ),
     Function(
         "mean",
@@ -63,8 +90,10 @@ FUNCTIONS = (
             "    return sum(xs) / len(xs)",
         ),
         ((3, "    return sum(xs) / (len(xs) - 1)"), (3, "    return sum(xs) // len(xs)")),
-        ("self.assertEqual(mean([1, 2, 3, 4]), 2.5)",),
-        ("self.assertEqual(mean([5]), 5)", "self.assertEqual(mean([1, 2]), 1.5)"),
+        (([1, 2, 3, 4],),),
+        (([5],), ([1, 2],), ([],)),
+        # Lengths 1, 2, 4, 8: every mean is exact in binary, however it is computed.
+        lambda rng: (_ints(rng, rng.choice([1, 2, 4, 8]), -100, 100),),
     ),
     Function(
         "count_vowels",
@@ -76,18 +105,17 @@ FUNCTIONS = (
             (1, "    return sum(1 for ch in text if ch in 'aeiou')"),
             (1, "    return sum(1 for ch in text.lower() if ch in 'aeio')"),
         ),
-        ("self.assertEqual(count_vowels('Education'), 5)",),
-        ("self.assertEqual(count_vowels('UNIQUE'), 4)", "self.assertEqual(count_vowels('xyz'), 0)"),
+        (("Education",),),
+        (("UNIQUE",), ("xyz",), ("",)),
+        lambda rng: (_text(rng, rng.randint(0, 24)),),
     ),
     Function(
         "last_n",
         ("def last_n(xs, n):", "    if n <= 0:", "        return []", "    return list(xs[-n:])"),
         ((3, "    return list(xs[-n + 1:])"), (1, "    if n < 0:")),
-        (
-            "self.assertEqual(last_n([1, 2, 3, 4], 2), [3, 4])",
-            "self.assertEqual(last_n([1, 2, 3], 0), [])",
-        ),
-        ("self.assertEqual(last_n([1], 3), [1])", "self.assertEqual(last_n([4, 5], 1), [5])"),
+        (([1, 2, 3, 4], 2), ([1, 2, 3], 0)),
+        (([1], 3), ([4, 5], 1), ([7, 8], 0), ([6], -1)),
+        lambda rng: (_ints(rng, rng.randint(0, 8)), rng.randint(-2, 10)),
     ),
     Function(
         "is_palindrome",
@@ -100,11 +128,9 @@ FUNCTIONS = (
             (1, "    s = ''.join(ch for ch in text if ch.isalnum())"),
             (2, "    return s == s[1:][::-1]"),
         ),
-        ("self.assertTrue(is_palindrome('Never odd or even'))",),
-        (
-            "self.assertTrue(is_palindrome('A man, a plan, a canal: Panama'))",
-            "self.assertFalse(is_palindrome('abca'))",
-        ),
+        (("Never odd or even",),),
+        (("A man, a plan, a canal: Panama",), ("abca",), ("Abba",)),
+        _draw_palindrome,
     ),
     Function(
         "running_max",
@@ -118,8 +144,9 @@ FUNCTIONS = (
             "    return out",
         ),
         ((3, "        if best is None or x < best:"), (5, "        out.append(x)")),
-        ("self.assertEqual(running_max([3, 1, 4, 1, 5]), [3, 3, 4, 4, 5])",),
-        ("self.assertEqual(running_max([]), [])", "self.assertEqual(running_max([2, 2]), [2, 2])"),
+        (([3, 1, 4, 1, 5],),),
+        (([],), ([2, 2],), ([1, 3, 2],)),
+        lambda rng: (_ints(rng, rng.randint(0, 9), -20, 20),),
     ),
     Function(
         "word_lengths",
@@ -128,17 +155,34 @@ FUNCTIONS = (
             "    return {w: len(w) for w in text.split()}",
         ),
         ((1, "    return {w: len(w) - 1 for w in text.split()}"),),
-        ("self.assertEqual(word_lengths('to be'), {'to': 2, 'be': 2})",),
-        (
-            "self.assertEqual(word_lengths(''), {})",
-            "self.assertEqual(word_lengths('abc'), {'abc': 3})",
+        (("to be",),),
+        (("",), ("abc",), ("  ab  c ",)),
+        lambda rng: (
+            " ".join(_text(rng, rng.randint(1, 7), "abcdefxyz") for _ in range(rng.randint(0, 5))),
         ),
     ),
 )
+BY_NAME = {f.name: f for f in FUNCTIONS}
+
+
+def compile_function(name: str, source: Sequence[str]) -> Callable[..., Any]:
+    """The function ``name`` defined by ``source`` lines: only ever this module's own
+    sources (the reference and its bugs), never text from a task or an agent."""
+    namespace: dict[str, Any] = {}
+    exec(compile("\n".join(source) + "\n", f"<{name}>", "exec"), namespace)  # noqa: S102
+    return namespace[name]
+
+
+_REFERENCES = {f.name: compile_function(f.name, f.source) for f in FUNCTIONS}
+
+
+def reference(name: str) -> Callable[..., Any]:
+    """The correct implementation of library function ``name`` (KeyError if unknown)."""
+    return _REFERENCES[name]
+
 
 MODULE = "lib/utils.py"
 VISIBLE_TESTS = "tests/test_visible.py"
-HIDDEN_TESTS = "tests/test_hidden.py"
 PROMPT = (
     "The repository in the current directory has a bug: its tests fail. Run them with "
     "`python -m unittest discover -s tests -t .`, find the bug in lib/utils.py and fix it "
@@ -146,21 +190,30 @@ PROMPT = (
 )
 
 
-def _test_module(functions: list[Function], lines_of: str) -> str:
+def _test_line(f: Function, args: tuple[Any, ...]) -> str:
+    call = f"{f.name}({', '.join(map(repr, args))})"
+    want = reference(f.name)(*args)
+    if isinstance(want, bool):
+        return f"self.assert{want}({call})"
+    return f"self.assertEqual({call}, {want!r})"
+
+
+def _test_module(functions: list[Function]) -> str:
     names = ", ".join(f.name for f in functions)
     out = ["import unittest", "", f"from lib.utils import {names}", "", ""]
     for f in functions:
         out.append(f"class Test{f.name.title().replace('_', '')}(unittest.TestCase):")
-        for i, line in enumerate(getattr(f, lines_of)):
-            out += [f"    def test_{f.name}_{i}(self):", f"        {line}", ""]
+        for i, args in enumerate(f.visible):
+            out += [f"    def test_{f.name}_{i}(self):", f"        {_test_line(f, args)}", ""]
         out.append("")
     return "\n".join(out).rstrip() + "\n"
 
 
 def make_repo_task(index: int, *, seed: int, split: str) -> Task:
     """The ``index``-th repository of ``split``: ``data`` holds ``files`` (path -> text, the
-    repository the agent gets), ``hidden`` (path -> text, copied in at EVAL), and the fix
-    (``bug_line``: 1-based line number in lib/utils.py, ``fixed``: the correct line)."""
+    repository the agent gets), ``functions`` (the names of :data:`FUNCTIONS` it holds, in
+    order: what the judge checks) and the fix (``bug_line``: 1-based line number in
+    lib/utils.py, ``fixed``: the correct line)."""
     rng = np.random.default_rng([int(seed), zlib.crc32(split.encode()), int(index), 43])
     while True:
         count = int(rng.integers(2, 4))
@@ -184,12 +237,16 @@ def make_repo_task(index: int, *, seed: int, split: str) -> Task:
         "lib/__init__.py": "",
         MODULE: module,
         "tests/__init__.py": "",
-        VISIBLE_TESTS: _test_module(picks, "visible"),
+        VISIBLE_TESTS: _test_module(picks),
     }
-    hidden = {HIDDEN_TESTS: _test_module(picks, "hidden")}
     return Task(
         task_id=f"swe-{split}-{seed}-{index}",
         prompt=PROMPT,
         answer=None,
-        data={"files": files, "hidden": hidden, "bug_line": bug_line, "fixed": fixed},
+        data={
+            "files": files,
+            "functions": [f.name for f in picks],
+            "bug_line": bug_line,
+            "fixed": fixed,
+        },
     )
