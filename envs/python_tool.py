@@ -12,6 +12,21 @@ JSON; the host sends ``{"code": ...}`` and the driver answers ``{"output", "tail
 stdin at ``/dev/null`` and its stdout/stderr (file descriptors 1 and 2, so subprocesses'
 output is caught too) at a scratch file, so nothing the code prints can break the framing.
 
+Hostile code: the code runs in the driver's own process, so it *can* reach the private
+reply pipe and write anything there. The host therefore trusts no frame: a header that is
+not a decimal size, a frame over :attr:`PythonTool.max_frame_bytes` (the output cap as
+JSON, plus slack; the driver never sends more) or a body that is not a well-formed reply
+ends the call with an ``error:`` observation saying the reply was garbled, and the
+interpreter restarts as after a timeout. The host reads at most one capped frame, and its
+pipe buffer holds at most :data:`_PIPE_LIMIT` bytes beyond it, whatever the code writes.
+
+Start-up: the driver runs as ``python -I -c`` (isolated: no working directory, user site or
+``PYTHON*`` variable on its path), so files the agent left in the working directory
+(``tempfile.py``, ``json.py``, a user-site ``.pth``) cannot break it. Before the first cell
+it opens the path to the agent's code as a plain ``python`` would: the working directory
+first (``''``), then ``$PYTHONPATH``, the user site (``~/.local/...``, with its ``.pth``
+files) and ``$PYTHONDONTWRITEBYTECODE``; what that does is the first call's output.
+
 Limits: ``max_calls`` calls per episode (later calls get an error and run nothing); a
 per-call timeout kills the interpreter, which restarts on the next call, and the agent is
 told its state was lost. An interpreter that dies (``os._exit``, the CPU limit) is reported
@@ -32,7 +47,25 @@ from tunix_agentic.envs.tools import ERROR_PREFIX, Tool, ToolUnavailable
 
 # Runs inside the sandbox, under whichever Python 3 it has: standard library only.
 DRIVER = r"""
-import ast, json, os, signal, sys, tempfile, traceback
+import ast, json, os, signal, site, sys, tempfile, traceback
+
+def _open_to_agent():
+    # Isolated mode (-I) kept everything the agent can write off the path while the driver
+    # imported its modules; the agent's code gets the path a plain ``python`` would give it.
+    sys.dont_write_bytecode = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[0:0] = [""] + extra
+    user_site = site.getusersitepackages()
+    if os.path.isdir(user_site):
+        known = set(sys.path)
+        site.addsitedir(user_site)
+        added = [p for p in sys.path if p not in known]
+        rest = [p for p in sys.path if p in known]
+        at = next((i for i, p in enumerate(rest) if p.endswith("-packages")), len(rest))
+        sys.path[:] = rest[:at] + added + rest[at:]
+
+def _cut(text, n):
+    return text if len(text) <= n else text[: n // 2] + " [...] " + text[len(text) - n // 2 :]
 
 def _driver(limit):
     proto_in = os.fdopen(os.dup(0), "rb", buffering=0)
@@ -69,7 +102,9 @@ def _driver(limit):
             data += chunk
         return json.loads(data.decode())
 
+    traceback.format_exception_only(ValueError, ValueError("warm-up"))  # its lazy imports
     send({"ready": sys.version.split()[0]})
+    opened = False
     while True:
         message = receive()
         if message is None:
@@ -78,6 +113,9 @@ def _driver(limit):
         os.ftruncate(1, 0)
         error = None
         try:
+            if not opened:
+                opened = True
+                _open_to_agent()
             tree = ast.parse(message["code"], "<cell>", "exec")
             last = None
             if tree.body and isinstance(tree.body[-1], ast.Expr):
@@ -89,7 +127,7 @@ def _driver(limit):
                     print(repr(value))
         except BaseException as exc:
             lines = traceback.format_exception_only(type(exc), exc)
-            error = lines[-1].strip() if lines else type(exc).__name__
+            error = _cut(lines[-1].strip() if lines else type(exc).__name__, limit // 4)
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -111,6 +149,13 @@ _driver(int(sys.argv[1]))
 """
 
 _STATE_LOST = "all variables and imports were lost"
+# The host's pipe buffer: a reader pauses the pipe beyond twice this, and a frame header
+# (a decimal size and a newline) longer than this is garbled.
+_PIPE_LIMIT = 1 << 16
+
+
+class _Garbled(ValueError):
+    """A reply that is not a frame the driver would send (the code wrote to its pipe)."""
 
 
 class PythonTool(Tool):
@@ -119,7 +164,8 @@ class PythonTool(Tool):
     ``timeout`` (default: the sandbox's ``timeout_s``) limits each call; ``max_calls``
     bounds the calls per episode; output is cut to ``max_output_chars`` with a
     ``[... N characters truncated ...]`` marker. The interpreter starts on the first call
-    (``startup_timeout_s`` bounds that); :meth:`close` kills it.
+    (``startup_timeout_s`` bounds that); :meth:`close` kills it. A reply frame over
+    :attr:`max_frame_bytes` is garbled (see the module docstring).
     """
 
     name = "python"
@@ -154,6 +200,11 @@ class PythonTool(Tool):
         self.max_calls = int(max_calls)
         self.max_output_chars = int(max_output_chars)
         self.startup_timeout_s = float(startup_timeout_s)
+        # The driver sends at most a head and a tail of ``limit`` bytes each and an error line
+        # of limit // 4 characters; as JSON, a byte of output is at most 6 bytes (a ``\u`` escape)
+        # and a character at most 12 (an escaped surrogate pair).
+        self._limit = 4 * self.max_output_chars
+        self.max_frame_bytes = 12 * self._limit + 3 * self._limit + 4096
         self.calls = 0
         self._note: str | None = None  # told to the agent with the next call's output
         self._proc: SandboxProcess | None = None
@@ -172,12 +223,19 @@ class PythonTool(Tool):
             try:
                 async with asyncio.timeout(self.timeout):
                     await self._send(proc, {"code": code})
-                    reply = await self._receive(proc)
+                    reply = self._check_reply(await self._receive(proc))
             except TimeoutError:
                 await self._drop()
                 return (
                     f"{ERROR_PREFIX}the code timed out after {self.timeout:g}s; the interpreter "
                     f"was restarted, so {_STATE_LOST}"
+                )
+            except _Garbled as exc:
+                await self._drop()
+                return (
+                    f"{ERROR_PREFIX}the interpreter's reply was garbled ({exc}): did the code "
+                    "write to the tool's own reply pipe? The interpreter was restarted, so "
+                    f"{_STATE_LOST}"
                 )
             except (EOFError, ValueError, ConnectionError) as exc:
                 status = await self._drop()
@@ -216,9 +274,10 @@ class PythonTool(Tool):
         if python is None:
             raise ToolUnavailable("no Python interpreter can run in this sandbox")
         # Enough of a head and tail for max_output_chars of text (4 bytes per character at most).
-        limit = 4 * self.max_output_chars
+        # -I: nothing the agent can write (the working directory, user site) is on the path.
+        argv = [python, "-I", "-c", DRIVER, str(self._limit)]
         try:
-            proc = await self.sandbox.spawn([python, "-c", DRIVER, str(limit)], limit=1 << 24)
+            proc = await self.sandbox.spawn(argv, limit=_PIPE_LIMIT)
         except SandboxError as exc:
             raise ToolUnavailable(f"cannot start the sandbox's Python interpreter: {exc}") from exc
         self._proc = proc
@@ -239,27 +298,50 @@ class PythonTool(Tool):
         proc.stdin.write(str(len(data)).encode() + b"\n" + data)
         await proc.stdin.drain()
 
-    @staticmethod
-    async def _receive(proc: SandboxProcess) -> dict[str, Any]:
-        """One framed reply; EOFError if the interpreter is gone, ValueError if it garbled."""
+    async def _receive(self, proc: SandboxProcess) -> dict[str, Any]:
+        """One framed reply. EOFError: the interpreter is gone; :class:`_Garbled`: not a frame
+        the driver sends. Reads at most :attr:`max_frame_bytes` of body, whatever the header says.
+        """
         assert proc.stdout is not None
-        header = await proc.stdout.readline()
+        try:
+            header = await proc.stdout.readline()
+        except ValueError:  # no newline within the pipe limit
+            raise _Garbled(f"a frame header over {_PIPE_LIMIT} bytes") from None
         if not header:
             raise EOFError("no reply")
-        try:
-            size = int(header)
-        except ValueError:
+        digits = header.strip()
+        if not digits.isdigit():
             # Not a frame: most likely the interpreter's own error text (it failed to start).
             rest = await proc.stdout.read(2000)
             said = (header + rest).decode("utf-8", "replace").strip()
-            raise ValueError(f"not a reply: {said[:500]!r}") from None
+            raise _Garbled(f"not a reply: {said[:500]!r}")
+        if len(digits) > 18 or int(digits) > self.max_frame_bytes:
+            raise _Garbled(
+                f"a reply frame of {digits[:40].decode()} bytes, over the tool's limit of "
+                f"{self.max_frame_bytes}"
+            )
         try:
-            data = await proc.stdout.readexactly(size)
+            data = await proc.stdout.readexactly(int(digits))
         except asyncio.IncompleteReadError as exc:
             raise EOFError("truncated reply") from exc
-        reply = json.loads(data.decode("utf-8", "replace"))
+        try:
+            reply = json.loads(data.decode("utf-8", "replace"))
+        except (ValueError, RecursionError):  # RecursionError: nested too deep
+            raise _Garbled(f"not JSON: {data[:200]!r}") from None
         if not isinstance(reply, dict):
-            raise ValueError(f"not a reply: {reply!r:.200}")
+            raise _Garbled(f"not a reply: {reply!r:.200}")
+        return reply
+
+    @staticmethod
+    def _check_reply(reply: dict[str, Any]) -> dict[str, Any]:
+        """``reply`` if it has the fields and types the driver sends, else :class:`_Garbled`."""
+        fields = {"output": str, "tail": str, "dropped": int, "error": (str, type(None))}
+        for key, kind in fields.items():
+            value = reply.get(key)
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise _Garbled(f"its field {key!r} is {value!r:.100}")
+        if reply["dropped"] < 0:
+            raise _Garbled(f"its field 'dropped' is {reply['dropped']}")
         return reply
 
     async def _drop(self) -> int | None:

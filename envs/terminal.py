@@ -11,7 +11,8 @@ across several assignments.
 A command that runs past its timeout is interrupted with Ctrl-C; if the shell does not answer
 within a grace period (the command ignores SIGINT, or reads the terminal), the shell and all
 its processes are killed and a fresh one starts on the next call, and the agent is told that
-its state was lost. An infrastructure fault (the sandbox is closed, the shell cannot start)
+its state was lost. The shell reads no start-up file from the agent's home (the working
+directory): no profile, rc, ``.inputrc`` or ``.bash_history``. An infrastructure fault (the sandbox is closed, the shell cannot start)
 raises :class:`~tunix_agentic.envs.tools.ToolUnavailable`; everything the agent causes comes
 back as text.
 """
@@ -321,7 +322,10 @@ class BashTool(Tool):
             return self._shell
         if self._shell is not None:
             self._drop_shell(None)
-        argv = ["bash", "--noprofile", "--norc", "--noediting", "-i"]
+        # Nothing the agent can write is read at start: no profile or rc file, no readline
+        # (~/.inputrc) and, with +o history, no ~/.bash_history (a planted one of the largest
+        # file the sandbox allows would cost every new shell its size in memory and time).
+        argv = ["bash", "--noprofile", "--norc", "--noediting", "+o", "history", "-i"]
         try:
             proc = self.sandbox.spawn_pty(argv)
         except SandboxError as exc:

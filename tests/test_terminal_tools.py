@@ -3,7 +3,9 @@ and ``file_edit`` (envs/file_edit.py), on real sandboxes."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -302,3 +304,77 @@ async def test_tools_run_on_the_process_backend():
         assert await FileEditTool(sb).run("view", "sub") == "sub is an empty directory"
     finally:
         await sb.close()
+
+
+# --- a hostile agent's own code -------------------------------------------------------------------
+
+# Agent code that finds the driver's private reply pipe (its frame's ``proto_out``) and writes a
+# frame header claiming 3 GB, then 256 MiB of filler.
+_FLOOD_REPLY_PIPE = """
+import sys
+frame = sys._getframe()
+while "proto_out" not in frame.f_locals:
+    frame = frame.f_back
+pipe = frame.f_locals["proto_out"]
+pipe.write(b"3000000000\\n")
+chunk = b"x" * (1 << 20)
+for _ in range(256):
+    pipe.write(chunk)
+"""
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+async def test_python_refuses_a_huge_reply_frame_and_holds_bounded_memory(sandbox):
+    py = PythonTool(sandbox)
+    await py.run("kept = 1")
+    baseline, peak, done = _rss_bytes(), [0], asyncio.Event()
+
+    async def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss_bytes() - baseline)
+            await asyncio.sleep(0.005)
+
+    sampler = asyncio.create_task(sample())
+    try:
+        out = await py.run(_FLOOD_REPLY_PIPE)
+    finally:
+        done.set()
+        await sampler
+    assert peak[0] < 64 << 20, f"the host buffered {peak[0] >> 20} MiB of a 256 MiB flood"
+    assert out.startswith("error: ") and "3000000000" in out and "restarted" in out
+    assert "lost" in out
+    assert await py.run("kept") == "NameError: name 'kept' is not defined"
+    assert await py.run("1 + 1") == "2"
+
+
+@pytest.mark.parametrize(
+    "planted",
+    ["tempfile.py", "json.py", "os.py", "ast.py", "traceback.py", "signal.py"],
+    ids=["tempfile", "json", "os", "ast", "traceback", "signal"],
+)
+async def test_python_driver_ignores_stdlib_shadows_in_the_workdir(sandbox, planted):
+    (sandbox.workdir / planted).write_text("import os\nos._exit(3)\n")
+    (sandbox.workdir / "helper_mod.py").write_text("VALUE = 42\n")
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    user_site = sandbox.workdir / ".local" / "lib" / version / "site-packages"
+    user_site.mkdir(parents=True)
+    (user_site / "user_mod.py").write_text("VALUE = 7\n")
+    py = PythonTool(sandbox)
+    assert await py.run("1 + 1") == "2"
+    # The agent's own modules (working directory, user site) still import, as for `python`.
+    assert await py.run("import helper_mod, user_mod\nhelper_mod.VALUE + user_mod.VALUE") == "49"
+    assert await py.run("import sys\nsys.dont_write_bytecode") == "True"
+
+
+async def test_bash_reads_no_startup_file_the_agent_planted(sandbox):
+    for name in (".bashrc", ".bash_profile", ".profile", ".bash_login"):
+        (sandbox.workdir / name).write_text("exit 3\n")
+    (sandbox.workdir / ".inputrc").write_text('"\\C-m": "exit 3"\n')
+    (sandbox.workdir / ".bash_history").write_text("echo planted-history\n" * 1000)
+    bash = BashTool(sandbox)
+    assert await bash.run("echo alive") == "alive"
+    assert "planted-history" not in await bash.run("set -o history; history")

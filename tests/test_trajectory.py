@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tunix_agentic.trajectory import INFRA_STATUSES, POLICY_STATUSES, Step, Trajectory
+from tunix_agentic.trajectory import (
+    INFRA_STATUSES,
+    POLICY_STATUSES,
+    Step,
+    Trajectory,
+    timeout_status,
+)
 
 
 def two_turn_trajectory() -> Trajectory:
@@ -146,7 +152,7 @@ def test_is_infra_failure(status, infra):
 
 
 def test_status_groups_are_disjoint_and_complete():
-    assert set(POLICY_STATUSES) == {"ok", "max_turns", "max_tokens"}
+    assert set(POLICY_STATUSES) == {"ok", "max_turns", "max_tokens", "agent_timeout"}
     assert set(INFRA_STATUSES) == {
         "timeout",
         "env_error",
@@ -155,3 +161,20 @@ def test_status_groups_are_disjoint_and_complete():
         "cancelled",
     }
     assert not set(POLICY_STATUSES) & set(INFRA_STATUSES)
+
+
+@pytest.mark.parametrize(
+    ("stage", "actions_s", "expected"),
+    [
+        ("run", 60.0, "agent_timeout"),
+        ("run", 50.0, "agent_timeout"),
+        ("run", 49.0, "timeout"),
+        ("init", 0.0, "timeout"),
+        ("eval", 90.0, "timeout"),
+    ],
+    ids=["tools-took-most", "tools-took-half", "engine-took-most", "reset-hung", "verifier-hung"],
+)
+def test_timeout_status_blames_the_agent_only_for_its_own_actions(stage, actions_s, expected):
+    status = timeout_status(stage, actions_s, timeout_s=100.0)
+    assert status == expected
+    assert (status in POLICY_STATUSES) == (expected == "agent_timeout")

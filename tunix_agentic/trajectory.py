@@ -8,14 +8,41 @@ grows linearly with turns instead of copying the chat per step).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 # Episode outcomes. The first group is the policy's doing; the second are
 # infrastructure faults that must never be scored into group statistics.
-POLICY_STATUSES = ("ok", "max_turns", "max_tokens")
+# "agent_timeout" and "timeout" both mean the episode ran past its deadline; which one
+# is decided by :func:`timeout_status`.
+POLICY_STATUSES = ("ok", "max_turns", "max_tokens", "agent_timeout")
 INFRA_STATUSES = ("timeout", "env_error", "engine_error", "tool_error", "cancelled")
+TimeoutStatus = Literal["agent_timeout", "timeout"]
+EpisodeStage = Literal["init", "run", "eval"]
+# The share of the episode's deadline the agent's actions must have taken for a timeout
+# to be the agent's.
+AGENT_TIMEOUT_SHARE = 0.5
+
+
+def timeout_status(stage: EpisodeStage, actions_s: float, timeout_s: float) -> TimeoutStatus:
+    """Whose an episode timeout is: ``"agent_timeout"`` (the policy's, scored) or
+    ``"timeout"`` (the machinery's, infrastructure: retried, never scored).
+
+    The rule: the timeout is the agent's when the deadline passed in the RUN stage (the
+    agent loop) and the environment's steps on the agent's actions (``actions_s``: its
+    tool calls, the step the deadline cut off included) took at least
+    :data:`AGENT_TIMEOUT_SHARE` of the ``timeout_s`` deadline. Otherwise it is the
+    machinery's: a deadline passed in INIT (making or resetting the environment) or EVAL
+    (the verifier), or a RUN stage spent mostly waiting for the engine (or for a free run
+    slot). Every tool call has its own timeout and a turn at most
+    ``agent.max_tool_calls_per_turn`` calls, so a step can only take long by the agent's
+    choice of calls, unless the environment itself hangs for half the deadline (then this
+    rule blames the agent).
+    """
+    if stage == "run" and actions_s >= AGENT_TIMEOUT_SHARE * timeout_s:
+        return "agent_timeout"
+    return "timeout"
 
 
 @dataclasses.dataclass

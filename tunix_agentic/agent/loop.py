@@ -4,6 +4,13 @@ Runs the RUN stage of one episode. Never raises for what the policy does (a
 malformed call is an observation, running out of turns or tokens is a
 status); infrastructure faults (engine or environment raising) end the episode
 with an infra status so the orchestrator keeps them out of group statistics.
+
+A turn runs at most ``agent.max_tool_calls_per_turn`` tool calls (see
+:func:`cap_tool_calls`), and the time the environment spends on the agent's
+actions (:meth:`Environment.step`, a step cut off by the episode deadline
+included) is summed in ``traj.timings["actions_s"]``: the orchestrator reads it
+to tell a timeout the agent ran into from one of the machinery
+(:func:`tunix_agentic.trajectory.timeout_status`).
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import time
 from tunix_agentic.agent.chat import ChatFormat
 from tunix_agentic.agent.context import get_context_rule
 from tunix_agentic.agent.tool_parser import get_parser
-from tunix_agentic.envs.base import Environment
+from tunix_agentic.envs.base import Action, Environment
 from tunix_agentic.envs.tools import ToolUnavailable
 from tunix_agentic.inference.base import InferenceEngine, PromptTooLongError
 from tunix_agentic.inference.sampling import SamplingParams
@@ -36,6 +43,9 @@ class AgentConfig:
     # Passed to a Hugging Face chat template as ``enable_thinking`` (Qwen3 reads it: false
     # renders an empty <think></think> so the model answers at once); None: not passed.
     enable_thinking: bool | None = None
+    # Tool calls one turn may run; the rest are not run and the agent is told so (a turn of
+    # many slow calls would otherwise outlast the episode's deadline in one step).
+    max_tool_calls_per_turn: int = 8
 
     def template_kwargs(self) -> dict:
         """Extra variables for a Jinja chat template."""
@@ -48,6 +58,10 @@ class AgentConfig:
             raise ValueError(f"agent.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.context_window < 1:
             raise ValueError(f"agent.context_window must be >= 1, got {self.context_window}")
+        if self.max_tool_calls_per_turn < 1:
+            raise ValueError(
+                f"agent.max_tool_calls_per_turn must be >= 1, got {self.max_tool_calls_per_turn}"
+            )
         for key, lookup in (("parser", get_parser), ("context_rule", get_context_rule)):
             try:
                 lookup(getattr(self, key))
@@ -72,6 +86,22 @@ class AgentConfig:
         )
 
 
+def cap_tool_calls(action: Action, cap: int) -> Action:
+    """``action`` with at most ``cap`` tool calls: the first ``cap`` are kept, and for the
+    rest one message joins ``parse_errors`` (the environment reports it as an ``error:``
+    observation after the calls' outputs). Malformed calls do not count: they never run."""
+    calls = action.tool_calls
+    if len(calls) <= cap:
+        return action
+    message = (
+        f"this turn made {len(calls)} tool calls; only the first {cap} were run (at most "
+        f"{cap} per turn) and the other {len(calls) - cap} were not"
+    )
+    return dataclasses.replace(
+        action, tool_calls=calls[:cap], parse_errors=(*action.parse_errors, message)
+    )
+
+
 async def run_agent(
     engine: InferenceEngine,
     env: Environment,
@@ -87,6 +117,8 @@ async def run_agent(
 
     ``traj`` already holds the prompt ids (from the INIT stage). ``seed``
     seeds each turn's sampling (seed + turn), so an episode is reproducible.
+    Each environment step's seconds are added to ``traj.timings["actions_s"]`` even
+    when the step is cancelled (the episode's deadline).
     """
     parse = get_parser(config.parser)
     context_of = get_context_rule(config.context_rule)
@@ -130,9 +162,13 @@ async def run_agent(
         if out.finish_reason == "length":
             traj.status = "max_tokens"  # the turn never ended: nothing for the env to act on
             return traj
+        action = parse(text)
+        capped = cap_tool_calls(action, config.max_tool_calls_per_turn)
+        if metrics is not None and capped is not action:
+            metrics.count("tool_calls/not_run", len(action.tool_calls) - len(capped.tool_calls))
         t0 = time.perf_counter()
         try:
-            result = await env.step(parse(text))
+            result = await env.step(capped)
         except asyncio.CancelledError:
             raise
         except ToolUnavailable as exc:
@@ -141,7 +177,9 @@ async def run_agent(
         except Exception as exc:
             traj.status, traj.error = "env_error", f"{type(exc).__name__}: {exc}"
             return traj
-        env_s = time.perf_counter() - t0
+        finally:  # the agent's time, counted even for a step the deadline cut off
+            env_s = time.perf_counter() - t0
+            traj.timings["actions_s"] = traj.timings.get("actions_s", 0.0) + env_s
         step.timings["env_s"] = env_s
         step.reward, step.done = float(result.reward), bool(result.done)
         step.tool_calls = list(result.info.get("tool_calls", []))
