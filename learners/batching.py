@@ -6,13 +6,67 @@ bucket rather than once per batch. Padding rows have an all-zero mask.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
+from flax import struct
 
 from tunix_agentic.learners.advantages import BatchAdvantage, overlong_penalty, turn_advantages
 
 OVERLONG_MODES = ("none", "mask", "penalty")
+
+Array = Any  # np.ndarray on the host, jax.Array once placed
+
+
+@struct.dataclass
+class GRPOBatch:
+    """One GRPO step's rows, padded to ``[R, T]`` (a pytree: jit, ``device_put`` and the
+    mesh's row sharding take it whole). Padding rows have an all-zero mask."""
+
+    input_ids: Array  # [R, T] int32
+    loss_mask: Array  # [R, T] float32: 1 on the tokens the policy is trained on
+    old_logprobs: Array  # [R, T] float32: the sampler's logprob of each token
+    advantages: Array  # [R] float32
+    truncated: Array  # [R] float32: 1 for rows of truncated trajectories (is_truncated)
+
+    @property
+    def num_rows(self) -> int:
+        return self.input_ids.shape[0]
+
+    @classmethod
+    def build(
+        cls,
+        input_ids: Array,
+        loss_mask: Array,
+        old_logprobs: Array,
+        advantages: Array,
+        truncated: Array | None = None,
+    ) -> GRPOBatch:
+        """A batch from ready ``[R, T]`` / ``[R]`` arrays (no row truncated unless given)."""
+        if truncated is None:
+            truncated = np.zeros(np.shape(advantages), np.float32)
+        return cls(input_ids, loss_mask, old_logprobs, advantages, truncated)
+
+
+@struct.dataclass
+class SFTBatch:
+    """Demonstration rows for the warm start, padded to ``[R, T]``."""
+
+    input_ids: Array  # [R, T] int32
+    loss_mask: Array  # [R, T] float32: 1 on the target tokens (the assistant's turns)
+
+
+def check_overlong(overlong: str, max_len: int, cache_len: int, prefix: str = "") -> None:
+    """ValueError unless ``overlong`` is a known mode whose penalty settings are DAPO's
+    (``0 < cache_len <= max_len``); ``prefix`` names the config section in the message."""
+    if overlong not in OVERLONG_MODES:
+        raise ValueError(f"unknown {prefix}overlong mode {overlong!r}; known: {OVERLONG_MODES}")
+    if overlong == "penalty" and not 0 < cache_len <= max_len:
+        raise ValueError(
+            f"{prefix}overlong='penalty' needs 0 < overlong_cache_len <= overlong_max_len, "
+            f"got {cache_len} and {max_len}"
+        )
 
 
 def bucket_length(n: int, multiple: int = 64, geometric: bool = False) -> int:
@@ -31,15 +85,16 @@ def bucket_length(n: int, multiple: int = 64, geometric: bool = False) -> int:
 
 
 def pad_rows(
-    rows: Sequence[dict[str, np.ndarray]],
+    rows: Sequence[Mapping[str, np.ndarray]],
     *,
     pad_id: int,
     num_rows: int | None = None,
     length_multiple: int = 64,
     geometric: bool = False,
-) -> dict[str, np.ndarray]:
-    """Stack per-trajectory arrays (from ``Trajectory.learner_arrays``) into ``[R, T]``,
-    T from :func:`bucket_length`."""
+) -> GRPOBatch:
+    """Stack per-trajectory arrays (from ``Trajectory.learner_rows``) into ``[R, T]``,
+    T from :func:`bucket_length`; advantages and truncation flags zero (a row without
+    ``old_logprobs``, a demonstration's, gets zeros there too)."""
     if not rows:
         raise ValueError("cannot build a batch from no trajectories")
     r = max(num_rows or len(rows), len(rows))
@@ -52,8 +107,18 @@ def pad_rows(
     for i, row in enumerate(rows):
         n = len(row["input_ids"])
         for key in out:
-            out[key][i, :n] = row[key]
-    return out
+            if key in row:
+                out[key][i, :n] = row[key]
+    zeros = np.zeros(r, np.float32)
+    return GRPOBatch(**out, advantages=zeros, truncated=zeros.copy())
+
+
+def sft_batch(
+    rows: Sequence[Mapping[str, np.ndarray]], *, pad_id: int, length_multiple: int = 16
+) -> SFTBatch:
+    """Demonstration rows (``input_ids``, ``loss_mask``) padded for :class:`SFTTrainer`."""
+    batch = pad_rows(rows, pad_id=pad_id, length_multiple=length_multiple)
+    return SFTBatch(input_ids=batch.input_ids, loss_mask=batch.loss_mask)
 
 
 def is_truncated(trajectory) -> bool:
@@ -77,7 +142,7 @@ def grpo_batch(
     overlong: str = "none",
     overlong_max_len: int = 0,
     overlong_cache_len: int = 0,
-) -> dict[str, np.ndarray]:
+) -> GRPOBatch:
     """Arrays for one GRPO step: advantages computed within each group.
 
     A trajectory gives one row, or one per step when its steps saw less than the
@@ -97,17 +162,10 @@ def grpo_batch(
     ``overlong="mask"`` zeroes the loss mask of every row of a truncated trajectory (its
     reward still counts in the group statistics); ``"penalty"`` adds
     :func:`overlong_penalty` of ``num_generated`` (``overlong_max_len``,
-    ``overlong_cache_len``) to each reward before the advantages. Unless ``overlong`` is
-    "none" the batch also holds ``truncated`` ``[R]`` (1.0 for rows of truncated
-    trajectories; 0 for padding rows).
+    ``overlong_cache_len``) to each reward before the advantages. ``truncated`` marks the
+    rows of truncated trajectories whatever the mode (0 for padding rows).
     """
-    if overlong not in OVERLONG_MODES:
-        raise ValueError(f"unknown overlong mode {overlong!r}; known: {OVERLONG_MODES}")
-    if overlong == "penalty" and not 0 < overlong_cache_len <= overlong_max_len:
-        raise ValueError(
-            "overlong='penalty' needs 0 < overlong_cache_len <= overlong_max_len, got "
-            f"{overlong_cache_len}, {overlong_max_len}"
-        )
+    check_overlong(overlong, overlong_max_len, overlong_cache_len)
     group_rewards = []
     for group in groups:
         rewards = np.asarray(group.rewards, np.float32)
@@ -145,14 +203,10 @@ def grpo_batch(
         length_multiple=length_multiple,
         geometric=geometric,
     )
-    adv = np.zeros(batch["input_ids"].shape[0], np.float32)
+    adv, flags = np.zeros(batch.num_rows, np.float32), np.zeros(batch.num_rows, np.float32)
     adv[: len(advantages)] = advantages
-    batch["advantages"] = adv
-    if overlong != "none":
-        flags = np.zeros(batch["input_ids"].shape[0], np.float32)
-        flags[: len(truncated)] = truncated
-        batch["truncated"] = flags
-    return batch
+    flags[: len(truncated)] = truncated
+    return batch.replace(advantages=adv, truncated=flags)
 
 
 def _advantages(

@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
-import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
-from tunix_agentic.learners.losses import masked_cross_entropy
-from tunix_agentic.learners.state import (
-    OptimizerConfig,
-    TrainState,
-    apply_gradients,
-    make_optimizer,
-)
-from tunix_agentic.models.transformer import sequence_logprobs
+from tunix_agentic.compiles import CompileCounter
+from tunix_agentic.learners.batching import SFTBatch
+from tunix_agentic.learners.grpo_step import sft_step
+from tunix_agentic.learners.state import OptimizerConfig, TrainState, make_optimizer
 
 
 class SFTTrainer:
-    """``train_step({"input_ids", "loss_mask"})`` -> {"loss", "token_accuracy"}.
+    """``train_step(SFTBatch)`` -> {"loss", "token_accuracy"}; the step is
+    :func:`~tunix_agentic.learners.grpo_step.sft_step`, jitted once, donating.
 
     ``loss_mask[t]`` selects which tokens are targets (the assistant's turns).
     """
@@ -27,24 +24,11 @@ class SFTTrainer:
         self.state = TrainState(
             model, make_optimizer(optimizer), master_dtype=optimizer.master_dtype
         )
-        self._step = jax.jit(self._step_impl, donate_argnums=(0, 1))
+        self.compiles = CompileCounter()
+        step = functools.partial(sft_step, self.state.graphdef, self.state.optimizer)
+        self._step = self.compiles.wrap("train_step", jax.jit(step, donate_argnums=(0, 1)))
 
-    def _step_impl(self, params, opt_state, batch):
-        ids = batch["input_ids"]
-        mask = batch["loss_mask"][:, 1:]
-
-        def loss_fn(p):
-            model = nnx.merge(self.state.graphdef, p)
-            lp = sequence_logprobs(model, ids)
-            return masked_cross_entropy(lp, mask), lp
-
-        (loss, lp), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-        params, opt_state = apply_gradients(self.state.optimizer, params, opt_state, grads)
-        # Accuracy proxy: target's probability above one half means it is the argmax.
-        acc = jnp.sum((lp > jnp.log(0.5)) * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-        return params, opt_state, {"loss": loss, "token_accuracy": acc}
-
-    def train_step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+    def train_step(self, batch: SFTBatch) -> dict[str, float]:
         s = self.state
         s.params, s.opt_state, metrics = self._step(s.params, s.opt_state, batch)
         s.step += 1

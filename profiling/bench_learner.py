@@ -125,8 +125,7 @@ def random_batch(cfg: ModelConfig, rows: int, length: int, seed: int = 0) -> dic
         ids = rng.integers(1, cfg.vocab_size, length).astype(np.int32)
         out.append({"input_ids": ids, "loss_mask": mask, "old_logprobs": old})
     batch = pad_rows(out, pad_id=0, length_multiple=length)
-    batch["advantages"] = rng.standard_normal(rows).astype(np.float32)
-    return batch
+    return batch.replace(advantages=rng.standard_normal(rows).astype(np.float32))
 
 
 def time_train(learner: GRPOLearner, batch: dict, repeats: int) -> tuple[float, float]:
@@ -190,7 +189,7 @@ async def grpo_step(engine: JaxEngine, learner: GRPOLearner, step: int) -> dict[
     )
     # Padded as the trainer pads (learner.length_bucket, geometric widths).
     batch = pad_rows(rows, pad_id=0, length_multiple=learner.config.length_bucket, geometric=True)
-    batch["advantages"] = adv.astype(np.float32)
+    batch = batch.replace(advantages=adv.astype(np.float32))
     metrics = learner.train_step(batch)
     t2 = time.perf_counter()
     await engine.update_weights(learner.params_for_engine(), version=step)
@@ -201,7 +200,7 @@ async def grpo_step(engine: JaxEngine, learner: GRPOLearner, step: int) -> dict[
         "train": t2 - t1,
         "sync": t3 - t2,
         "gen_tokens": sum(len(o.token_ids) for o in outs),
-        "width": batch["input_ids"].shape[1],
+        "width": batch.input_ids.shape[1],
         "loss": metrics["loss"],
         "ref_kl": metrics.get("ref_kl", 0.0),
     }
@@ -250,14 +249,17 @@ def ours_train_widths(peak: float) -> dict[int, float]:
     learner = GRPOLearner(model, PEER_GRPO)
     rows = N_PROMPTS * G
     base = random_batch(PEER_DIMS, rows, PROMPT + NEW)
-    base["loss_mask"][:, :PROMPT] = 0.0
-    base["loss_mask"][:, PROMPT:] = 1.0
-    raw = [{k: base[k][i] for k in ("input_ids", "loss_mask", "old_logprobs")} for i in range(rows)]
+    base.loss_mask[:, :PROMPT] = 0.0
+    base.loss_mask[:, PROMPT:] = 1.0
+    raw = [
+        {"input_ids": base.input_ids[i], "loss_mask": base.loss_mask[i], "old_logprobs": old}
+        for i, old in enumerate(base.old_logprobs)
+    ]
     batches, firsts, times = {}, {}, {}
     for multiple in (64, 32):
         batch = pad_rows(raw, pad_id=0, length_multiple=multiple)
-        batch["advantages"] = base["advantages"]
-        width = batch["input_ids"].shape[1]
+        batch = batch.replace(advantages=base.advantages)
+        width = batch.input_ids.shape[1]
         batches[width] = (multiple, batch)
         firsts[width], _ = time_train(learner, batch, 0)
         times[width] = []
@@ -284,8 +286,8 @@ def ours_train_widths(peak: float) -> dict[int, float]:
     )
     _, batch = batches[min(batches)]
     prompts = np.arange(rows) // G  # distinct prompts per group, as in a real batch
-    batch = {**batch, "input_ids": batch["input_ids"].copy()}
-    batch["input_ids"][:, 0] = 1 + prompts
+    batch = batch.replace(input_ids=batch.input_ids.copy())
+    batch.input_ids[:, 0] = 1 + prompts
     time_train(mi, batch, 0)
     plain, with_mi = [], []
     for _ in range(TRAIN_REPEATS):

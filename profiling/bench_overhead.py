@@ -33,7 +33,7 @@ from common import InstantEngine, env_int, max_rss_mb
 from tunix_agentic.agent.chat import ChatTemplate
 from tunix_agentic.agent.loop import AgentConfig
 from tunix_agentic.envs.calculator import ArithmeticEnv, make_arithmetic_task
-from tunix_agentic.models.tokenizer import CharTokenizer
+from tunix_agentic.models.char_tokenizer import CharTokenizer
 from tunix_agentic.rollout import Group, RolloutConfig, RolloutOrchestrator
 
 AGENT = AgentConfig(max_turns=3, max_new_tokens=48, temperature=1.0)

@@ -64,8 +64,9 @@ from tunix_agentic.data.demos import DemoSource, demonstration_batches
 from tunix_agentic.data.tasks import heldout_tasks, task_iterator
 from tunix_agentic.envs.calculator import ArithmeticEnv, ArithmeticTasks
 from tunix_agentic.inference import JaxEngine, PromptTooLongError
+from tunix_agentic.learners.batching import sft_batch
 from tunix_agentic.learners.sft import SFTTrainer
-from tunix_agentic.models.tokenizer import CharTokenizer
+from tunix_agentic.models.char_tokenizer import CharTokenizer
 from tunix_agentic.models.transformer import Transformer, count_params
 from tunix_agentic.rl_loop import StepReport, run_rl_steps
 from tunix_agentic.rollout import RolloutConfig, RolloutOrchestrator, Step, Trajectory
@@ -192,7 +193,7 @@ async def prepare_policy(
 def sft(trainer: SFTTrainer, batches, steps: int) -> dict[str, float]:
     out: dict[str, float] = {}
     for _ in range(steps):
-        out = trainer.train_step(next(batches))
+        out = trainer.train_step(sft_batch(next(batches), pad_id=0))
     return out
 
 

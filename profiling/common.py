@@ -23,7 +23,7 @@ from tunix_agentic.envs.calculator import ArithmeticEnv, ArithmeticTask, Calcula
 from tunix_agentic.inference.base import TokenOutput
 from tunix_agentic.inference.engine import JaxEngine
 from tunix_agentic.inference.sampling import SamplingParams
-from tunix_agentic.models.tokenizer import CharTokenizer
+from tunix_agentic.models.char_tokenizer import CharTokenizer
 
 
 def env_float(name: str, default: float) -> float:

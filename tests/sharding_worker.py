@@ -14,6 +14,7 @@ from flax import nnx
 
 from tunix_agentic.inference.engine import EngineConfig, JaxEngine
 from tunix_agentic.inference.sampling import SamplingParams
+from tunix_agentic.learners.batching import GRPOBatch
 from tunix_agentic.learners.grpo import GRPOConfig, GRPOLearner
 from tunix_agentic.learners.lora import LoRAConfig
 from tunix_agentic.learners.state import OptimizerConfig
@@ -27,7 +28,7 @@ MODEL = ModelConfig(
 STEPS = 3
 
 
-def batch(rows: int = 16, length: int = 32, seed: int = 0) -> dict[str, np.ndarray]:
+def batch(rows: int = 16, length: int = 32, seed: int = 0) -> GRPOBatch:
     rng = np.random.default_rng(seed)
     ids = rng.integers(1, MODEL.vocab_size, (rows, length)).astype(np.int32)
     mask = np.zeros((rows, length), np.float32)
@@ -37,7 +38,7 @@ def batch(rows: int = 16, length: int = 32, seed: int = 0) -> dict[str, np.ndarr
     old = np.where(mask > 0, rng.normal(-4.2, 0.3, (rows, length)), 0).astype(np.float32)
     adv = rng.normal(0, 1, rows).astype(np.float32)
     adv[-2:] = 0
-    return {"input_ids": ids, "loss_mask": mask, "old_logprobs": old, "advantages": adv}
+    return GRPOBatch.build(input_ids=ids, loss_mask=mask, old_logprobs=old, advantages=adv)
 
 
 def learner_config(**kw) -> GRPOConfig:

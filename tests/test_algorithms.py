@@ -443,13 +443,13 @@ def test_grpo_batch_with_a_batch_level_estimator():
     ]
     batch = grpo_batch(groups, get_advantage_fn("reinforce"), pad_id=0, num_rows=6)
     # batch mean 2 over all five trajectories (not per group); one padding row
-    np.testing.assert_allclose(batch["advantages"], [-1, -2, 0, 0, 3, 0], atol=1e-6)
+    np.testing.assert_allclose(batch.advantages, [-1, -2, 0, 0, 3, 0], atol=1e-6)
     erpo_batch = grpo_batch(groups, get_advantage_fn("erpo"), pad_id=0)
     std = float(np.std([1.0, 0.0, 2.0, 2.0, 5.0]))  # one task name: one pooled std
     np.testing.assert_allclose(
-        erpo_batch["advantages"], np.array([0.5, -0.5, -1, -1, 2]) / std, rtol=1e-5
+        erpo_batch.advantages, np.array([0.5, -0.5, -1, -1, 2]) / std, rtol=1e-5
     )
-    assert "truncated" not in batch
+    np.testing.assert_array_equal(batch.truncated, [0] * 6)  # none cut off; flags kept anyway
 
 
 def test_overlong_mask_zeroes_truncated_rows():
@@ -462,10 +462,10 @@ def test_overlong_mask_zeroes_truncated_rows():
     batch = grpo_batch(
         [_group(0, trajs)], get_advantage_fn("dr_grpo"), pad_id=0, num_rows=4, overlong="mask"
     )
-    np.testing.assert_array_equal(batch["loss_mask"].sum(axis=1), [2, 0, 0, 0])
-    np.testing.assert_array_equal(batch["truncated"], [0, 1, 1, 0])
+    np.testing.assert_array_equal(batch.loss_mask.sum(axis=1), [2, 0, 0, 0])
+    np.testing.assert_array_equal(batch.truncated, [0, 1, 1, 0])
     # their rewards still count in the group mean (2/3)
-    np.testing.assert_allclose(batch["advantages"], [1 / 3, -2 / 3, 1 / 3, 0], rtol=1e-5)
+    np.testing.assert_allclose(batch.advantages, [1 / 3, -2 / 3, 1 / 3, 0], rtol=1e-5)
 
 
 def test_overlong_penalty_shapes_the_rewards():
@@ -480,8 +480,8 @@ def test_overlong_penalty_shapes_the_rewards():
         overlong_cache_len=2,
     )
     # shaped rewards [1, 0.5, 0], mean 0.5
-    np.testing.assert_allclose(batch["advantages"], [0.5, 0.0, -0.5], atol=1e-6)
-    np.testing.assert_array_equal(batch["loss_mask"].sum(axis=1), [2, 3, 4])
+    np.testing.assert_allclose(batch.advantages, [0.5, 0.0, -0.5], atol=1e-6)
+    np.testing.assert_array_equal(batch.loss_mask.sum(axis=1), [2, 3, 4])
 
 
 @pytest.mark.parametrize(

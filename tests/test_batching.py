@@ -60,21 +60,22 @@ def test_geometric_buckets_pad_at_most_a_third_with_two_widths_per_doubling():
 def test_pad_rows_literal():
     rows = [make_traj([1, 2], [3]).learner_arrays(), make_traj([4], [5, 6, 7, 8]).learner_arrays()]
     batch = pad_rows(rows, pad_id=PAD, num_rows=3, length_multiple=4)
-    assert sorted(batch) == ["input_ids", "loss_mask", "old_logprobs"]
+    np.testing.assert_array_equal(batch.advantages, [0, 0, 0])
+    np.testing.assert_array_equal(batch.truncated, [0, 0, 0])
     np.testing.assert_array_equal(
-        batch["input_ids"], [[1, 2, 3, 0, 0, 0, 0, 0], [4, 5, 6, 7, 8, 0, 0, 0], [0] * 8]
+        batch.input_ids, [[1, 2, 3, 0, 0, 0, 0, 0], [4, 5, 6, 7, 8, 0, 0, 0], [0] * 8]
     )
     np.testing.assert_array_equal(
-        batch["loss_mask"], [[0, 0, 1, 0, 0, 0, 0, 0], [0, 1, 1, 1, 1, 0, 0, 0], [0] * 8]
+        batch.loss_mask, [[0, 0, 1, 0, 0, 0, 0, 0], [0, 1, 1, 1, 1, 0, 0, 0], [0] * 8]
     )
     np.testing.assert_allclose(
-        batch["old_logprobs"],
+        batch.old_logprobs,
         [[0, 0, -0.5, 0, 0, 0, 0, 0], [0, -0.5, -0.5, -0.5, -0.5, 0, 0, 0], [0] * 8],
         rtol=0,
         atol=0,
     )
-    assert batch["input_ids"].dtype == np.int32
-    assert batch["loss_mask"].dtype == np.float32
+    assert batch.input_ids.dtype == np.int32
+    assert batch.loss_mask.dtype == np.float32
 
 
 @pytest.mark.parametrize(
@@ -91,19 +92,17 @@ def test_pad_rows_literal():
 def test_pad_rows_shapes(lengths, num_rows, multiple, shape):
     rows = [make_traj([9] * (n - 1), [5]).learner_arrays() for n in lengths]
     batch = pad_rows(rows, pad_id=PAD, num_rows=num_rows, length_multiple=multiple)
-    for key in ("input_ids", "loss_mask", "old_logprobs"):
-        assert batch[key].shape == shape
-    assert batch["loss_mask"][len(lengths) :].sum() == 0  # padding rows contribute nothing
-    np.testing.assert_array_equal(
-        batch["loss_mask"].sum(axis=1)[: len(lengths)], [1] * len(lengths)
-    )
+    for array in (batch.input_ids, batch.loss_mask, batch.old_logprobs):
+        assert array.shape == shape
+    assert batch.loss_mask[len(lengths) :].sum() == 0  # padding rows contribute nothing
+    np.testing.assert_array_equal(batch.loss_mask.sum(axis=1)[: len(lengths)], [1] * len(lengths))
 
 
 def test_pad_rows_uses_pad_id():
     batch = pad_rows(
         [make_traj([1], [2]).learner_arrays()], pad_id=99, num_rows=2, length_multiple=4
     )
-    np.testing.assert_array_equal(batch["input_ids"], [[1, 2, 99, 99], [99, 99, 99, 99]])
+    np.testing.assert_array_equal(batch.input_ids, [[1, 2, 99, 99], [99, 99, 99, 99]])
 
 
 def test_pad_rows_empty_raises():
@@ -128,12 +127,12 @@ def test_group_rewards_property():
 def test_grpo_batch_advantages_within_group(fn, expected):
     groups = [make_group(0, [1.0, 0.0]), make_group(1, [2.0, 2.0, 5.0])]
     batch = grpo_batch(groups, fn, pad_id=PAD, num_rows=7, length_multiple=8)
-    assert batch["input_ids"].shape == (7, 8)
-    assert batch["advantages"].shape == (7,)
-    assert batch["advantages"].dtype == np.float32
-    np.testing.assert_allclose(batch["advantages"], expected, rtol=1e-5, atol=1e-6)
+    assert batch.input_ids.shape == (7, 8)
+    assert batch.advantages.shape == (7,)
+    assert batch.advantages.dtype == np.float32
+    np.testing.assert_allclose(batch.advantages, expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(
-        batch["input_ids"][:, :4],
+        batch.input_ids[:, :4],
         [
             [7, 8, 20, 30],
             [7, 8, 20, 31],
@@ -144,13 +143,13 @@ def test_grpo_batch_advantages_within_group(fn, expected):
             [0, 0, 0, 0],
         ],
     )
-    np.testing.assert_array_equal(batch["loss_mask"].sum(axis=1), [2, 2, 2, 2, 2, 0, 0])
+    np.testing.assert_array_equal(batch.loss_mask.sum(axis=1), [2, 2, 2, 2, 2, 0, 0])
 
 
 def test_grpo_batch_uniform_group_gets_zero_advantage():
     groups = [make_group(0, [1.0, 1.0]), make_group(1, [0.0, 1.0])]
     batch = grpo_batch(groups, grpo, pad_id=PAD, length_multiple=8)
-    np.testing.assert_allclose(batch["advantages"], [0.0, 0.0, -1.0, 1.0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(batch.advantages, [0.0, 0.0, -1.0, 1.0], rtol=1e-5, atol=1e-6)
 
 
 def test_grpo_batch_rejects_advantage_length_mismatch():

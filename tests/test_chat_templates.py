@@ -20,8 +20,10 @@ from tunix_agentic.agent.chat import (
 from tunix_agentic.agent.loop import AgentConfig
 from tunix_agentic.agent.tool_parser import format_tool_call
 from tunix_agentic.envs.calculator import ArithmeticEnv, make_arithmetic_task
+from tunix_agentic.models.char_tokenizer import CharTokenizer
 from tunix_agentic.models.hf_tokenizer import HFTokenizer, save_char_tokenizer
-from tunix_agentic.models.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
+from tunix_agentic.models.tokenizer import Tokenizer
+from tunix_agentic.models.tokenizers import load_tokenizer
 from tunix_agentic.testing import arithmetic_demonstration as demonstration
 
 TOOLS = ArithmeticEnv().tool_schemas()

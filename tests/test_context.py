@@ -11,8 +11,8 @@ from tunix_agentic.agent.context import append_only, get_context_rule, sliding_w
 from tunix_agentic.agent.loop import AgentConfig, run_agent
 from tunix_agentic.envs.base import Environment, StepResult
 from tunix_agentic.inference import EngineConfig, JaxEngine
-from tunix_agentic.learners.batching import grpo_batch
-from tunix_agentic.models.tokenizer import CharTokenizer
+from tunix_agentic.learners.batching import grpo_batch, sft_batch
+from tunix_agentic.models.char_tokenizer import CharTokenizer
 from tunix_agentic.rollout.orchestrator import Group
 from tunix_agentic.testing import tiny_model
 from tunix_agentic.trajectory import Step, Trajectory
@@ -77,8 +77,8 @@ def test_grpo_batch_gives_every_step_row_its_trajectory_advantage():
     group = Group("g", 0, None, 0, [a, b], [], 0)
     batch = grpo_batch([group], lambda r: np.asarray(r) - np.mean(r), pad_id=0, num_rows=2)
     # a: 3 step rows, b: 1 row -> 4 rows, a multiple of num_rows (few compiled shapes)
-    assert batch["input_ids"].shape[0] == 4
-    assert batch["advantages"].tolist() == [0.5, 0.5, 0.5, -0.5]
+    assert batch.input_ids.shape[0] == 4
+    assert batch.advantages.tolist() == [0.5, 0.5, 0.5, -0.5]
     # Turn-level: step rewards (process rewards) shape each step's advantage.
     a.steps[1].reward = 1.0  # a's returns-to-go: [1, 1, 0]; b's: [0]
     turn = grpo_batch(
@@ -86,7 +86,7 @@ def test_grpo_batch_gives_every_step_row_its_trajectory_advantage():
     )
     g = np.array([1.0, 1.0, 0.0, 0.0])
     shaped = (g - g.mean()) / (g.std() + 1e-6)
-    np.testing.assert_allclose(turn["advantages"], [0.5, 0.5, 0.5, -0.5] + shaped, rtol=1e-5)
+    np.testing.assert_allclose(turn.advantages, [0.5, 0.5, 0.5, -0.5] + shaped, rtol=1e-5)
 
 
 class Echo(Environment):
@@ -190,5 +190,5 @@ def test_windowed_demonstrations_train_each_step_on_its_window():
         context_window=1,
     )
     for _ in range(3):  # rows carry over: every batch holds exactly batch_size real rows
-        batch = next(batches)
-        assert batch["input_ids"].shape[0] == 5 and (batch["loss_mask"].sum(1) > 0).all()
+        batch = sft_batch(next(batches), pad_id=TEMPLATE.tokenizer.pad_id)
+        assert batch.input_ids.shape[0] == 5 and (batch.loss_mask.sum(1) > 0).all()

@@ -379,6 +379,7 @@ async def test_the_engine_keeps_its_own_copy_of_the_parameters():
     import numpy as np
     from flax import nnx
 
+    from tunix_agentic.learners.batching import GRPOBatch
     from tunix_agentic.learners.grpo import GRPOLearner
 
     model = tiny_model(seed=4)
@@ -390,12 +391,12 @@ async def test_the_engine_keeps_its_own_copy_of_the_parameters():
     mask = np.zeros(ids.shape, np.float32)
     mask[:, 4:] = 1
     learner.train_step(
-        {
-            "input_ids": ids,
-            "loss_mask": mask,
-            "old_logprobs": np.zeros(ids.shape, np.float32),
-            "advantages": np.asarray([1.0, -1.0], np.float32),
-        }
+        GRPOBatch.build(
+            input_ids=ids,
+            loss_mask=mask,
+            old_logprobs=np.zeros(ids.shape, np.float32),
+            advantages=np.asarray([1.0, -1.0], np.float32),
+        )
     )
     assert all(x.is_deleted() for x in model_arrays)  # the step did donate them
     again = await engine.generate([5, 6, 7], GREEDY)

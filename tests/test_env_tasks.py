@@ -23,7 +23,7 @@ from tunix_agentic.envs import base as envs_base
 from tunix_agentic.envs.base import Action, Task, TaskSource, env_tasks, import_env_modules
 from tunix_agentic.envs.calculator import ArithmeticEnv, ArithmeticTasks
 from tunix_agentic.envs.countdown import CountdownEnv, CountdownTasks
-from tunix_agentic.models.tokenizer import CharTokenizer
+from tunix_agentic.models.char_tokenizer import CharTokenizer
 from tunix_agentic.testing import TINY_RUN_OVERRIDES, cli
 
 ROOT = Path(__file__).parents[1]
@@ -185,8 +185,8 @@ def test_demonstrations_mix_sources_by_weight():
         "arith": DemoSource(ArithmeticTasks(), ArithmeticEnv().tool_schemas(), 3.0),
         "count": DemoSource(CountdownTasks(), CountdownEnv().tool_schemas(), 1.0),
     }
-    batch = next(demonstration_batches(sources, TEMPLATE, seed=0, batch_size=8, tool_fraction=0))
-    texts = [TEMPLATE.tokenizer.decode(row.tolist()) for row in batch["input_ids"]]
+    rows = next(demonstration_batches(sources, TEMPLATE, seed=0, batch_size=8, tool_fraction=0))
+    texts = [TEMPLATE.tokenizer.decode(row["input_ids"].tolist()) for row in rows]
     assert sum("Make " in t for t in texts) == 2 and sum("Compute " in t for t in texts) == 6
 
     class NoDemos(TaskSource):

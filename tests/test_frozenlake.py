@@ -20,7 +20,7 @@ from tunix_agentic.envs.frozenlake import (
 )
 from tunix_agentic.envs.tools import ToolCall
 from tunix_agentic.inference import EngineConfig, JaxEngine
-from tunix_agentic.models.tokenizer import CharTokenizer
+from tunix_agentic.models.char_tokenizer import CharTokenizer
 from tunix_agentic.rollout import RolloutConfig, RolloutOrchestrator
 from tunix_agentic.testing import memorize, tiny_model
 

@@ -8,24 +8,25 @@ import math
 import numpy as np
 import pytest
 
+from tunix_agentic.learners.batching import GRPOBatch
 from tunix_agentic.learners.grpo import GRPOConfig, GRPOLearner
 from tunix_agentic.models.transformer import sequence_logprobs
 from tunix_agentic.testing import on_policy_batch, tiny_model
 
 
-def _batch(model, behaviour_shift: float = 0.0) -> dict[str, np.ndarray]:
+def _batch(model, behaviour_shift: float = 0.0) -> GRPOBatch:
     rng = np.random.default_rng(0)
     ids = rng.integers(1, model.cfg.vocab_size, (4, 12)).astype(np.int32)
     mask = np.zeros((4, 12), np.float32)
     mask[:, 5:] = 1.0  # the last 7 tokens were generated
     old = np.zeros((4, 12), np.float32)
     old[:, 1:] = np.asarray(sequence_logprobs(model, ids)) + behaviour_shift
-    return {
-        "input_ids": ids,
-        "loss_mask": mask,
-        "old_logprobs": old,
-        "advantages": np.array([1.0, 0.5, 2.0, 1.0], np.float32),  # token mean: -1.125 at ratio 1
-    }
+    return GRPOBatch.build(
+        input_ids=ids,
+        loss_mask=mask,
+        old_logprobs=old,
+        advantages=np.array([1.0, 0.5, 2.0, 1.0], np.float32),  # token mean: -1.125 at ratio 1
+    )
 
 
 def test_tis_on_fresh_on_policy_data_changes_nothing():
@@ -62,7 +63,7 @@ def _train(config: GRPOConfig, steps: int = 2) -> tuple[list[dict[str, float]], 
 
     learner = GRPOLearner(tiny_model(), config)
     batch = on_policy_batch(tiny_model())
-    batch["loss_mask"][1, 20:] = 0.0  # rows of different lengths: the normalisers matter
+    batch.loss_mask[1, 20:] = 0.0  # rows of different lengths: the normalisers matter
     metrics = [learner.train_step(batch) for _ in range(steps)]
     return metrics, [np.asarray(x) for x in jax.tree.leaves(learner.params_for_engine())]
 
@@ -96,7 +97,7 @@ def test_every_step_logs_the_sampler_mismatch_and_the_collapse_diagnostic():
     batch = on_policy_batch(model)
     # The diagnostic scores every (prompt j, response i) pair with the policy before the
     # update: recompute it independently with the same model.
-    pair_ids, pair_mask = cross_pairs(batch["input_ids"], batch["loss_mask"], 4, pad_id=0)
+    pair_ids, pair_mask = cross_pairs(batch.input_ids, batch.loss_mask, 4, pad_id=0)
     lp = np.asarray(sequence_logprobs(model, pair_ids))
     expected = mi_from_scores((lp * pair_mask[:, 1:]).sum(-1).reshape(4, 4))
     metrics = learner.train_step(batch)
@@ -106,8 +107,8 @@ def test_every_step_logs_the_sampler_mismatch_and_the_collapse_diagnostic():
     for key, value in expected.items():
         assert metrics[f"collapse/{key}"] == pytest.approx(value, abs=1e-4), key
     # Identical prompts cannot be told apart: fewer than two distinct prompts, no figure.
-    same = {**batch, "input_ids": batch["input_ids"].copy()}
-    same["input_ids"][:, :8] = same["input_ids"][0, :8]
+    same = batch.replace(input_ids=batch.input_ids.copy())
+    same.input_ids[:, :8] = same.input_ids[0, :8]
     assert "collapse/retrieval_accuracy" not in learner.collapse_metrics(same)
 
 
@@ -116,11 +117,11 @@ def test_kl_as_a_reward_penalty_uses_the_configured_estimator(estimator):
     """Sampled by another policy (seed 1), the reference is the learner's start (seed 0):
     each row's advantage loses kl_coef x the summed estimator over its tokens."""
     batch = on_policy_batch(tiny_model(seed=1))
-    ref = np.zeros_like(batch["old_logprobs"])
-    ref[:, 1:] = np.asarray(sequence_logprobs(tiny_model(), batch["input_ids"]))
-    d = (batch["old_logprobs"] - ref)[:, 1:]
+    ref = np.zeros_like(batch.old_logprobs)
+    ref[:, 1:] = np.asarray(sequence_logprobs(tiny_model(), batch.input_ids))
+    d = (batch.old_logprobs - ref)[:, 1:]
     k = d if estimator == "k1" else np.exp(-d) + d - 1.0
-    per_row = (k * batch["loss_mask"][:, 1:]).sum(-1)
+    per_row = (k * batch.loss_mask[:, 1:]).sum(-1)
     config = GRPOConfig(kl_coef=0.1, kl_penalty="reward", kl_estimator=estimator, mi_pairs=0)
     metrics = GRPOLearner(tiny_model(), config).train_step(batch)
     assert metrics["kl_penalty_mean"] == pytest.approx(0.1 * per_row.mean(), rel=1e-4)
@@ -155,3 +156,21 @@ def test_gspo_with_ppo_sized_clips_warns():
 def test_bad_learner_settings_are_refused_with_the_field_named(field, value):
     with pytest.raises(ValueError, match=f"learner.{field}"):
         GRPOConfig(**{field: value})
+
+
+def test_the_train_step_compiles_once_per_batch_shape():
+    """Compiles are counted from JAX's compile events (tunix_agentic.compiles), the same
+    way as the engine's: one per batch shape, none while tracing is counted twice."""
+    learner = GRPOLearner(tiny_model(), GRPOConfig(mi_pairs=0))
+    batch = on_policy_batch(tiny_model())
+    learner.train_step(batch)
+    learner.train_step(batch)
+    assert learner.compiles["train_step"] == 1
+    wider = batch.replace(
+        **{
+            name: np.pad(getattr(batch, name), ((0, 0), (0, 8)))
+            for name in ("input_ids", "loss_mask", "old_logprobs")
+        }
+    )
+    learner.train_step(wider)
+    assert learner.compiles.counts == {"train_step": 2, "pair_scores": 0}

@@ -7,11 +7,12 @@ from flax import nnx
 
 from tunix_agentic.agent.chat import ChatTemplate
 from tunix_agentic.agent.loop import AgentConfig
-from tunix_agentic.envs.base import Environment, StepResult
+from tunix_agentic.envs.base import Environment, StepResult, run_tool_calls
 from tunix_agentic.envs.calculator import ArithmeticEnv, CalculatorTool, make_arithmetic_task
-from tunix_agentic.envs.tools import ToolUnavailable
+from tunix_agentic.envs.tools import Tool, ToolUnavailable
 from tunix_agentic.inference import EngineConfig, JaxEngine
-from tunix_agentic.models.tokenizer import CharTokenizer
+from tunix_agentic.inference.base import TokenOutput
+from tunix_agentic.models.char_tokenizer import CharTokenizer
 from tunix_agentic.rollout import RolloutConfig, RolloutOrchestrator
 from tunix_agentic.testing import arithmetic_demonstration as demonstration
 from tunix_agentic.testing import memorize, tiny_model
@@ -502,4 +503,105 @@ async def test_a_version_published_before_admitted_groups_start_does_not_strand_
     second = await asyncio.wait_for(orch.get_batch(), timeout=120)
     assert len(second) == 1
     await orch.stop()
+    await orch.engine.close()
+
+
+# --- tool calls per turn and whose timeout it is ---------------------------------------------------
+
+
+class ScriptedEngine(JaxEngine):
+    """A real JaxEngine whose every turn is one scripted text (a policy that always makes
+    the same tool calls); ``hang`` makes ``generate`` wait forever, as a stuck backend."""
+
+    def __init__(self, model, script: str, *, hang: bool = False):
+        super().__init__(model, EngineConfig(max_slots=4, max_seq_len=128, decode_steps=8))
+        self.ids = TOK.encode(script) + [TOK.im_end_id]
+        self.hang = hang
+
+    async def generate(self, prompt_ids, sampling, *, session_id=None, request_id=None):
+        if self.hang:
+            await asyncio.Event().wait()
+        n = len(self.ids)
+        return TokenOutput(list(self.ids), [-1.0] * n, "stop", versions=[self.version] * n)
+
+
+class SleepTool(Tool):
+    name = "sleep"
+    description = "Sleeps for the given seconds."
+    parameters = {
+        "type": "object",
+        "properties": {"seconds": {"type": "number"}},
+        "required": ["seconds"],
+    }
+    runs = 0
+
+    async def run(self, seconds):
+        type(self).runs += 1
+        await asyncio.sleep(seconds)
+        return "slept"
+
+
+class SleepEnv(Environment):
+    """Runs the agent's tool calls (each up to 60 s), never done."""
+
+    tools = {"sleep": SleepTool()}
+
+    async def reset(self, task):
+        return "sleep"
+
+    async def step(self, action):
+        return await run_tool_calls(self.tools, action, timeout=60.0)
+
+
+def _sleeps(n: int, seconds: float) -> str:
+    call = f'<tool_call>{{"name": "sleep", "arguments": {{"seconds": {seconds}}}}}</tool_call>'
+    return call * n
+
+
+def _scripted_orch(model, script, *, hang=False, max_calls=8, timeout_s=300.0):
+    agent = dataclasses.replace(AGENT, max_turns=2, max_tool_calls_per_turn=max_calls)
+    config = RolloutConfig(
+        group_size=2, filter_uniform_groups=False, infra_retries=0, episode_timeout_s=timeout_s
+    )
+    engine = ScriptedEngine(model, script, hang=hang)
+    return RolloutOrchestrator(engine, SleepEnv, TEMPLATE, agent, config)
+
+
+def test_agent_config_names_a_bad_tool_call_cap():
+    with pytest.raises(ValueError, match="agent.max_tool_calls_per_turn must be >= 1"):
+        AgentConfig(max_tool_calls_per_turn=0)
+
+
+async def test_a_turn_runs_at_most_max_tool_calls_per_turn(random_model):
+    SleepTool.runs = 0
+    orch = _scripted_orch(random_model, _sleeps(15, 0), max_calls=3)
+    group = await orch.run_group(TASKS[0])
+    assert not group.dropped and [t.status for t in group.trajectories] == ["max_turns"] * 2
+    for traj in group.trajectories:
+        for step in traj.steps:
+            assert len(step.tool_calls) == 3
+            seen = TOK.decode(step.observation_ids)
+            assert seen.count("slept") == 3
+            assert "this turn made 15 tool calls; only the first 3 were run" in seen
+    assert SleepTool.runs == 2 * 2 * 3  # 2 episodes of 2 turns of 3 calls
+    await orch.engine.close()
+
+
+async def test_tool_calls_past_the_episode_deadline_are_the_agents_failure(random_model):
+    orch = _scripted_orch(random_model, _sleeps(2, 30), timeout_s=1.0)
+    group = await orch.run_group(TASKS[0])
+    assert not group.dropped and orch.stats["infra_failures"] == 0
+    assert group.rewards.tolist() == [0.0, 0.0]  # scored: failures of the policy
+    for traj in group.trajectories:
+        assert traj.status == "agent_timeout" and not traj.is_infra_failure
+        assert "exceeded 1.0s in run" in traj.error and "actions_s" in traj.timings
+    await orch.engine.close()
+
+
+async def test_an_engine_hung_past_the_episode_deadline_stays_infra(random_model):
+    orch = _scripted_orch(random_model, _sleeps(1, 0), hang=True, timeout_s=0.3)
+    group = await orch.run_group(TASKS[0])
+    assert not group.trajectories and [t.status for t in group.dropped] == ["timeout"] * 2
+    assert all(t.is_infra_failure and "in run" in t.error for t in group.dropped)
+    assert orch.stats["infra_failures"] == 2
     await orch.engine.close()

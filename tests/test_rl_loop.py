@@ -9,7 +9,7 @@ from tunix_agentic.agent.loop import AgentConfig
 from tunix_agentic.envs.calculator import ArithmeticEnv, make_arithmetic_task
 from tunix_agentic.inference import EngineConfig, EngineError, JaxEngine, WeightUpdate
 from tunix_agentic.metrics import MetricsRecorder
-from tunix_agentic.models.tokenizer import CharTokenizer
+from tunix_agentic.models.char_tokenizer import CharTokenizer
 from tunix_agentic.rl_loop import StepReport, run_rl_steps
 from tunix_agentic.rollout import RolloutConfig, RolloutOrchestrator
 from tunix_agentic.testing import tiny_model

@@ -110,3 +110,52 @@ def test_importing_the_package_imports_no_jax():
         [sys.executable, "-c", probe], check=True, capture_output=True, text=True, cwd=ROOT
     ).stdout
     assert out.strip() == "['flax', 'jax']"  # and a name's use imports what it needs
+
+
+def _module_import_graph() -> dict[str, set[str]]:
+    """Module -> project modules it imports anywhere in its file: at module level, inside
+    functions and under ``TYPE_CHECKING`` alike (a lazy import is still a dependency)."""
+    known = {name for name, _ in _modules()}
+
+    def resolve(name: str) -> str | None:
+        while name and name not in known:  # ``from pkg.mod import name``: the module
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for module, path in _modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            for name in names:
+                target = resolve(name) if name.startswith("tunix_agentic.") else None
+                # A package's __init__ re-exporting its modules is not a dependency back.
+                if target and target != module and not module.startswith(target + "."):
+                    graph.setdefault(module, set()).add(target)
+    return graph
+
+
+def test_modules_import_each_other_without_cycles():
+    graph = _module_import_graph()
+    assert "tunix_agentic.inference.config" in graph["tunix_agentic.inference.scheduler"]
+    state: dict[str, str] = {}
+    cycles: list[str] = []
+
+    def visit(module: str, path: list[str]) -> None:
+        if state.get(module) == "done":
+            return
+        if state.get(module) == "open":
+            cycles.append(" -> ".join([*path[path.index(module) :], module]))
+            return
+        state[module] = "open"
+        for nxt in sorted(graph.get(module, ())):
+            visit(nxt, [*path, module])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        visit(module, [])
+    assert not cycles, "\n".join(cycles)

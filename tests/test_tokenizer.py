@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tunix_agentic.models.tokenizer import SPECIAL_TOKENS, WORD_TOKENS, CharTokenizer
+from tunix_agentic.models.char_tokenizer import SPECIAL_TOKENS, WORD_TOKENS, CharTokenizer
 
 NATURAL_SIZE = 115  # 10 special tokens + 96 characters + 9 word tokens
 

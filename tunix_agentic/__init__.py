@@ -45,7 +45,7 @@ _API: dict[str, str] = {
     "EngineError": "tunix_agentic.inference.base",
     "SamplingParams": "tunix_agentic.inference.sampling",
     "JaxEngine": "tunix_agentic.inference.engine",
-    "EngineConfig": "tunix_agentic.inference.engine",
+    "EngineConfig": "tunix_agentic.inference.config",
     "EnginePool": "tunix_agentic.inference.pool",
     "CrossPolicyEngine": "tunix_agentic.inference.cross_policy",
     "SGLangEngine": "tunix_agentic.serving.client",
@@ -77,9 +77,9 @@ _API: dict[str, str] = {
     # models and learners
     "Transformer": "tunix_agentic.models.transformer",
     "ModelConfig": "tunix_agentic.models.transformer",
-    "CharTokenizer": "tunix_agentic.models.tokenizer",
+    "CharTokenizer": "tunix_agentic.models.char_tokenizer",
     "GRPOLearner": "tunix_agentic.learners.grpo",
-    "GRPOConfig": "tunix_agentic.learners.grpo",
+    "GRPOConfig": "tunix_agentic.learners.grpo_config",
     "SFTTrainer": "tunix_agentic.learners.sft",
     "OptimizerConfig": "tunix_agentic.learners.state",
 }

@@ -21,7 +21,7 @@ import tunix_agentic.envs  # noqa: F401  (registers the built-in environments, v
 from tunix_agentic.agent.loop import AgentConfig
 from tunix_agentic.envs.base import available_envs, import_env_modules
 from tunix_agentic.envs.sandbox import SandboxConfig
-from tunix_agentic.inference.engine import EngineConfig
+from tunix_agentic.inference.config import EngineConfig
 from tunix_agentic.learners.grpo import GRPOConfig
 from tunix_agentic.learners.state import OptimizerConfig
 from tunix_agentic.models.transformer import ModelConfig

@@ -21,9 +21,9 @@ from tunix_agentic.checkpoint import load_run_params
 from tunix_agentic.config import ConfigError, RunConfig, load_config
 from tunix_agentic.learners.lora import init_adapters
 from tunix_agentic.learners.lora import merge as lora_merge
+from tunix_agentic.models.char_tokenizer import CharTokenizer
 from tunix_agentic.models.hf import save_hf
 from tunix_agentic.models.hf_tokenizer import save_char_tokenizer
-from tunix_agentic.models.tokenizer import CharTokenizer
 from tunix_agentic.models.transformer import Transformer
 
 

@@ -203,22 +203,24 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
-def put_batch(batch: Mapping[str, Any], mesh: Mesh) -> dict[str, jax.Array]:
-    """A host batch (rows first) placed with rows over ``fsdp``; the row count must be a
-    multiple of the mesh's ``fsdp`` size. Every process passes the same global batch
-    (multi-host: each keeps only its devices' rows)."""
+def put_batch(batch: Any, mesh: Mesh) -> Any:
+    """A host batch (a pytree of arrays, rows first: a ``GRPOBatch``, a dict, a tuple)
+    placed with rows over ``fsdp``; each row count must be a multiple of the mesh's
+    ``fsdp`` size. Every process passes the same global batch (multi-host: each keeps only
+    its devices' rows)."""
     fsdp = mesh.shape["fsdp"]
-    out = {}
-    for key, value in batch.items():
+
+    def place(path, value):
         arr = np.asarray(value)
         if arr.shape[0] % fsdp:
             raise ValueError(
-                f"batch[{key!r}] has {arr.shape[0]} rows, not a multiple of the mesh's "
-                f"fsdp size {fsdp} (pad the rows: learner num_rows)"
+                f"batch{jax.tree_util.keystr(path)} has {arr.shape[0]} rows, not a multiple "
+                f"of the mesh's fsdp size {fsdp} (pad the rows: learner num_rows)"
             )
         sharding = batch_sharding(mesh, arr.ndim)
-        out[key] = jax.make_array_from_callback(arr.shape, sharding, lambda idx, a=arr: a[idx])
-    return out
+        return jax.make_array_from_callback(arr.shape, sharding, lambda idx, a=arr: a[idx])
+
+    return jax.tree_util.tree_map_with_path(place, batch)
 
 
 def initialize_distributed(

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from tunix_agentic.learners.batching import pad_rows
+from tunix_agentic.learners.batching import GRPOBatch, sft_batch
 from tunix_agentic.learners.sft import SFTTrainer
 from tunix_agentic.learners.state import OptimizerConfig
 from tunix_agentic.models.transformer import ModelConfig, Transformer, sequence_logprobs
@@ -40,7 +40,7 @@ TINY_RUN_OVERRIDES = (
 )
 
 
-def on_policy_batch(model: Transformer, seed: int = 0) -> dict[str, np.ndarray]:
+def on_policy_batch(model: Transformer, seed: int = 0) -> GRPOBatch:
     """A GRPO batch of 4 random 24-token rows (the last 16 trained), scored by ``model``
     itself (ratios start at 1), advantages +1/-1/+1/-1."""
     rng = np.random.default_rng(seed)
@@ -50,7 +50,10 @@ def on_policy_batch(model: Transformer, seed: int = 0) -> dict[str, np.ndarray]:
     old = np.asarray(sequence_logprobs(model, jnp.asarray(ids)), np.float32)
     old = np.concatenate([np.zeros((4, 1), np.float32), old], axis=1) * mask
     adv = np.asarray([1.0, -1.0, 1.0, -1.0], np.float32)
-    return {"input_ids": ids, "loss_mask": mask, "old_logprobs": old, "advantages": adv}
+    truncated = np.zeros(4, np.float32)
+    return GRPOBatch(
+        input_ids=ids, loss_mask=mask, old_logprobs=old, advantages=adv, truncated=truncated
+    )
 
 
 def tiny_model(seed: int = 0, **overrides) -> Transformer:
@@ -70,12 +73,10 @@ def memorize(
         {
             "input_ids": np.asarray(ids, np.int32),
             "loss_mask": np.asarray(mask, np.float32),
-            "old_logprobs": np.zeros(len(ids), np.float32),
         }
         for ids, mask in sequences
     ]
-    batch = pad_rows(rows, pad_id=0, length_multiple=16)
-    batch = {"input_ids": batch["input_ids"], "loss_mask": batch["loss_mask"]}
+    batch = sft_batch(rows, pad_id=0)
     trainer = SFTTrainer(model, OptimizerConfig(learning_rate=learning_rate))
     for _ in range(steps):
         trainer.train_step(batch)

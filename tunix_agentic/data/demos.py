@@ -21,7 +21,6 @@ from tunix_agentic.agent.tool_parser import format_tool_call
 from tunix_agentic.data.mixture import next_by_quota
 from tunix_agentic.data.tasks import task_iterator
 from tunix_agentic.envs.base import TaskSource
-from tunix_agentic.learners.batching import pad_rows
 from tunix_agentic.trajectory import Step, Trajectory
 
 
@@ -112,9 +111,10 @@ def demonstration_batches(
     tool_fraction: float,
     context_rule: str = "append_only",
     context_window: int = 1,
-) -> Iterator[dict[str, np.ndarray]]:
-    """Endless padded SFT batches of ``batch_size`` rows from the train splits of
-    ``sources``, mixed by weight; ``tool_fraction`` of the demonstrations ask to use
+) -> Iterator[list[dict[str, np.ndarray]]]:
+    """Endless SFT batches of ``batch_size`` learner rows (``input_ids``, ``loss_mask``;
+    the learner pads them: :func:`tunix_agentic.learners.batching.sft_batch`) from the
+    train splits of ``sources``, mixed by weight; ``tool_fraction`` of the demonstrations ask to use
     the tools. Under a context rule that shows less than the whole history, a
     demonstration gives one row per step (its context as the rule shows it), and rows
     carry over from batch to batch.
@@ -158,9 +158,8 @@ def demonstration_batches(
             name = next_by_quota(shares, counts)  # the RL stream's exact quotas
             counts[name] += 1
             rows += make(name)
-        batch = pad_rows(rows[:batch_size], pad_id=template.tokenizer.pad_id, length_multiple=16)
-        rows = rows[batch_size:]
-        yield {"input_ids": batch["input_ids"], "loss_mask": batch["loss_mask"]}
+        batch, rows = rows[:batch_size], rows[batch_size:]
+        yield batch
 
 
 def _prompt(task: Any) -> str:

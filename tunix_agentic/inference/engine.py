@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import dataclasses
 import itertools
 import time
 import weakref
@@ -58,6 +57,7 @@ from tunix_agentic.inference.base import (
     TokenOutput,
     WeightUpdate,
 )
+from tunix_agentic.inference.config import EngineConfig
 from tunix_agentic.inference.device_step import PrefillBatch, RowSampling, StepConfig
 from tunix_agentic.inference.sampling import SamplingParams
 from tunix_agentic.inference.scheduler import (
@@ -72,53 +72,12 @@ from tunix_agentic.inference.scheduler import (
 )
 from tunix_agentic.models.transformer import ModelConfig, Transformer, init_cache
 from tunix_agentic.sharding import (
-    MeshConfig,
     cache_sharding,
     make_mesh,
     replicated,
     reshard,
     shard_tree,
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineConfig:
-    """Memory and batching limits of one engine."""
-
-    max_slots: int = 32
-    max_seq_len: int = 256
-    decode_steps: int = 8
-    min_prefill_len: int = 16
-    session_reuse: bool = True
-    reuse_kv_across_versions: bool = False
-    # Queue the next decode chunk before collecting the last one, so host work overlaps the
-    # device's (a queued chunk may decode slots whose request just ended: wasted rows).
-    overlap: bool = True
-    # Trainer: compile every prefill shape and the decode chunk on a second thread at start
-    # (beside the SFT warm start) instead of when each shape is first met mid-rollout.
-    warmup: bool = True
-    seed: int = 0
-    # Devices the engine serves from (tunix_agentic.sharding); the default is one device.
-    mesh: MeshConfig = MeshConfig()
-
-    def __post_init__(self):
-        for name in ("max_slots", "max_seq_len", "decode_steps", "min_prefill_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"engine.{name} must be >= 1, got {getattr(self, name)}")
-
-    def length_buckets(self) -> list[int]:
-        out, n = [], self.min_prefill_len
-        while n < self.max_seq_len:
-            out.append(n)
-            n *= 2
-        return out + [self.max_seq_len]
-
-    def row_buckets(self) -> list[int]:
-        out, n = [], 1
-        while n < self.max_slots:
-            out.append(n)
-            n *= 2
-        return out + [self.max_slots]
 
 
 class JaxEngine:
@@ -203,19 +162,21 @@ class JaxEngine:
         here starts without a compile pause. Returns the shapes compiled and the seconds.
         """
         t = time.perf_counter()
-        cfg = self.config
+        cfg, sched = self.config, self._scheduler
         n = 0
         for length in cfg.length_buckets():
             for rows in cfg.row_buckets():
                 batch = PrefillBatch.host(
                     rows, length, num_slots=cfg.max_slots, max_seq_len=cfg.max_seq_len
                 )
-                self._scheduler.prefill_fn.lower(*self._device_specs, batch).compile()
+                with sched.compiles.counting("prefill"):
+                    sched.prefill_jit.lower(*self._device_specs, batch).compile()
                 n += 1
         s = cfg.max_slots
-        self._scheduler.decode_fn.lower(
-            *self._device_specs, np.zeros(s, bool), RowSampling.host(s)
-        ).compile()
+        with sched.compiles.counting("decode"):
+            sched.decode_jit.lower(
+                *self._device_specs, np.zeros(s, bool), RowSampling.host(s)
+            ).compile()
         return {"shapes": n + 1, "seconds": time.perf_counter() - t}
 
     async def generate(
@@ -355,16 +316,9 @@ class JaxEngine:
 
     @property
     def compiles(self) -> dict[str, int]:
-        """Executables compiled so far for prefill and decode (each shape and placement counts)."""
-
-        def count(fn) -> int:
-            size = getattr(fn, "_cache_size", None)  # jax.jit's executable count
-            return size() if size is not None else 0
-
-        return {
-            "prefill": count(self._scheduler.prefill_fn),
-            "decode": count(self._scheduler.decode_fn),
-        }
+        """Executables compiled so far for prefill and decode (each shape and placement
+        counts; warm-up's included), from JAX's compile events (:mod:`tunix_agentic.compiles`)."""
+        return self._scheduler.compiles.counts
 
     @property
     def params(self) -> Any:

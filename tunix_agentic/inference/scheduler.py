@@ -33,13 +33,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import numpy as np
 
+from tunix_agentic.compiles import CompileCounter
 from tunix_agentic.inference.base import EngineError, TokenOutput, WeightUpdate
 from tunix_agentic.inference.clock import EngineClock
+from tunix_agentic.inference.config import EngineConfig, bucket
 from tunix_agentic.inference.device_step import (
     DecodeState,
     PrefillBatch,
@@ -51,9 +53,6 @@ from tunix_agentic.inference.device_step import (
 from tunix_agentic.inference.sampling import SamplingParams
 from tunix_agentic.inference.slots import Parked, SlotTable
 
-if TYPE_CHECKING:
-    from tunix_agentic.inference.engine import EngineConfig
-
 _log = logging.getLogger(__name__)
 IDLE_EXIT_S = 2.0  # the thread ends after this long with nothing to do
 
@@ -64,14 +63,6 @@ def commit(tree: Any) -> Any:
     return jax.tree.map(
         lambda x: jax.device_put(x, x.sharding) if isinstance(x, jax.Array) else x, tree
     )
-
-
-def bucket(n: int, buckets: list[int]) -> int:
-    """The smallest bucket that holds ``n``."""
-    for b in buckets:
-        if n <= b:
-            return b
-    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
 
 
 @dataclasses.dataclass
@@ -210,8 +201,13 @@ class Scheduler:
         self.open = open_requests
         self.failure: str | None = None
         self.closing = False
-        self.prefill_fn = jax.jit(functools.partial(prefill, step), donate_argnums=(1, 2))
-        self.decode_fn = jax.jit(functools.partial(decode, step), donate_argnums=(1, 2))
+        # The jitted steps (``.lower`` for ahead-of-time compiles) and their calls, whose
+        # compilations ``compiles`` counts.
+        self.prefill_jit = jax.jit(functools.partial(prefill, step), donate_argnums=(1, 2))
+        self.decode_jit = jax.jit(functools.partial(decode, step), donate_argnums=(1, 2))
+        self.compiles = CompileCounter()
+        self.prefill_fn = self.compiles.wrap("prefill", self.prefill_jit)
+        self.decode_fn = self.compiles.wrap("decode", self.decode_jit)
         self._pending_weights: Weights | None = None
         self._superseded: list[Weights] = []  # replaced before applied: resolved with it
         self._outbox: list[tuple[Request, TokenOutput | BaseException]] = []

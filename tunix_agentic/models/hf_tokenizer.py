@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from tunix_agentic.models.tokenizer import SPECIAL_TOKENS, WORD_TOKENS, CharTokenizer
+from tunix_agentic.models.char_tokenizer import SPECIAL_TOKENS, WORD_TOKENS, CharTokenizer
 
 
 def _token_text(value: Any) -> str | None:
