@@ -8,7 +8,8 @@ has ``done=True``, then ``evaluate()`` (the verifier, run in the orchestrator's 
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping, Sequence
+import inspect
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -196,25 +197,52 @@ EnvFactory = Callable[..., Environment]
 _F = TypeVar("_F", bound=EnvFactory)
 _REGISTRY: dict[str, EnvFactory] = {}
 _TASKS: dict[str, TaskSource] = {}
+_CLIENT_KWARGS: dict[str, frozenset[str]] = {}
 ENTRY_POINT_GROUP = "tunix_agentic.envs"
 
 
-def register_env(name: str, *, tasks: TaskSource | None = None) -> Callable[[_F], _F]:
+def register_env(
+    name: str, *, tasks: TaskSource | None = None, client_kwargs: Iterable[str] = ()
+) -> Callable[[_F], _F]:
     """Class/function decorator registering an environment factory under ``name``,
     with the :class:`TaskSource` its tasks come from (None: tasks come from a file
     or are given to the orchestrator directly).
+
+    ``client_kwargs``: the factory keywords a remote client may set when
+    ``tunix-agentic serve-env`` builds an episode for it (``POST /envs`` ``kwargs``).
+    List only task-level knobs (episode rules, reward shaping); resource limits, paths
+    and the sandbox are the server operator's, fixed when the server starts. Default:
+    none. ``"sandbox"`` is refused, and so is a keyword the factory does not take.
 
     Registering a different factory under a name already taken raises ``ValueError``;
     registering the same one again (e.g. a module reload) is allowed.
     """
     if tasks is not None and not isinstance(tasks, TaskSource):
         raise TypeError(f"tasks must be a TaskSource, got {type(tasks).__name__}")
+    if isinstance(client_kwargs, str):
+        raise ValueError(f"client_kwargs must be a list of names, got {client_kwargs!r}")
+    allowed = frozenset(client_kwargs)
+    for key in sorted(allowed, key=repr):
+        if not isinstance(key, str) or not key.isidentifier():
+            raise ValueError(f"client_kwargs of {name!r}: {key!r} is not a keyword name")
+    if "sandbox" in allowed:
+        raise ValueError(
+            f"client_kwargs of {name!r}: 'sandbox' cannot come from a client; the sandbox "
+            "is the server operator's (serve-env --config)"
+        )
 
     def decorator(factory: _F) -> _F:
         existing = _REGISTRY.get(name)
         if existing is not None and _origin(existing) != _origin(factory):
             raise ValueError(f"environment {name!r} is already registered to {existing!r}")
+        takes = _keywords(factory)
+        unknown = sorted(allowed - takes) if takes is not None else []
+        if unknown:
+            raise ValueError(
+                f"client_kwargs of {name!r}: {unknown[0]!r} is not a keyword of {factory!r}"
+            )
         _REGISTRY[name] = factory
+        _CLIENT_KWARGS[name] = allowed
         if tasks is not None:
             _TASKS[name] = tasks
         else:
@@ -222,6 +250,25 @@ def register_env(name: str, *, tasks: TaskSource | None = None) -> Callable[[_F]
         return factory
 
     return decorator
+
+
+def _keywords(factory: EnvFactory) -> frozenset[str] | None:
+    """The keyword names ``factory`` takes; None when it takes any (``**kwargs``, or no
+    signature to read)."""
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
+def env_client_kwargs(name: str) -> frozenset[str]:
+    """The factory keywords of environment ``name`` that a remote client may set (see
+    :func:`register_env`); ValueError if ``name`` is not registered."""
+    get_env_factory(name)
+    return _CLIENT_KWARGS.get(name, frozenset())
 
 
 def env_tasks(name: str) -> TaskSource | None:

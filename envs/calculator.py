@@ -244,7 +244,7 @@ class ArithmeticTasks(TaskSource):
         return [{"role": "assistant", "content": f"<answer>{guess}</answer>"}]
 
 
-@register_env("arithmetic", tasks=ArithmeticTasks())
+@register_env("arithmetic", tasks=ArithmeticTasks(), client_kwargs=("tool_timeout",))
 class ArithmeticEnv(Environment):
     """Arithmetic with a calculator: tool calls until ``<answer>``; reward 1.0 if it is right.
 

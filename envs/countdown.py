@@ -122,7 +122,7 @@ class CountdownTasks(TaskSource):
         ]
 
 
-@register_env("countdown", tasks=CountdownTasks())
+@register_env("countdown", tasks=CountdownTasks(), client_kwargs=("tool_timeout", "format_reward"))
 class CountdownEnv(Environment):
     """Countdown with a calculator: tool calls until ``<answer>expression</answer>``.
 

@@ -390,7 +390,11 @@ class FrozenLakeRules:
 SUCCESS_REWARD = 1.0
 
 
-@register_env("frozenlake", tasks=FrozenLakeTasks())
+@register_env(
+    "frozenlake",
+    tasks=FrozenLakeTasks(),
+    client_kwargs=("max_turns", "max_actions_per_turn", "step_penalty", "invalid_action_penalty"),
+)
 class FrozenLakeEnv(Environment):
     """FrozenLake (see the module docstring): several turns per episode, no tools.
 

@@ -54,7 +54,7 @@ class MathTasks(TaskSource):
         ]
 
 
-@register_env("math_python", tasks=MathTasks())
+@register_env("math_python", tasks=MathTasks(), client_kwargs=("max_python_calls",))
 class MathPythonEnv(SandboxedEnv):
     """Python tool calls until ``<answer>``; reward 1.0 if the answer equals the expected
     one mathematically, else 0 (status ``answered``). A turn with neither a call nor an

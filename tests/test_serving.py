@@ -300,14 +300,34 @@ async def test_cancelled_client_aborts_the_engine_request(engine, client):
 
 
 @in_module_loop
-async def test_client_timeout_raises_engine_error_and_aborts(engine, url):
+async def test_client_timeout_raises_engine_error_and_aborts(engine, url, monkeypatch):
+    # A warm tiny engine can finish any generation within a short timeout: the request is
+    # held at the server's door until the client has given up, so the timeout always wins.
+    from tunix_agentic.serving import engine_server
+
+    held, dropped = asyncio.Event(), asyncio.Event()
+    generate_one = engine_server._generate_one
+
+    async def hold_then_generate(*args):
+        try:
+            await held.wait()
+        except asyncio.CancelledError:
+            dropped.set()
+            raise
+        return await generate_one(*args)
+
+    monkeypatch.setattr(engine_server, "_generate_one", hold_then_generate)
+    before = engine.stats["generated_tokens"]
     client = SGLangEngine(url, request_timeout_s=0.05)
     try:
         with pytest.raises(EngineError, match="timed out"):
             await client.generate([1, 2], SamplingParams(**LONG))
+        await asyncio.wait_for(dropped.wait(), 10)  # the server dropped the abandoned request
     finally:
+        held.set()
         await client.close()
     await wait_until(lambda: engine.in_flight == 0)
+    assert engine.stats["generated_tokens"] == before
 
 
 async def test_client_against_closed_port_raises_engine_error():
@@ -367,7 +387,7 @@ async def test_update_weights_from_disk(engine, url, tmp_path):
         # The client's asynchronous path: write the original back, then load it as "v0 + 5".
         update = client.update_weights(original, v0 + 5)
         assert await asyncio.wait_for(update, 60) == v0 + 5  # the server applied them
-        assert (tmp_path / "sync" / f"v{v0 + 5}").is_dir()
+        assert [p.name for p in (tmp_path / "sync").iterdir()] == [f"v{v0 + 5}-{client.writer_id}"]
         out = await client.generate(prompt, GREEDY)
         assert out.token_ids == before.token_ids and out.versions == [v0 + 5] * 9
         assert (await client.model_info())["weight_version"] == str(v0 + 5)
@@ -381,6 +401,58 @@ async def test_update_weights_from_disk(engine, url, tmp_path):
     finally:
         await client.close()
         engine.update_weights(original, max(engine.version, v0 + 5))
+
+
+@in_module_loop
+async def test_clients_sharing_a_weights_dir_never_write_the_same_directory(engine, url, tmp_path):
+    """A pool's clients (one per server) share one weights_dir: each writes its own."""
+    shared = tmp_path / "shared"
+    writers = [SGLangEngine(url, weights_dir=str(shared)) for _ in range(2)]
+    version = engine.version + 1
+    try:
+        updates = [w.update_weights(engine.params, version) for w in writers]
+        assert await asyncio.wait_for(asyncio.gather(*updates), 120) == [version] * 2
+        written = sorted(p.name for p in shared.iterdir())
+        assert written == sorted(f"v{version}-{w.writer_id}" for w in writers)
+    finally:
+        for writer in writers:
+            await writer.close()
+    assert not any(shared.iterdir())  # each removed its own last directory
+
+
+@in_module_loop
+async def test_update_weights_loads_the_directory_it_checked(engine, tmp_path, monkeypatch):
+    """A link inside --weights-dir swapped to point outside, after the check and before
+    the load, must not change what is loaded."""
+    from tunix_agentic.serving import engine_server
+
+    allowed, outside = tmp_path / "allowed", tmp_path / "outside"
+    original = engine.params
+    save_params(allowed / "good", original)
+    save_params(outside / "evil", nnx.state(tiny_model(seed=11), nnx.Param))
+    link = allowed / "link"
+    link.symlink_to(allowed / "good")
+    load = engine_server._load_like
+
+    def swap_then_load(path, params_like):  # the attacker wins the race every time
+        link.unlink()
+        link.symlink_to(outside / "evil")
+        return load(path, params_like)
+
+    monkeypatch.setattr(engine_server, "_load_like", swap_then_load)
+    runner, port = await start_server(engine, weight_dirs=[allowed])
+    try:
+        status, out = await call(
+            f"http://127.0.0.1:{port}", "/update_weights_from_disk", {"model_path": str(link)}
+        )
+        assert status == 200 and out["success"], out
+        loaded = jax.tree.leaves(engine.params)
+        assert all(
+            np.array_equal(a, b) for a, b in zip(loaded, jax.tree.leaves(original), strict=True)
+        )
+    finally:
+        await runner.cleanup()
+        engine.update_weights(original, engine.version)
 
 
 # --------------------------------------------------------------------- CLI

@@ -3,9 +3,13 @@
 ``tunix-agentic train [--config PATH] [--resume RUN_DIR] [key.path=value ...]``
 ``tunix-agentic export RUN_DIR --to OUT_DIR [--dtype bfloat16]``
 ``tunix-agentic serve-engine [--config PATH] [--params DIR] [--host H] [--port P]
-[--api-key KEY] [--weights-dir DIR ...] [key.path=value ...]``
+[--api-key KEY] [--weights-dir DIR ...] [--header-timeout S] [--body-timeout S] [key.path=value ...]``
 ``tunix-agentic sandbox [--config PATH] [--backend auto|bwrap|process] [--timeout S] -- CMD ...``
-``tunix-agentic serve-env --env NAME [--import MODULE ...] [--host H] [--port P] [--api-key KEY]``
+``tunix-agentic serve-env --env NAME [--config PATH] [--sandbox-backend B] [--import MODULE ...]
+[--host H] [--port P] [--api-key KEY] [--header-timeout S] [--body-timeout S]``
+
+Give the servers' API key in ``$TUNIX_AGENTIC_API_KEY``: ``--api-key`` works, but a
+command line is readable by every user of the machine (``/proc/PID/cmdline``, ``ps``).
 """
 
 from __future__ import annotations
@@ -15,6 +19,54 @@ import sys
 from pathlib import Path
 
 DEFAULT_CONFIG = "configs/calculator_tiny.yaml"
+API_KEY_HELP = (
+    "require 'Authorization: Bearer KEY' on every route but /health; prefer setting "
+    "$TUNIX_AGENTIC_API_KEY (a command line is visible to every user in /proc/PID/cmdline)"
+)
+
+
+def _add_timeouts(parser: argparse.ArgumentParser) -> None:
+    from tunix_agentic.serving.timeouts import ServerTimeouts
+
+    default = ServerTimeouts()
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=default.header_s,
+        metavar="S",
+        help="close a connection whose request head is not complete after S seconds "
+        f"(default {default.header_s:g})",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=default.body_s,
+        metavar="S",
+        help=f"answer 408 to a request body not received in S seconds (default {default.body_s:g})",
+    )
+
+
+def _timeouts(args: argparse.Namespace):
+    """The servers' :class:`ServerTimeouts` from ``--header-timeout`` / ``--body-timeout``
+    (ValueError naming the flag)."""
+    from tunix_agentic.serving.timeouts import ServerTimeouts
+
+    for flag, value in (
+        ("--header-timeout", args.header_timeout),
+        ("--body-timeout", args.body_timeout),
+    ):
+        if not value > 0 or value == float("inf"):
+            raise ValueError(f"{flag} must be a finite number of seconds > 0, got {value}")
+    return ServerTimeouts(header_s=args.header_timeout, body_s=args.body_timeout)
+
+
+def _warn_api_key_flag(args: argparse.Namespace) -> None:
+    if args.api_key is not None:
+        print(
+            "tunix-agentic: warning: --api-key KEY is readable by every user of this machine "
+            "(/proc/PID/cmdline, ps); set TUNIX_AGENTIC_API_KEY instead",
+            file=sys.stderr,
+        )
 
 
 def _default_config() -> str | None:
@@ -72,12 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         default="127.0.0.1",
         help="address to listen on (beyond loopback an API key is required)",
     )
-    se.add_argument(
-        "--api-key",
-        default=None,
-        help="require 'Authorization: Bearer KEY' on every route but /health "
-        "(default: $TUNIX_AGENTIC_API_KEY)",
-    )
+    se.add_argument("--api-key", default=None, metavar="KEY", help=API_KEY_HELP)
     se.add_argument(
         "--weights-dir",
         action="append",
@@ -86,9 +133,26 @@ def main(argv: list[str] | None = None) -> int:
         help="a directory /update_weights_from_disk may load from (repeatable; none: it loads nothing)",
     )
     se.add_argument("--port", type=int, default=30000, help="port to listen on (0: a free one)")
+    _add_timeouts(se)
     se.add_argument("overrides", nargs="*", help="dotted overrides, e.g. engine.max_slots=16")
     sv = sub.add_parser("serve-env", help="serve a registered environment over HTTP")
     sv.add_argument("--env", required=True, metavar="NAME", help="the environment to serve")
+    sv.add_argument(
+        "--config",
+        default=None,
+        metavar="PATH",
+        help="YAML run config: its env.sandbox section is every episode's sandbox (as "
+        "`tunix-agentic sandbox --config PATH` shows it; default: the built-in sandbox), "
+        "env.tool_timeout_s and, when env.name is NAME, env.kwargs its factory keywords. "
+        "Clients may set only the keywords NAME was registered to take from them "
+        "(client_kwargs); any other, the sandbox included, is refused with a 400",
+    )
+    sv.add_argument(
+        "--sandbox-backend",
+        default=None,
+        choices=["auto", "bwrap", "process"],
+        help="replaces env.sandbox.backend of --config",
+    )
     sv.add_argument(
         "--import",
         dest="imports",
@@ -97,16 +161,15 @@ def main(argv: list[str] | None = None) -> int:
         metavar="MODULE",
         help="import MODULE first, so that it registers its environments (repeatable)",
     )
-    sv.add_argument("--host", default="127.0.0.1", help="address (beyond loopback: --api-key)")
-    sv.add_argument("--port", type=int, default=8100, help="port to listen on (0: a free one)")
     sv.add_argument(
-        "--api-key",
-        default=None,
-        help="require 'Authorization: Bearer KEY' ($TUNIX_AGENTIC_API_KEY)",
+        "--host", default="127.0.0.1", help="address (beyond loopback an API key is required)"
     )
+    sv.add_argument("--port", type=int, default=8100, help="port to listen on (0: a free one)")
+    sv.add_argument("--api-key", default=None, metavar="KEY", help=API_KEY_HELP)
     sv.add_argument(
         "--idle-timeout", type=float, default=600.0, help="close episodes idle this many seconds"
     )
+    _add_timeouts(sv)
     ex = sub.add_parser(
         "export", help="write a run's latest checkpoint as a Hugging Face model directory"
     )
@@ -154,6 +217,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve-env":
         from tunix_agentic.serving.env_server import serve_env_main
 
+        _warn_api_key_flag(args)
+        try:
+            timeouts = _timeouts(args)
+        except ValueError as exc:
+            print(f"tunix-agentic: error: {exc}", file=sys.stderr)
+            return 2
         return serve_env_main(
             args.env,
             imports=args.imports,
@@ -161,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
             port=args.port,
             api_key=args.api_key,
             idle_timeout_s=args.idle_timeout,
+            config=args.config,
+            sandbox_backend=args.sandbox_backend,
+            timeouts=timeouts,
         )
 
     if args.command == "train":
@@ -191,16 +263,14 @@ def _serve_engine(args: argparse.Namespace) -> int:
     import os
 
     from tunix_agentic.config import load_config
-    from tunix_agentic.serving.engine_server import (
-        API_KEY_ENV,
-        check_exposure,
-        engine_from_config,
-        serve_forever,
-    )
+    from tunix_agentic.serving.engine_server import engine_from_config, serve_forever
+    from tunix_agentic.serving.http import API_KEY_ENV, check_exposure
 
+    _warn_api_key_flag(args)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     try:
         check_exposure(args.host, api_key)
+        timeouts = _timeouts(args)
     except ValueError as exc:
         print(f"tunix-agentic: error: {exc}", file=sys.stderr)
         return 2
@@ -219,7 +289,13 @@ def _serve_engine(args: argparse.Namespace) -> int:
         return 2
     try:
         serve_forever(
-            engine, args.host, args.port, info, api_key=api_key, weight_dirs=args.weights_dir
+            engine,
+            args.host,
+            args.port,
+            info,
+            api_key=api_key,
+            weight_dirs=args.weights_dir,
+            timeouts=timeouts,
         )
     except OSError as exc:  # the port is taken, the host is not ours
         print(

@@ -12,7 +12,11 @@ Weight updates run in the background, as on every engine: ``update_weights``
 returns at once; the parameters are written to disk and the server is told to
 load them in a background task; the returned handle resolves when the server
 has applied them (``await wait_weights()`` awaits every update sent). The
-server must see ``weights_dir`` (a shared filesystem).
+server must see ``weights_dir`` (a shared filesystem). Several clients may share one
+``weights_dir`` (a pool, one client per server, in one process or several): each
+writes its own directories, ``v{version}-{writer_id}`` with a name unique to the
+client, and removes only its own; the clients of one process write one at a time
+(concurrent orbax saves in a process break each other).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import itertools
 import json
 import shutil
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -34,6 +39,9 @@ from tunix_agentic.inference.base import EngineError, TokenOutput, WeightUpdate
 from tunix_agentic.inference.sampling import SamplingParams
 
 _MAX_CONNECTIONS = 1024  # one per in-flight request; aiohttp's default of 100 would queue
+# orbax saves running at once in one process break each other (shared temporary state),
+# even to different directories: this process's clients write weights one at a time.
+_SAVE_LOCK = threading.Lock()
 _ABORT_TIMEOUT_S = 5.0
 
 
@@ -96,6 +104,12 @@ def parse_generate_response(body: Any, *, default_version: int = 0) -> TokenOutp
         raise EngineError(f"malformed /generate response: {exc!r}") from exc
 
 
+def _save_alone(path: Path, params: Any) -> None:
+    """``save_params``, never at the same time as another client's of this process."""
+    with _SAVE_LOCK:
+        save_params(path, params)
+
+
 def _error_message(data: Any, text: str) -> str:
     if isinstance(data, dict):
         err = data.get("error")
@@ -138,6 +152,7 @@ class SGLangEngine:
         self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
         self._in_flight = 0
         self._rid_prefix = f"{uuid.uuid4().hex[:12]}"
+        self.writer_id = self._rid_prefix  # names the weights directories this client writes
         self._rid_counter = itertools.count()
         self._health: dict[str, Any] = {"ok": True, "status": "unchecked"}
         self._version = 0
@@ -291,8 +306,9 @@ class SGLangEngine:
         self._version = int(version)
 
     def update_weights(self, params: Any, version: int) -> WeightUpdate:
-        """Start an asynchronous update: write ``params`` under ``weights_dir/v{version}``
-        (in an executor), then ``update_weights_from_disk``. Returns at once (call from
+        """Start an asynchronous update: write ``params`` to
+        ``weights_dir/v{version}-{writer_id}`` (in an executor; no other client writes
+        there), then ``update_weights_from_disk``. Returns at once (call from
         the event loop) a :class:`WeightUpdate` that resolves when the server has loaded
         them, or fails with the server's error. Updates run in order; :meth:`wait_weights`
         awaits all of them."""
@@ -314,9 +330,9 @@ class SGLangEngine:
             await asyncio.gather(previous, return_exceptions=True)
         if self._weights_dir is None:
             self._weights_dir = Path(tempfile.mkdtemp(prefix="tunix-weights-"))
-        path = self._weights_dir / f"v{version}"
+        path = self._weights_dir / f"v{version}-{self.writer_id}"
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, save_params, path, params)
+        await loop.run_in_executor(None, _save_alone, path, params)
         await self.update_weights_from_disk(path, version)
         old, self._written = self._written, path
         if old is not None and old != path:
@@ -334,13 +350,17 @@ class SGLangEngine:
     async def close(self) -> None:
         """Let pending weight updates and aborts finish, then close this loop's session.
 
-        A weights directory this client made itself is removed.
+        A weights directory this client made itself is removed; in a ``weights_dir`` it
+        was given, the last parameters it wrote (the server holds them in memory).
         """
         await asyncio.gather(*self._weight_tasks, *self._background, return_exceptions=True)
         loop = asyncio.get_running_loop()
         session = self._sessions.pop(loop, None)
         if session is not None:
             await session.close()
-        if self._owns_weights_dir and self._weights_dir is not None:
-            shutil.rmtree(self._weights_dir, ignore_errors=True)
-            self._weights_dir, self._written = None, None
+        mine = self._weights_dir if self._owns_weights_dir else self._written
+        if mine is not None:
+            await loop.run_in_executor(None, shutil.rmtree, mine, True)
+        if self._owns_weights_dir:
+            self._weights_dir = None
+        self._written = None

@@ -19,9 +19,12 @@ field is checked against its bounds: ``top_k`` within the vocabulary, seeds
 within 64 bits, finite temperatures, stop ids within the vocabulary, a cap on
 prompts and tokens per request), and fails that request only; a closed engine
 gets 503. Large bodies are parsed off the event loop, so ``/health`` stays
-responsive. With an API key every route but ``/health`` requires
-``Authorization: Bearer KEY`` (401 otherwise); ``/update_weights_from_disk``
-loads only from directories named when the server was built (403 otherwise).
+responsive; a body over ``MAX_BODY_BYTES`` gets a JSON 413, a slow one a JSON 408
+(:class:`~tunix_agentic.serving.timeouts.ServerTimeouts`). With an API key every
+route but ``/health`` requires ``Authorization: Bearer KEY`` (401 otherwise);
+``/update_weights_from_disk`` loads only from directories named when the server
+was built (403 otherwise), reading through a descriptor of the directory it checked
+(a link swapped after the check changes nothing).
 Run the app with ``handler_cancellation=True`` (as :func:`start_server` does)
 so that a client hanging up aborts its generation.
 """
@@ -30,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import ipaddress
 import itertools
 import json
 import os
@@ -48,7 +50,15 @@ from tunix_agentic.inference.base import EngineError, PromptTooLongError, TokenO
 from tunix_agentic.inference.engine import JaxEngine
 from tunix_agentic.inference.sampling import SamplingParams
 from tunix_agentic.models.hf import is_hf_dir, load_hf_params
-from tunix_agentic.serving.http import api_key_guard, json_error, serve_until_signal, url
+from tunix_agentic.serving.http import (
+    ServerTimeouts,
+    api_key_guard,
+    check_exposure,
+    json_error,
+    serve_app,
+    serve_until_signal,
+    url,
+)
 
 if TYPE_CHECKING:
     from tunix_agentic.config import RunConfig
@@ -57,7 +67,6 @@ MAX_BODY_BYTES = 64 * 1024 * 1024  # a batch of long prompts is far past aiohttp
 MAX_PROMPTS_PER_REQUEST = 1024
 MAX_TOKENS_PER_REQUEST = 4 * 1024 * 1024  # prompt tokens summed over a request's prompts
 OFF_LOOP_BYTES = 256 * 1024  # bodies larger than this are parsed on a worker thread
-API_KEY_ENV = "TUNIX_AGENTIC_API_KEY"
 _SHUTDOWN_TIMEOUT_S = 5.0
 
 
@@ -414,16 +423,8 @@ async def handle_update_weights(request: web.Request) -> web.Response:
             raise ValueError("update_weights_from_disk needs a string 'model_path'")
     except ValueError as exc:
         return fail(str(exc))
-    if not _inside(path, state.weight_dirs):
-        named = ", ".join(map(str, state.weight_dirs)) or "none was named"
-        return web.json_response(
-            {
-                "success": False,
-                "message": f"{path!r} is outside the weight directories named at start "
-                f"(serve-engine --weights-dir DIR): {named}",
-            },
-            status=403,
-        )
+    if not _inside(os.path.realpath(path), state.weight_dirs):
+        return _outside(path, state.weight_dirs)
     async with state.weights_lock:
         try:
             version = parse_version(
@@ -431,12 +432,18 @@ async def handle_update_weights(request: web.Request) -> web.Response:
             )
         except ValueError as exc:
             return fail(str(exc))
+        try:  # what is loaded is the directory this checks, whatever links change later
+            fd = _open_inside(path, state.weight_dirs)
+        except OSError as exc:  # no such directory
+            return fail(f"cannot load weights from {path!r}: {type(exc).__name__}: {exc}")
+        if fd is None:
+            return _outside(path, state.weight_dirs)
         loop = asyncio.get_running_loop()
         params_like = engine.params  # the tree to restore into
         try:
-            params = await loop.run_in_executor(None, _load_like, path, params_like)
+            params = await loop.run_in_executor(None, _load_pinned, fd, params_like)
             update = engine.update_weights(params, version)
-        except Exception as exc:  # a missing path, a mismatched tree, an unreadable checkpoint
+        except Exception as exc:  # a mismatched tree, an unreadable checkpoint
             return fail(f"cannot load weights from {path!r}: {type(exc).__name__}: {exc}")
         state.requested_version = version
         try:
@@ -456,10 +463,50 @@ async def handle_update_weights(request: web.Request) -> web.Response:
     )
 
 
-def _inside(path: str, roots: tuple[Path, ...]) -> bool:
-    """Whether ``path`` (links resolved) lies inside one of ``roots``."""
-    real = Path(os.path.realpath(path))
-    return any(real == root or real.is_relative_to(root) for root in roots)
+def _outside(path: str, roots: tuple[Path, ...]) -> web.Response:
+    named = ", ".join(map(str, roots)) or "none was named"
+    return web.json_response(
+        {
+            "success": False,
+            "message": f"{path!r} is outside the weight directories named at start "
+            f"(serve-engine --weights-dir DIR): {named}",
+        },
+        status=403,
+    )
+
+
+def _inside(real: str, roots: tuple[Path, ...]) -> bool:
+    """Whether ``real`` (a path without links) lies inside one of ``roots``."""
+    return any(Path(real) == root or Path(real).is_relative_to(root) for root in roots)
+
+
+def _open_inside(path: str, roots: tuple[Path, ...]) -> int | None:
+    """A descriptor of the directory ``path`` names, if that directory lies inside one of
+    ``roots`` (None if it does not; OSError if there is none).
+
+    The check is of the directory opened (its path as the kernel knows it), and the
+    parameters are read through the descriptor (:func:`_load_pinned`), so a link swapped
+    after the check cannot redirect the load.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        os.close(fd)
+        raise
+    if _inside(real, roots):
+        return fd
+    os.close(fd)
+    return None
+
+
+def _load_pinned(fd: int, params_like: Any) -> Any:
+    """:func:`_load_like` from the directory open as ``fd``, which it closes (here, on the
+    loading thread: a cancelled request must not free the number while it is read)."""
+    try:
+        return _load_like(f"/proc/self/fd/{fd}", params_like)
+    finally:
+        os.close(fd)
 
 
 def _load_like(path: str, params_like: Any) -> Any:
@@ -520,65 +567,30 @@ async def start_server(
     model_info: dict[str, Any] | None = None,
     api_key: str | None = None,
     weight_dirs: tuple[str | Path, ...] | list[str | Path] = (),
+    timeouts: ServerTimeouts | None = None,
 ) -> tuple[web.AppRunner, int]:
     """Serve ``engine`` on the running loop; returns ``(runner, port)``.
 
     ``port=0`` picks a free port. Stop with ``await runner.cleanup()``; the
     engine stays open (close it yourself). Refuses (ValueError) to listen
     beyond loopback without an ``api_key``; see :func:`build_app` for
-    ``weight_dirs``.
+    ``weight_dirs``. ``timeouts``: how long a client may take to send a
+    request (default :class:`ServerTimeouts`).
     """
     check_exposure(host, api_key)
     app = build_app(engine, model_info=model_info or {}, api_key=api_key, weight_dirs=weight_dirs)
-    runner = web.AppRunner(
-        app, handler_cancellation=True, access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT_S
+    return await serve_app(
+        app,
+        host,
+        port,
+        timeouts=timeouts or ServerTimeouts(),
+        shutdown_timeout_s=_SHUTDOWN_TIMEOUT_S,
     )
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    try:
-        await site.start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    return runner, runner.addresses[0][1]
 
 
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names this machine only (127.0.0.0/8, ::1, localhost)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def check_exposure(host: str, api_key: str | None) -> None:
-    """ValueError unless ``host`` is loopback or an API key guards the server."""
-    if not is_loopback(host) and not api_key:
-        raise ValueError(
-            f"refusing to serve on {host} (beyond this machine) without an API key: "
-            f"pass --api-key KEY or set {API_KEY_ENV}"
-        )
-
-
-async def _serve(
-    engine: JaxEngine,
-    host: str,
-    port: int,
-    model_info: dict[str, Any] | None,
-    api_key: str | None,
-    weight_dirs: tuple[str | Path, ...] | list[str | Path],
-) -> None:
+async def _serve(engine: JaxEngine, host: str, port: int, **options: Any) -> None:
     await serve_until_signal(
-        lambda: start_server(
-            engine,
-            host=host,
-            port=port,
-            model_info=model_info,
-            api_key=api_key,
-            weight_dirs=weight_dirs,
-        ),
+        lambda: start_server(engine, host=host, port=port, **options),
         lambda real_port: f"serving on {url(host, real_port)}",
         before_cleanup=engine.close,  # first, so in-flight requests answer "abort" at once
     )
@@ -592,12 +604,23 @@ def serve_forever(
     *,
     api_key: str | None = None,
     weight_dirs: tuple[str | Path, ...] | list[str | Path] = (),
+    timeouts: ServerTimeouts | None = None,
 ) -> None:
     """Serve until SIGINT or SIGTERM, then close the engine (blocking; for the CLI).
 
     Prints one line, ``serving on http://HOST:PORT``, once the port is open.
     """
-    asyncio.run(_serve(engine, host, port, model_info, api_key, weight_dirs))
+    asyncio.run(
+        _serve(
+            engine,
+            host,
+            port,
+            model_info=model_info,
+            api_key=api_key,
+            weight_dirs=weight_dirs,
+            timeouts=timeouts,
+        )
+    )
 
 
 def engine_from_config(

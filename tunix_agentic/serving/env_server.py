@@ -5,7 +5,10 @@ is its client. Routes (JSON in, JSON out; the wire format of tasks, actions and 
 results is in :mod:`tunix_agentic.envs.remote`):
 
 - ``POST /envs`` ``{"env": NAME or null, "kwargs": {...}}``: builds an environment
-  (``make_env(NAME, **kwargs)``), answers ``{"episode_id", "env", "tools"}``.
+  (``make_env(NAME, **operator_kwargs, **kwargs)``), answers ``{"episode_id", "env",
+  "tools"}``. ``kwargs`` may hold only the keywords NAME was registered to take from a
+  client (``register_env(..., client_kwargs=...)``: task-level knobs); the sandbox and
+  resource limits are the operator's (:class:`EnvServerConfig`, ``serve-env --config``).
 - ``POST /envs/{id}/reset`` ``{"task": {"type", "fields"}}``: answers
   ``{"observation", "tools"}``.
 - ``POST /envs/{id}/step`` ``{"action": {...}}``: answers ``{"observation", "reward",
@@ -15,10 +18,13 @@ results is in :mod:`tunix_agentic.envs.remote`):
 - ``GET /health``: ``{"status": "ok", "env", "episodes"}`` (no API key needed).
 
 Errors are ``{"error": {"message", "type"}}``: 400 for a malformed body, a task type
-the server does not accept or factory arguments the environment refuses; 401 for a
-missing or wrong API key; 404 for an unknown (or reaped) episode; 500 when the
-environment raised (``type`` names the exception, so a client can re-raise
-``ToolUnavailable``); 503 when the episode limit is reached or the server is stopping.
+the server does not accept, a ``kwargs`` key a client may not set (the message names
+it) or factory arguments the environment refuses; 401 for a missing or wrong API key;
+404 for an unknown (or reaped) episode; 408 for a body not received within
+``timeouts.body_s``; 413 for one over ``MAX_BODY_BYTES``; 500 when the environment
+raised (``type`` names the exception, so a client can re-raise ``ToolUnavailable``);
+503 when the episode limit is reached or the server is stopping. A connection whose
+request head does not arrive within ``timeouts.header_s`` is closed.
 
 A task is rebuilt only as :class:`~tunix_agentic.envs.base.Task` or as a dataclass
 defined in the environment's own module or a module named in ``task_modules`` (the
@@ -36,10 +42,12 @@ import inspect
 import itertools
 import json
 import math
+import os
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from aiohttp import web
@@ -48,6 +56,8 @@ from tunix_agentic.envs.base import (
     Environment,
     Task,
     available_envs,
+    env_client_kwargs,
+    get_env_factory,
     import_env_modules,
     make_env,
 )
@@ -57,8 +67,17 @@ from tunix_agentic.envs.remote import (
     task_from_json,
     type_name,
 )
-from tunix_agentic.serving.engine_server import API_KEY_ENV, check_exposure
-from tunix_agentic.serving.http import api_key_guard, json_error, serve_until_signal, url
+from tunix_agentic.envs.sandbox_config import SandboxConfig, SandboxError
+from tunix_agentic.serving.http import (
+    API_KEY_ENV,
+    ServerTimeouts,
+    api_key_guard,
+    check_exposure,
+    json_error,
+    serve_app,
+    serve_until_signal,
+    url,
+)
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 _CLOSE_TIMEOUT_S = 30.0  # an environment's close() that hangs is abandoned after this
@@ -74,6 +93,13 @@ class EnvServerConfig:
     ``idle_timeout_s``: an episode no request touched for this long is closed.
     ``max_episodes``: open episodes at once (more are refused with 503). ``api_key``:
     required as ``Authorization: Bearer KEY`` on every route but ``/health``.
+
+    The operator's policy, the same for every episode: ``sandbox`` is given to an
+    environment whose factory takes ``sandbox``; ``env_kwargs`` are the factory's other
+    keywords (resource limits such as ``tool_timeout``). A client's ``kwargs`` may set only
+    the keywords the environment lists as ``client_kwargs`` when registered
+    (:func:`~tunix_agentic.envs.base.register_env`), over ``env_kwargs``; any other key is
+    a 400 naming it. ``timeouts``: how long a client may take to send a request.
     """
 
     env_name: str
@@ -81,6 +107,9 @@ class EnvServerConfig:
     idle_timeout_s: float = 600.0
     max_episodes: int = 4096
     api_key: str | None = None
+    sandbox: SandboxConfig = SandboxConfig()
+    env_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    timeouts: ServerTimeouts = ServerTimeouts()
 
     def __post_init__(self) -> None:
         if not isinstance(self.env_name, str) or not self.env_name:
@@ -91,6 +120,15 @@ class EnvServerConfig:
             raise ValueError(f"max_episodes must be >= 1, got {self.max_episodes}")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must not be empty")
+        if not isinstance(self.sandbox, SandboxConfig):
+            raise ValueError(f"sandbox must be a SandboxConfig, got {self.sandbox!r}")
+        if not isinstance(self.env_kwargs, Mapping):
+            raise ValueError(f"env_kwargs must be a mapping, got {self.env_kwargs!r}")
+        if "sandbox" in self.env_kwargs:
+            raise ValueError("env_kwargs must not hold 'sandbox': give it as sandbox")
+        if not isinstance(self.timeouts, ServerTimeouts):
+            raise ValueError(f"timeouts must be a ServerTimeouts, got {self.timeouts!r}")
+        object.__setattr__(self, "env_kwargs", MappingProxyType(dict(self.env_kwargs)))
 
 
 @dataclasses.dataclass
@@ -106,12 +144,9 @@ class _State:
 
     def __init__(self, config: EnvServerConfig):
         self.config = config
-        known = available_envs()
-        if config.env_name not in known:
-            raise ValueError(
-                f"unknown environment {config.env_name!r}; registered: {', '.join(known)} "
-                "(import the module that registers yours with --import MODULE)"
-            )
+        self.check_name(config.env_name)
+        self.base_kwargs = _operator_kwargs(config)
+        self.client_keys = env_client_kwargs(config.env_name)
         self.task_types: dict[str, type] = {type_name(Task): Task}
         self._modules: set[str] = set()
         for module in config.task_modules:
@@ -120,6 +155,16 @@ class _State:
         self.stopping = False
         self._prefix = uuid.uuid4().hex[:8]
         self._counter = itertools.count()
+
+    @staticmethod
+    def check_name(env_name: str) -> None:
+        """ValueError naming the registered environments unless ``env_name`` is one."""
+        known = available_envs()
+        if env_name not in known:
+            raise ValueError(
+                f"unknown environment {env_name!r}; registered: {', '.join(known)} "
+                "(import the module that registers yours with --import MODULE)"
+            )
 
     def accept_tasks_of(self, module: str) -> None:
         """Accept the dataclasses defined in ``module`` (already imported) as task types."""
@@ -135,6 +180,41 @@ class _State:
 
 
 _STATE = web.AppKey("env_state", _State)
+
+
+def _operator_kwargs(config: EnvServerConfig) -> dict[str, Any]:
+    """The factory keywords every episode gets: ``env_kwargs``, and ``sandbox`` when the
+    factory takes it. ValueError naming the environment if the factory refuses them."""
+    factory = get_env_factory(config.env_name)
+    kwargs = dict(config.env_kwargs)
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):  # no signature to read: checked when an episode is made
+        return kwargs
+    if "sandbox" in sig.parameters:
+        kwargs["sandbox"] = config.sandbox
+    try:
+        sig.bind(**kwargs)
+    except TypeError as exc:
+        raise ValueError(
+            f"environment {config.env_name!r} does not take {sorted(kwargs)}: {exc}"
+        ) from None
+    return kwargs
+
+
+def _refused_kwargs(state: _State, kwargs: dict[str, Any]) -> str | None:
+    """Why a client's ``kwargs`` are refused (a key the environment does not list as
+    ``client_kwargs``), or None."""
+    refused = sorted(key for key in kwargs if key not in state.client_keys)
+    if not refused:
+        return None
+    keys = ", ".join(map(repr, sorted(state.client_keys)))
+    takes = f"takes only {keys} from a client" if keys else "takes no kwargs from a client"
+    return (
+        f"kwargs key {refused[0]!r} is not accepted: environment {state.config.env_name!r} "
+        f"{takes}; the sandbox and resource limits are the server operator's "
+        "(serve-env --config)"
+    )
 
 
 _error = json_error
@@ -187,6 +267,9 @@ async def handle_create(request: web.Request) -> web.Response:
             raise ValueError(f"this server serves environment {name!r}, not {asked!r}")
         if not isinstance(kwargs, dict):
             raise ValueError("'kwargs' must be an object")
+        refused = _refused_kwargs(state, kwargs)
+        if refused is not None:
+            raise ValueError(refused)
     except ValueError as exc:
         return _error(400, str(exc), "ValueError")
     if state.stopping:
@@ -196,7 +279,7 @@ async def handle_create(request: web.Request) -> web.Response:
             503, f"{len(state.episodes)} episodes are open, the limit of this server (close some)"
         )
     try:
-        env = make_env(name, **kwargs)
+        env = make_env(name, **{**state.base_kwargs, **kwargs})
     except (TypeError, ValueError) as exc:  # arguments the factory refuses: the client's fault
         return _error(400, f"cannot make {name!r}: {type(exc).__name__}: {exc}", type(exc).__name__)
     except Exception as exc:
@@ -341,19 +424,13 @@ async def start_env_server(
     (ValueError) to listen beyond loopback without an API key.
     """
     check_exposure(host, config.api_key)
-    app = build_env_app(config)
-    # handler_cancellation: a client that hangs up (its timeout) cancels its env call,
-    # which frees the episode for the close that follows.
-    runner = web.AppRunner(
-        app, handler_cancellation=True, access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT_S
+    return await serve_app(
+        build_env_app(config),
+        host,
+        port,
+        timeouts=config.timeouts,
+        shutdown_timeout_s=_SHUTDOWN_TIMEOUT_S,
     )
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, host, port).start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    return runner, runner.addresses[0][1]
 
 
 async def _serve(config: EnvServerConfig, host: str, port: int) -> None:
@@ -361,6 +438,59 @@ async def _serve(config: EnvServerConfig, host: str, port: int) -> None:
         lambda: start_env_server(config, host=host, port=port),
         lambda real_port: f"serving env {config.env_name} on {url(host, real_port)}",
     )
+
+
+def env_server_config(
+    path: str | os.PathLike[str] | None,
+    env_name: str,
+    *,
+    backend: str | None = None,
+    **fields: Any,
+) -> EnvServerConfig:
+    """The :class:`EnvServerConfig` serving ``env_name`` with the operator's policy from a
+    run config YAML (``fields``: its other fields).
+
+    ``sandbox``: the file's ``env.sandbox`` section (read as ``tunix-agentic sandbox
+    --config`` reads it; ``backend``, if given, replaces the file's). ``env_kwargs``: its
+    ``env.kwargs`` when its ``env.name`` is ``env_name`` or absent (another environment's
+    keywords are left out, with a note on stderr), and ``env.tool_timeout_s`` as
+    ``tool_timeout`` when the factory takes one. No file: the defaults. Raises
+    ``ValueError`` for an unreadable file or a malformed section.
+    """
+    from tunix_agentic.cli.sandbox import load_sandbox_config
+
+    sandbox = load_sandbox_config(path, backend)
+    env: Any = {}
+    if path is not None:
+        import yaml
+
+        with open(path) as f:  # readable: load_sandbox_config read it
+            doc = yaml.safe_load(f) or {}
+        env = doc.get("env") if isinstance(doc, dict) else None
+        env = env if env is not None else {}
+        if not isinstance(env, dict):
+            raise ValueError(f"env in {path} must be a mapping, got {env!r}")
+    kwargs = env.get("kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"env.kwargs in {path} must be a mapping, got {kwargs!r}")
+    named = env.get("name")
+    if kwargs and named is not None and named != env_name:
+        print(
+            f"tunix-agentic: note: env.kwargs in {path} are environment {named!r}'s, "
+            f"not {env_name!r}'s: not used",
+            file=sys.stderr,
+        )
+        kwargs = {}
+    kwargs = dict(kwargs)
+    timeout = env.get("tool_timeout_s")
+    if timeout is not None and "tool_timeout" not in kwargs:
+        try:
+            takes = "tool_timeout" in inspect.signature(get_env_factory(env_name)).parameters
+        except (TypeError, ValueError):
+            takes = False
+        if takes:
+            kwargs["tool_timeout"] = timeout
+    return EnvServerConfig(env_name, sandbox=sandbox, env_kwargs=kwargs, **fields)
 
 
 def serve_env_main(
@@ -372,30 +502,43 @@ def serve_env_main(
     api_key: str | None = None,
     idle_timeout_s: float = 600.0,
     max_episodes: int = 4096,
+    config: str | os.PathLike[str] | None = None,
+    sandbox_backend: str | None = None,
+    timeouts: ServerTimeouts | None = None,
 ) -> int:
     """``tunix-agentic serve-env``: import ``imports``, then serve ``env_name`` until SIGINT
     or SIGTERM. Prints ``serving env NAME on http://HOST:PORT`` once listening. Returns
     the exit status (2 for a bad argument, 1 when the address cannot be bound).
-    ``api_key`` defaults to ``$TUNIX_AGENTIC_API_KEY``."""
-    import os
-
+    ``api_key`` defaults to ``$TUNIX_AGENTIC_API_KEY``. ``config`` (a run config YAML)
+    and ``sandbox_backend`` give the operator's sandbox and factory keywords
+    (:func:`env_server_config`); the environment's factory is checked against them before
+    the port opens."""
     api_key = api_key or os.environ.get(API_KEY_ENV) or None
     try:
         check_exposure(host, api_key)
         import_env_modules(list(imports))
-        config = EnvServerConfig(
+        _State.check_name(env_name)
+        server_config = env_server_config(
+            config,
             env_name,
+            backend=sandbox_backend,
             task_modules=tuple(imports),
             idle_timeout_s=idle_timeout_s,
             max_episodes=max_episodes,
             api_key=api_key,
+            timeouts=timeouts or ServerTimeouts(),
         )
-        _State(config)  # an unknown environment fails here, before the port opens
-    except ValueError as exc:
+        state = _State(server_config)  # the factory refusing the operator's keywords fails here
+        if "sandbox" in state.base_kwargs and os.geteuid() == 0:
+            # As root, sandboxes run as uid_base.. : none of those uids may be the host's.
+            from tunix_agentic.envs.sandbox_host import check_uid_range
+
+            check_uid_range(server_config.sandbox.uid_base)
+    except (ValueError, SandboxError) as exc:
         print(f"tunix-agentic: error: {exc}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(_serve(config, host, port))
+        asyncio.run(_serve(server_config, host, port))
     except OSError as exc:  # the port is taken, the host is not ours
         print(f"tunix-agentic: error: cannot serve on {host}:{port}: {exc}", file=sys.stderr)
         return 1

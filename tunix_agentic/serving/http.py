@@ -1,20 +1,29 @@
 """What the project's HTTP servers share: the API-key guard, JSON errors, the serve loop.
 
 The engine server (``serve-engine``) and the environment server (``serve-env``)
-answer errors in one shape (``{"error": {"message", "type"?}}``), require
-``Authorization: Bearer KEY`` on every route but ``/health`` when a key is set,
-turn an unexpected exception into a JSON 500, and serve until SIGINT or SIGTERM.
+answer errors in one shape (``{"error": {"message", "type"?}}``; aiohttp's own, such
+as 413 for a body over the limit, included), require ``Authorization: Bearer KEY`` on
+every route but ``/health`` when a key is set, turn an unexpected exception into a JSON
+500, cut off slow clients (:class:`~tunix_agentic.serving.timeouts.ServerTimeouts`),
+and serve until SIGINT or SIGTERM.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+
+from tunix_agentic.serving.timeouts import ServerTimeouts, WatchedSite, connection_watch
+
+API_KEY_ENV = "TUNIX_AGENTIC_API_KEY"
+TIMEOUTS = web.AppKey("server_timeouts", ServerTimeouts)
+_DEFAULT_TIMEOUTS = ServerTimeouts()
 
 
 def json_error(status: int, message: str, kind: str | None = None) -> web.Response:
@@ -27,25 +36,111 @@ def json_error(status: int, message: str, kind: str | None = None) -> web.Respon
 
 def api_key_guard(key_of: Callable[[web.Application], str | None], *, typed: bool = False):
     """A middleware: the app's API key (``key_of(app)``, None: none) on every route but
-    ``/health`` (401 otherwise, compared in constant time); an unexpected exception
-    becomes a JSON 500 (with its type name when ``typed``)."""
+    ``/health`` (401 otherwise, compared in constant time); the body read within the app's
+    :class:`ServerTimeouts` ``body_s`` (408 otherwise; a handler's ``request.read()`` then
+    answers from memory); aiohttp's HTTP errors (404, 405, 413...) as JSON; an unexpected
+    exception a JSON 500 (with its type name when ``typed``). It tells the connection's
+    :class:`~tunix_agentic.serving.timeouts.ConnectionWatch` when a request starts and ends.
+    """
 
     @web.middleware
     async def guard(request: web.Request, handler) -> web.StreamResponse:
-        key = key_of(request.app)
-        if key is not None and request.path != "/health":
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
-                return json_error(401, "missing or wrong API key (send Authorization: Bearer KEY)")
+        watch = connection_watch(request)
+        if watch is not None:
+            watch.request_started()
         try:
-            return await handler(request)
-        except web.HTTPException:
-            raise
-        except Exception as exc:  # a bug of ours: say so in the API's error shape
-            kind = type(exc).__name__
-            return json_error(500, f"internal error: {kind}: {exc}", kind if typed else None)
+            key = key_of(request.app)
+            if key is not None and request.path != "/health":
+                given = request.headers.get("Authorization", "")
+                if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+                    message = "missing or wrong API key (send Authorization: Bearer KEY)"
+                    return json_error(401, message, "Unauthorized")
+            try:
+                body_s = request.app.get(TIMEOUTS, _DEFAULT_TIMEOUTS).body_s
+                try:
+                    async with asyncio.timeout(body_s):
+                        await request.read()
+                except TimeoutError:
+                    response = json_error(
+                        408,
+                        f"the request body did not arrive within {body_s:g}s",
+                        "RequestTimeout",
+                    )
+                    response.force_close()  # the rest of the body must not read as a request
+                    return response
+                return await handler(request)
+            except web.HTTPException as exc:
+                if exc.status < 400:
+                    raise
+                return _http_error(request, exc)
+            except Exception as exc:  # a bug of ours: say so in the API's error shape
+                kind = type(exc).__name__
+                return json_error(500, f"internal error: {kind}: {exc}", kind if typed else None)
+        finally:
+            if watch is not None:
+                watch.request_finished()
 
     return guard
+
+
+def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
+    """aiohttp's HTTP error (413 too large, 404 no route, ...) in the API's error shape."""
+    default = f"{exc.status}: {exc.reason}"
+    text = exc.text if exc.text and exc.text != default else None
+    message = text or f"{exc.reason}: {request.method} {request.path}"
+    response = json_error(exc.status, message, type(exc).__name__.removeprefix("HTTP"))
+    for name, value in exc.headers.items():  # Allow (405) and the like
+        if name.lower() not in ("content-type", "content-length"):
+            response.headers[name] = value
+    if exc.status == 413:
+        response.force_close()  # the unread rest of the body must not read as a request
+    return response
+
+
+async def serve_app(
+    app: web.Application,
+    host: str,
+    port: int,
+    *,
+    timeouts: ServerTimeouts,
+    shutdown_timeout_s: float,
+) -> tuple[web.AppRunner, int]:
+    """Serve ``app`` on the running loop through a :class:`WatchedSite`; returns ``(runner,
+    port)`` (``port=0``: a free one). ``await runner.cleanup()`` stops it.
+
+    ``handler_cancellation``: a client that hangs up cancels its handler (an aborted
+    generation, a freed episode).
+    """
+    app[TIMEOUTS] = timeouts
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_timeout_s
+    )
+    await runner.setup()
+    try:
+        await WatchedSite(runner, host, port, timeouts).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner, runner.addresses[0][1]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(host: str, api_key: str | None) -> None:
+    """ValueError unless ``host`` is loopback or an API key guards the server."""
+    if not is_loopback(host) and not api_key:
+        raise ValueError(
+            f"refusing to serve on {host} (beyond this machine) without an API key: "
+            f"pass --api-key KEY or set {API_KEY_ENV}"
+        )
 
 
 def url(host: str, port: int) -> str:
