@@ -37,12 +37,12 @@ from tunix_agentic.data.demos import demonstration_batches
 from tunix_agentic.data.sources import RunSources
 from tunix_agentic.inference.cross_policy import CrossPolicyEngine
 from tunix_agentic.inference.engine import JaxEngine
-from tunix_agentic.learners.batching import grpo_batch
+from tunix_agentic.learners.batching import grpo_batch, sft_batch
 from tunix_agentic.learners.grpo import GRPOLearner
 from tunix_agentic.learners.sft import SFTTrainer
 from tunix_agentic.metrics.recorder import MetricsRecorder, drop_records_after
 from tunix_agentic.models.hf import build_model
-from tunix_agentic.models.tokenizer import load_tokenizer
+from tunix_agentic.models.tokenizers import load_tokenizer
 from tunix_agentic.models.transformer import Transformer, count_params
 from tunix_agentic.rl_loop import StepReport, run_rl_steps
 from tunix_agentic.rollout.orchestrator import Group, RolloutOrchestrator
@@ -294,7 +294,8 @@ class Trainer:
             if self._signals is not None and self._signals.requested:
                 raise _Stopped
             with metrics.span("sft_step"):
-                out = trainer.train_step(next(batches))
+                rows = next(batches)
+                out = trainer.train_step(sft_batch(rows, pad_id=self.template.tokenizer.pad_id))
             if step % 50 == 0 or step == cfg.steps - 1:
                 metrics.scalars(
                     {"sft/loss": out["loss"], "sft/token_accuracy": out["token_accuracy"]}, step
