@@ -15,7 +15,7 @@ from tunix_agentic.envs.calculator import ArithmeticEnv, make_arithmetic_task
 from tunix_agentic.envs.tools import ToolUnavailable
 from tunix_agentic.inference import EngineConfig, JaxEngine
 from tunix_agentic.metrics import MetricsRecorder
-from tunix_agentic.models.tokenizer import CharTokenizer
+from tunix_agentic.models.char_tokenizer import CharTokenizer
 from tunix_agentic.rollout import RolloutConfig, RolloutOrchestrator
 from tunix_agentic.rollout.orchestrator import InfraFailureError, episode_seed
 from tunix_agentic.testing import arithmetic_demonstration as demonstration

@@ -34,7 +34,7 @@ from tunix_agentic.envs.remote import (
 )
 from tunix_agentic.envs.tools import ToolCall, ToolUnavailable
 from tunix_agentic.inference import EngineConfig, JaxEngine
-from tunix_agentic.models.tokenizer import CharTokenizer
+from tunix_agentic.models.char_tokenizer import CharTokenizer
 from tunix_agentic.rollout import RolloutConfig, RolloutOrchestrator
 from tunix_agentic.serving.env_server import EnvServerConfig, start_env_server
 from tunix_agentic.testing import memorize, tiny_model
