@@ -61,7 +61,7 @@ def test_uniform_rewards_give_zero(fn, rewards):
     )
 
 
-@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"], ids=str)
 def test_get_advantage_fn_known(name):
     assert get_advantage_fn(name) is getattr(advantages, name)
 

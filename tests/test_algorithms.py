@@ -310,8 +310,8 @@ CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("aggregation", AGGREGATIONS)
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("aggregation", AGGREGATIONS, ids=str)
+@pytest.mark.parametrize("name", list(CONFIGS), ids=str)
 def test_micro_batches_add_up_to_the_whole_batch(name, aggregation):
     cfg = CONFIGS[name]
     rng = np.random.default_rng(7)
@@ -393,7 +393,7 @@ def test_erpo_group_mean_environment_std():
     np.testing.assert_allclose(erpo(REWARDS, GROUP_IDS, TASKS), want, rtol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["reinforce", "reinforce_pp", "erpo"])
+@pytest.mark.parametrize("name", ["reinforce", "reinforce_pp", "erpo"], ids=str)
 def test_batch_estimators_come_wrapped(name):
     fn = get_advantage_fn(name)
     assert isinstance(fn, BatchAdvantage)

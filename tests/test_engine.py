@@ -40,8 +40,8 @@ def greedy_reference(model, prompt, n, width=96):
 
 
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "lockstep"])
-async def test_concurrent_requests_are_batched_and_exact(model, overlap):
-    engine = JaxEngine(
+async def test_concurrent_requests_are_batched_and_exact(model, overlap, make_engine):
+    engine = make_engine(
         model, EngineConfig(max_slots=4, max_seq_len=48, decode_steps=4, overlap=overlap)
     )
     prompts = [[5, 6, 7], [9] * 17, [11, 12], [20, 21, 22, 23, 24], [30], [31, 32, 33]]
@@ -53,11 +53,10 @@ async def test_concurrent_requests_are_batched_and_exact(model, overlap):
         assert out.prompt_tokens == len(prompt)
     # 6 requests on 4 slots: fewer decode chunks than serving them one at a time would take.
     assert engine.stats["decode_chunks"] < 6 * 9 / 4
-    await engine.close()
 
 
-async def test_new_prompt_lengths_do_not_recompile(model):
-    engine = JaxEngine(
+async def test_new_prompt_lengths_do_not_recompile(model, make_engine):
+    engine = make_engine(
         model, EngineConfig(max_slots=4, max_seq_len=64, decode_steps=4, min_prefill_len=16)
     )
     for n in range(1, 16):  # every length falls into the first length bucket
@@ -65,11 +64,10 @@ async def test_new_prompt_lengths_do_not_recompile(model):
     assert engine.compiles == {"prefill": 1, "decode": 1}
     await engine.generate(list(range(1, 20)), GREEDY)  # next length bucket: one more prefill shape
     assert engine.compiles == {"prefill": 2, "decode": 1}
-    await engine.close()
 
 
-async def test_stop_token_ends_generation_and_is_kept(model):
-    engine = JaxEngine(model, EngineConfig(max_slots=2, max_seq_len=48))
+async def test_stop_token_ends_generation_and_is_kept(model, make_engine):
+    engine = make_engine(model, EngineConfig(max_slots=2, max_seq_len=48))
     free = await engine.generate([4, 5, 6], GREEDY)
     stop = free.token_ids[3]
     out = await engine.generate(
@@ -78,11 +76,10 @@ async def test_stop_token_ends_generation_and_is_kept(model):
     first = free.token_ids.index(stop)
     assert out.token_ids == free.token_ids[: first + 1]
     assert out.finish_reason == "stop" and out.matched_stop == stop
-    await engine.close()
 
 
-async def test_seeded_sampling_is_reproducible_whatever_is_batched_beside_it(model):
-    engine = JaxEngine(model, EngineConfig(max_slots=4, max_seq_len=48))
+async def test_seeded_sampling_is_reproducible_whatever_is_batched_beside_it(model, make_engine):
+    engine = make_engine(model, EngineConfig(max_slots=4, max_seq_len=48))
     sp = SamplingParams(temperature=1.0, max_new_tokens=12, seed=7)
     alone = await engine.generate([1, 2, 3], sp)
     crowd = await asyncio.gather(
@@ -94,11 +91,10 @@ async def test_seeded_sampling_is_reproducible_whatever_is_batched_beside_it(mod
         [1, 2, 3], SamplingParams(temperature=1.0, max_new_tokens=12, seed=8)
     )
     assert other.token_ids != alone.token_ids
-    await engine.close()
 
 
-async def test_session_reuse_prefills_only_new_tokens(model):
-    engine = JaxEngine(model, EngineConfig(max_slots=2, max_seq_len=64))
+async def test_session_reuse_prefills_only_new_tokens(model, make_engine):
+    engine = make_engine(model, EngineConfig(max_slots=2, max_seq_len=64))
     first = await engine.generate([1, 2, 3, 4], GREEDY, session_id="ep")
     second_prompt = [1, 2, 3, 4] + first.token_ids + [40, 41]
     before = engine.stats["prefill_tokens"]
@@ -106,12 +102,11 @@ async def test_session_reuse_prefills_only_new_tokens(model):
     assert second.cached_tokens == 4 + len(first.token_ids) - 1
     assert engine.stats["prefill_tokens"] - before == len(second_prompt) - second.cached_tokens
     assert second.token_ids == greedy_reference(model, second_prompt, 9)
-    await engine.close()
 
 
-async def test_update_weights_mid_flight_tags_versions_without_draining(model):
+async def test_update_weights_mid_flight_tags_versions_without_draining(model, make_engine):
     other = tiny_model(seed=11)
-    engine = JaxEngine(model, EngineConfig(max_slots=2, max_seq_len=96, decode_steps=2))
+    engine = make_engine(model, EngineConfig(max_slots=2, max_seq_len=96, decode_steps=2))
     from flax import nnx
 
     new_params = nnx.state(other, nnx.Param)
@@ -126,19 +121,18 @@ async def test_update_weights_mid_flight_tags_versions_without_draining(model):
     assert out.versions == sorted(out.versions)
     assert len(out.token_ids) == 40  # the request was not dropped or restarted
     assert engine.version == 1
-    await engine.close()
 
 
-async def test_update_weights_rejects_a_different_tree(model):
-    engine = JaxEngine(model, EngineConfig(max_slots=1, max_seq_len=32))
+async def test_update_weights_rejects_a_different_tree(model, make_engine):
+    engine = make_engine(model, EngineConfig(max_slots=1, max_seq_len=32))
     from flax import nnx
 
     with pytest.raises(ValueError, match="does not match"):
         engine.update_weights(nnx.state(tiny_model(d_model=48), nnx.Param), version=1)
 
 
-async def test_cancelling_a_caller_aborts_and_frees_its_slot(model):
-    engine = JaxEngine(model, EngineConfig(max_slots=1, max_seq_len=200, decode_steps=2))
+async def test_cancelling_a_caller_aborts_and_frees_its_slot(model, make_engine):
+    engine = make_engine(model, EngineConfig(max_slots=1, max_seq_len=200, decode_steps=2))
     long = asyncio.create_task(engine.generate([1, 2], SamplingParams(max_new_tokens=190)))
     while engine.stats["generated_tokens"] < 2:
         await asyncio.sleep(0.001)
@@ -148,11 +142,10 @@ async def test_cancelling_a_caller_aborts_and_frees_its_slot(model):
     out = await asyncio.wait_for(engine.generate([3, 4], GREEDY), timeout=60)
     assert len(out.token_ids) == 9
     assert engine.health()["active"] == 0
-    await engine.close()
 
 
-async def test_bad_requests_get_clear_errors(model):
-    engine = JaxEngine(model, EngineConfig(max_slots=1, max_seq_len=16))
+async def test_bad_requests_get_clear_errors(model, make_engine):
+    engine = make_engine(model, EngineConfig(max_slots=1, max_seq_len=16))
     with pytest.raises(PromptTooLongError):
         await engine.generate(list(range(1, 17)), GREEDY)
     with pytest.raises(ValueError, match="empty"):
@@ -163,7 +156,6 @@ async def test_bad_requests_get_clear_errors(model):
         list(range(1, 12)), SamplingParams(temperature=0.0, max_new_tokens=50)
     )
     assert len(out.token_ids) == 16 - 11 and out.finish_reason == "length"  # clipped to the window
-    await engine.close()
 
 
 @pytest.mark.parametrize(
@@ -176,8 +168,8 @@ def test_bad_sampling_params(kwargs):
         SamplingParams(**kwargs)
 
 
-async def test_every_second_is_busy_waiting_for_the_host_or_idle(model):
-    engine = JaxEngine(model, EngineConfig(max_slots=4, max_seq_len=48, decode_steps=4))
+async def test_every_second_is_busy_waiting_for_the_host_or_idle(model, make_engine):
+    engine = make_engine(model, EngineConfig(max_slots=4, max_seq_len=48, decode_steps=4))
     await engine.generate([5, 6, 7], GREEDY)  # compiles: the clock starts after this
     before = engine.clock()
     t0 = time.perf_counter()
@@ -193,14 +185,13 @@ async def test_every_second_is_busy_waiting_for_the_host_or_idle(model):
     assert engine.stats["void_chunks"] == 0
     await asyncio.sleep(0.1)  # an idle period under way counts before it ends
     assert engine.clock()["idle_s"] >= after["idle_s"] + 0.1
-    await engine.close()
 
 
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "lockstep"])
-async def test_slots_reused_under_a_chunk_queued_ahead_stay_exact(model, overlap):
+async def test_slots_reused_under_a_chunk_queued_ahead_stay_exact(model, overlap, make_engine):
     """The next chunk is queued before the host sees a request end: its writes into that
     slot (parked for the session, or handed to the next request) must never leak."""
-    engine = JaxEngine(
+    engine = make_engine(
         model, EngineConfig(max_slots=1, max_seq_len=64, decode_steps=4, overlap=overlap)
     )
     a_prompt, b_prompt = [7, 8, 9], [40, 41]
@@ -222,13 +213,12 @@ async def test_slots_reused_under_a_chunk_queued_ahead_stay_exact(model, overlap
     d = await engine.generate(turn2, GREEDY, session_id="c")
     assert d.cached_tokens > 0
     assert d.token_ids == greedy_reference(model, turn2, 9)
-    await engine.close()
 
 
-async def test_decoding_goes_on_while_the_callers_loop_is_busy(model):
+async def test_decoding_goes_on_while_the_callers_loop_is_busy(model, make_engine):
     """The scheduler has its own thread: agent code hogging the event loop (here a
     busy-wait, pure Python) does not stop the engine from decoding."""
-    engine = JaxEngine(model, EngineConfig(max_slots=2, max_seq_len=200, decode_steps=2))
+    engine = make_engine(model, EngineConfig(max_slots=2, max_seq_len=200, decode_steps=2))
     task = asyncio.create_task(engine.generate([1, 2], SamplingParams(max_new_tokens=150)))
     while engine.stats["generated_tokens"] < 2:
         await asyncio.sleep(0.001)
@@ -239,7 +229,6 @@ async def test_decoding_goes_on_while_the_callers_loop_is_busy(model):
     assert engine.stats["generated_tokens"] > before + 2
     out = await task
     assert len(out.token_ids) == 150
-    await engine.close()
 
 
 def test_one_engine_serves_successive_event_loops_and_can_be_collected(model, monkeypatch):
@@ -279,10 +268,10 @@ async def test_close_aborts_what_is_in_flight(model):
         await engine.generate([1, 2], GREEDY)
 
 
-async def test_a_failed_device_call_fails_every_open_request(model):
+async def test_a_failed_device_call_fails_every_open_request(model, make_engine):
     """Fault injection (a device cannot be made to fail on demand here): the decode call
     raises. Every caller gets an EngineError, none hangs, and the engine reports it."""
-    engine = JaxEngine(model, EngineConfig(max_slots=2, max_seq_len=64, decode_steps=2))
+    engine = make_engine(model, EngineConfig(max_slots=2, max_seq_len=64, decode_steps=2))
     await engine.generate([1, 2], GREEDY)  # compiled and working
 
     def lost(*args, **kwargs):
@@ -307,11 +296,11 @@ async def test_a_failed_device_call_fails_every_open_request(model):
         await engine.update_weights(nnx.state(model, nnx.Param), version=1)
 
 
-async def test_update_weights_resolves_when_applied_superseded_or_never(model):
+async def test_update_weights_resolves_when_applied_superseded_or_never(model, make_engine):
     from flax import nnx
 
     params = nnx.state(model, nnx.Param)
-    engine = JaxEngine(model, EngineConfig(max_slots=2, max_seq_len=64, decode_steps=2))
+    engine = make_engine(model, EngineConfig(max_slots=2, max_seq_len=64, decode_steps=2))
     first = engine.update_weights(params, version=1)
     second = engine.update_weights(params, version=2)  # may replace the first before it lands
     assert await asyncio.wait_for(second, 30) == 2 and await asyncio.wait_for(first, 30) == 1
@@ -332,10 +321,10 @@ async def test_update_weights_resolves_when_applied_superseded_or_never(model):
     assert engine.pending_version == 5  # handed over, never applied
 
 
-async def test_update_weights_names_the_mismatched_array(model):
+async def test_update_weights_names_the_mismatched_array(model, make_engine):
     from flax import nnx
 
-    engine = JaxEngine(model, EngineConfig(max_slots=1, max_seq_len=32))
+    engine = make_engine(model, EngineConfig(max_slots=1, max_seq_len=32))
     params = nnx.state(model, nnx.Param)
     wrong = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
     with pytest.raises(ValueError, match="bfloat16"):
@@ -343,11 +332,11 @@ async def test_update_weights_names_the_mismatched_array(model):
     assert engine.pending_version is None
 
 
-async def test_warmup_compiles_every_shape_ahead_of_the_requests(model):
+async def test_warmup_compiles_every_shape_ahead_of_the_requests(model, make_engine):
     """After warmup() (run on another thread, as the trainer does beside SFT), requests
     of every prefill shape and the decode chunk start without any XLA compile."""
     cfg = EngineConfig(max_slots=4, max_seq_len=48, decode_steps=4, min_prefill_len=16)
-    engine = JaxEngine(model, cfg)
+    engine = make_engine(model, cfg)
     out = await asyncio.to_thread(engine.warmup)
     assert out["shapes"] == len(cfg.length_buckets()) * len(cfg.row_buckets()) + 1
     compiled: list[str] = []
@@ -370,10 +359,9 @@ async def test_warmup_compiles_every_shape_ahead_of_the_requests(model):
     assert engine.stats["prefill_calls"] >= len(served) and engine.stats["decode_chunks"] > 0
     for prompt, out in served:  # the warmed-up executables compute what they should
         assert out.token_ids == greedy_reference(model, prompt, len(out.token_ids))
-    await engine.close()
 
 
-async def test_the_engine_keeps_its_own_copy_of_the_parameters():
+async def test_the_engine_keeps_its_own_copy_of_the_parameters(make_engine):
     """A donating train step on the model the engine was built from deletes the model's
     buffers; the engine must still generate (device_put to the same place does not copy)."""
     import numpy as np
@@ -383,7 +371,7 @@ async def test_the_engine_keeps_its_own_copy_of_the_parameters():
     from tunix_agentic.learners.grpo import GRPOLearner
 
     model = tiny_model(seed=4)
-    engine = JaxEngine(model, EngineConfig(max_slots=2, max_seq_len=48, decode_steps=4))
+    engine = make_engine(model, EngineConfig(max_slots=2, max_seq_len=48, decode_steps=4))
     want = await engine.generate([5, 6, 7], GREEDY)
     model_arrays = jax.tree.leaves(nnx.state(model, nnx.Param))
     learner = GRPOLearner(model)  # shares the model's buffers, and donates them
@@ -401,4 +389,3 @@ async def test_the_engine_keeps_its_own_copy_of_the_parameters():
     assert all(x.is_deleted() for x in model_arrays)  # the step did donate them
     again = await engine.generate([5, 6, 7], GREEDY)
     assert again.token_ids == want.token_ids
-    await engine.close()

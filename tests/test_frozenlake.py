@@ -54,7 +54,11 @@ def test_tasks_are_deterministic_and_depend_on_seed_split_and_index():
     assert a[0].task_name == "frozenlake" and a[0].task_id == "frozenlake-train-3-0"
 
 
-@pytest.mark.parametrize("source", [FrozenLakeTasks(), FrozenLakeTasks(size=5, hole_prob=0.4)])
+@pytest.mark.parametrize(
+    "source",
+    [FrozenLakeTasks(), FrozenLakeTasks(size=5, hole_prob=0.4)],
+    ids=["4x4", "5x5_holes_0.4"],
+)
 def test_every_generated_map_is_solvable_and_well_formed(source):
     for split in ("train", "heldout"):
         for i in range(100):
@@ -166,6 +170,16 @@ async def test_moves_after_the_goal_are_ignored():
         (Action(text="x", answer="Up ||"), "unknown move ''"),
         (Action(text="x", answer="D\u00f6wn"), "unknown move 'D\\xf6wn'"),
     ],
+    ids=[
+        "no_answer",
+        "unknown_move",
+        "empty_move",
+        "too_many_moves",
+        "tool_call",
+        "parse_error",
+        "trailing_separator",
+        "non_ascii_move",
+    ],
 )
 async def test_invalid_actions_are_observations_with_a_penalty(action, why):
     env = FrozenLakeEnv(invalid_action_penalty=0.25)
@@ -244,7 +258,7 @@ def demo_ids(task: Task, messages: list[dict]) -> tuple[list[int], list[float]]:
     return ids, mask
 
 
-@pytest.mark.parametrize("slip_prob", [0.0, 0.3])
+@pytest.mark.parametrize("slip_prob", [0.0, 0.3], ids=["ice", "slippery"])
 async def test_demonstrations_reach_the_goal_when_replayed(slip_prob):
     source = FrozenLakeTasks(slip_prob=slip_prob)
     rng = np.random.default_rng(0)

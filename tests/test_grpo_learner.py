@@ -52,7 +52,7 @@ def test_tis_weighs_tokens_the_sampler_underrated_up_to_the_cap():
     assert tis["loss"] == pytest.approx(2 * plain["loss"], rel=1e-4)
 
 
-@pytest.mark.parametrize("cap", [-1.0, 0.5])
+@pytest.mark.parametrize("cap", [-1.0, 0.5], ids=["negative", "below_one"])
 def test_tis_cap_below_one_is_rejected(cap):
     with pytest.raises(ValueError, match="learner.tis_cap"):
         GRPOConfig(tis_cap=cap)
@@ -68,8 +68,12 @@ def _train(config: GRPOConfig, steps: int = 2) -> tuple[list[dict[str, float]], 
     return metrics, [np.asarray(x) for x in jax.tree.leaves(learner.params_for_engine())]
 
 
-@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
-@pytest.mark.parametrize("extra", [{}, {"remat": True}, {"kl_coef": 0.1, "tis_cap": 2.0}])
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"], ids=str)
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"remat": True}, {"kl_coef": 0.1, "tis_cap": 2.0}],
+    ids=["plain", "remat", "kl_and_tis"],
+)
 def test_micro_batches_and_remat_give_the_whole_batch_update(aggregation, extra):
     base = GRPOConfig(aggregation=aggregation, mi_pairs=0, **extra)
     whole, whole_params = _train(base)
@@ -112,7 +116,7 @@ def test_every_step_logs_the_sampler_mismatch_and_the_collapse_diagnostic():
     assert "collapse/retrieval_accuracy" not in learner.collapse_metrics(same)
 
 
-@pytest.mark.parametrize("estimator", ["k1", "k3"])
+@pytest.mark.parametrize("estimator", ["k1", "k3"], ids=str)
 def test_kl_as_a_reward_penalty_uses_the_configured_estimator(estimator):
     """Sampled by another policy (seed 1), the reference is the learner's start (seed 0):
     each row's advantage loses kl_coef x the summed estimator over its tokens."""
@@ -152,6 +156,7 @@ def test_gspo_with_ppo_sized_clips_warns():
         ("mi_pairs", 1),
         ("length_bucket", 33),
     ],
+    ids=lambda v: str(v),
 )
 def test_bad_learner_settings_are_refused_with_the_field_named(field, value):
     with pytest.raises(ValueError, match=f"learner.{field}"):

@@ -197,6 +197,7 @@ def test_bfloat16_load_stays_close_to_fp32(checkpoint):
         ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "yarn"),
         ({"model_type": "mistral"}, "mistral"),
     ],
+    ids=["attention_bias", "sliding_window", "experts", "gelu", "yarn", "mistral"],
 )
 def test_unsupported_configs_are_refused_by_name(change, field):
     base = transformers.Qwen3Config(**DIMS).to_dict()

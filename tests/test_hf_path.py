@@ -148,6 +148,7 @@ QWEN3_DIMS = {  # config.json fields of Qwen3-0.6B and -1.7B (public model cards
         ("math_python_qwen3_0.6b_gpu", "0.6b"),
         ("swe_lite_qwen3_1.7b_gpu", "1.7b"),
     ],
+    ids=lambda v: str(v),
 )
 def test_the_real_model_recipes_load_and_take_their_shape_from_the_model_dir(
     recipe, size, tmp_path

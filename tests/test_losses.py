@@ -186,7 +186,7 @@ def test_kl_coef_zero_ignores_reference():
     assert "ref_kl" not in aux
 
 
-@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize("aggregation", AGGREGATIONS, ids=str)
 def test_matches_numpy_reference(aggregation):
     rng = np.random.default_rng(0)
     old = rng.normal(-2.0, 0.5, (5, 7)).astype(np.float32)
@@ -225,7 +225,7 @@ def test_aggregate_literal(aggregation, expected):
     np.testing.assert_allclose(float(aggregate(per_token, mask, aggregation)), expected, rtol=1e-6)
 
 
-@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize("aggregation", AGGREGATIONS, ids=str)
 def test_aggregate_all_masked_is_zero(aggregation):
     out = aggregate(jnp.ones((2, 3)), jnp.zeros((2, 3)), aggregation)
     np.testing.assert_allclose(float(out), 0.0, atol=0)

@@ -23,8 +23,8 @@ from tunix_agentic.inference import (
     PromptTooLongError,
     WeightUpdate,
 )
+from tunix_agentic.inference.params import SamplingParams
 from tunix_agentic.inference.pool import EnginePool
-from tunix_agentic.inference.sampling import SamplingParams
 from tunix_agentic.metrics import MetricsRecorder
 from tunix_agentic.testing import tiny_model
 
@@ -467,11 +467,10 @@ async def test_a_backend_stuck_on_an_update_does_not_hold_the_learner(model, eng
     await stuck.close()
 
 
-async def test_waiting_on_an_update_can_be_abandoned_without_cancelling_it(model):
-    engine = JaxEngine(model, CONFIG)
+async def test_waiting_on_an_update_can_be_abandoned_without_cancelling_it(model, make_engine):
+    engine = make_engine(model, CONFIG)
     update = engine.update_weights(nnx.state(model, nnx.Param), 3)
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(update, 0)  # a waiter gives up at once
     assert await asyncio.wait_for(update, 10) == 3  # the update itself went on
     assert engine.pending_version is None
-    await engine.close()

@@ -45,9 +45,9 @@ def _orch(engine):
     )
 
 
-async def test_steps_report_batches_and_publish_versions(tmp_path):
+async def test_steps_report_batches_and_publish_versions(tmp_path, make_engine):
     model = tiny_model(seed=6)
-    engine = JaxEngine(model, EngineConfig(max_slots=8, max_seq_len=128))
+    engine = make_engine(model, EngineConfig(max_slots=8, max_seq_len=128))
     orch = _orch(engine)
     learner = FixedLearner(nnx.state(model, nnx.Param))
     reports: list[StepReport] = []
@@ -57,7 +57,6 @@ async def test_steps_report_batches_and_publish_versions(tmp_path):
     assert all(r.wall_s >= r.wait_s + r.train_s for r in reports)
     assert engine.version == 3 and orch.version == 3  # awaited: applied before the next step
     assert orch.pending_work == 0  # production stopped when the loop ended
-    await engine.close()
 
 
 async def test_a_failed_weight_sync_is_counted_and_the_loop_goes_on(tmp_path):
@@ -76,6 +75,8 @@ async def test_a_failed_weight_sync_is_counted_and_the_loop_goes_on(tmp_path):
         metrics=metrics,
     )
     assert [r.step for r in reports] == [1, 2] and orch.version == 2
-    assert metrics.write_step(2)["count/weight_sync/failures"] == 2.0
-    metrics.close()
-    await engine.close()
+    try:
+        assert metrics.write_step(2)["count/weight_sync/failures"] == 2.0
+    finally:
+        metrics.close()
+        await engine.close()

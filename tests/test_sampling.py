@@ -80,7 +80,11 @@ def _reference_keep(row: np.ndarray, top_k: int, top_p: float) -> set[int]:
     return {int(i) for i in np.flatnonzero(row >= row[kept].min()) if i in set(survivors)}
 
 
-@pytest.mark.parametrize("top_k,top_p", [(0, 0.9), (5, 1.0), (17, 0.6), (0, 0.3), (1, 1.0)])
+@pytest.mark.parametrize(
+    "top_k,top_p",
+    [(0, 0.9), (5, 1.0), (17, 0.6), (0, 0.3), (1, 1.0)],
+    ids=["p0.9", "k5", "k17_p0.6", "p0.3", "greedy_k1"],
+)
 def test_filter_without_sorting_matches_the_sorted_reference(top_k, top_p):
     from tunix_agentic.inference.sampling import _filter
 

@@ -463,7 +463,7 @@ def test_cli_bad_override_exits_2(capsys):
     assert "/nonexistent/x" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("kind", ["params-dir", "run-dir"])
+@pytest.mark.parametrize("kind", ["params-dir", "run-dir"], ids=str)
 def test_engine_from_config_loads_params(tmp_path, kind):
     cfg = load_config(TINY_CONFIG, TINY_OVERRIDES)
     trained = nnx.state(Transformer(cfg.model, rngs=nnx.Rngs(7)), nnx.Param)

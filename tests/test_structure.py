@@ -103,13 +103,47 @@ def test_importing_the_package_imports_no_jax():
     probe = (
         "import sys, tunix_agentic\n"
         "assert 'jax' not in sys.modules, 'jax imported eagerly'\n"
-        "tunix_agentic.RolloutConfig\n"
+        "tunix_agentic.JaxEngine\n"
         "print(sorted(m for m in ('jax', 'flax') if m in sys.modules))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", probe], check=True, capture_output=True, text=True, cwd=ROOT
     ).stdout
     assert out.strip() == "['flax', 'jax']"  # and a name's use imports what it needs
+
+
+# Host-side code: a CPU-only rollout node or environment server runs it without JAX.
+HOST_SIDE = (
+    "tunix_agentic.inference",
+    "tunix_agentic.inference.base",
+    "tunix_agentic.inference.pool",
+    "tunix_agentic.inference.cross_policy",
+    "tunix_agentic.agent.loop",
+    "tunix_agentic.rollout.orchestrator",
+    "tunix_agentic.serving.client",
+    "tunix_agentic.serving.env_server",
+    "tunix_agentic.cli.main",
+)
+DEVICE_LIBRARIES = ("jax", "flax", "optax", "orbax")
+
+
+def test_host_side_modules_import_no_jax():
+    """The engine contract, the agent loop, the HTTP client, ``serve-env`` and the CLI up to
+    ``serve-env --help`` load none of JAX, Flax, Optax or Orbax."""
+    probe = (
+        "import sys\n"
+        f"for name in {HOST_SIDE!r}: __import__(name)\n"
+        "from tunix_agentic.cli.main import main\n"
+        "try:\n"
+        "    main(['serve-env', '--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({DEVICE_LIBRARIES!r})))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], check=True, capture_output=True, text=True, cwd=ROOT
+    ).stdout
+    assert out.strip().splitlines()[-1] == "[]"
 
 
 def _module_import_graph() -> dict[str, set[str]]:
@@ -159,3 +193,17 @@ def test_modules_import_each_other_without_cycles():
     for module in sorted(graph):
         visit(module, [])
     assert not cycles, "\n".join(cycles)
+
+
+def test_every_parametrize_names_its_cases():
+    """``ids=`` on every ``pytest.mark.parametrize``, so a failing case reads as words."""
+    missing = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", None) == "parametrize"
+                and not any(k.arg == "ids" for k in node.keywords)
+            ):
+                missing.append(f"{path.name}:{node.lineno}")
+    assert not missing, missing
