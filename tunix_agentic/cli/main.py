@@ -86,11 +86,23 @@ def _default_config() -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: one sub-command per job, each with its handler as ``args.handler``."""
     parser = argparse.ArgumentParser(
         prog="tunix-agentic", description="RL post-training for tool-using agents"
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_train, _add_serve_engine, _add_serve_env, _add_export, _add_sandbox):
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.handler(args)
+
+
+def _add_train(sub) -> None:
     tr = sub.add_parser(
         "train", help="SFT warm start, then asynchronous GRPO, with held-out evaluation"
     )
@@ -104,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument(
         "overrides", nargs="*", help="dotted overrides, e.g. rl.steps=20 rollout.group_size=4"
     )
+    tr.set_defaults(handler=_train)
+
+
+def _add_serve_engine(sub) -> None:
     se = sub.add_parser(
         "serve-engine", help="serve the JAX engine over HTTP with SGLang's native API"
     )
@@ -135,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     se.add_argument("--port", type=int, default=30000, help="port to listen on (0: a free one)")
     _add_timeouts(se)
     se.add_argument("overrides", nargs="*", help="dotted overrides, e.g. engine.max_slots=16")
+    se.set_defaults(handler=_serve_engine)
+
+
+def _add_serve_env(sub) -> None:
     sv = sub.add_parser("serve-env", help="serve a registered environment over HTTP")
     sv.add_argument("--env", required=True, metavar="NAME", help="the environment to serve")
     sv.add_argument(
@@ -170,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
         "--idle-timeout", type=float, default=600.0, help="close episodes idle this many seconds"
     )
     _add_timeouts(sv)
+    sv.set_defaults(handler=_serve_env)
+
+
+def _add_export(sub) -> None:
     ex = sub.add_parser(
         "export", help="write a run's latest checkpoint as a Hugging Face model directory"
     )
@@ -181,6 +205,10 @@ def main(argv: list[str] | None = None) -> int:
         choices=["float32", "bfloat16", "float16"],
         help="cast the weights (default: the run's model.dtype)",
     )
+    ex.set_defaults(handler=_export)
+
+
+def _add_sandbox(sub) -> None:
     sb = sub.add_parser("sandbox", help="run a command in the sandbox the agent's tools get")
     sb.add_argument("--config", default=None, help="YAML run config (its env.sandbox section)")
     sb.add_argument("--backend", default=None, choices=["auto", "bwrap", "process"])
@@ -188,75 +216,69 @@ def main(argv: list[str] | None = None) -> int:
         "--timeout", type=float, default=None, help="seconds (default: timeout_s; 0: none)"
     )
     sb.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARG ...]")
-    args = parser.parse_args(argv)
+    sb.set_defaults(handler=_sandbox)
 
-    if args.command == "sandbox":
-        from tunix_agentic.cli.sandbox import main as sandbox_main
 
-        return sandbox_main(
-            args.cmd, config=args.config, backend=args.backend, timeout=args.timeout
+def _sandbox(args: argparse.Namespace) -> int:
+    from tunix_agentic.cli.sandbox import main as sandbox_main
+
+    return sandbox_main(args.cmd, config=args.config, backend=args.backend, timeout=args.timeout)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from tunix_agentic.config import ConfigError
+    from tunix_agentic.export import export_run
+
+    try:
+        done = export_run(args.run_dir, args.to, dtype=args.dtype)
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"tunix-agentic: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"exported step {done['step']} of {args.run_dir} to {done['out_dir']} ({done['dtype']})")
+    return 0
+
+
+def _serve_env(args: argparse.Namespace) -> int:
+    from tunix_agentic.serving.env_server import serve_env_main
+
+    _warn_api_key_flag(args)
+    try:
+        timeouts = _timeouts(args)
+    except ValueError as exc:
+        print(f"tunix-agentic: error: {exc}", file=sys.stderr)
+        return 2
+    return serve_env_main(
+        args.env,
+        imports=args.imports,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        idle_timeout_s=args.idle_timeout,
+        config=args.config,
+        sandbox_backend=args.sandbox_backend,
+        timeouts=timeouts,
+    )
+
+
+def _train(args: argparse.Namespace) -> int:
+    from tunix_agentic.config import ConfigError
+    from tunix_agentic.trainer import RunInterrupted, train
+
+    try:
+        config = (
+            args.config if args.config is not None else (None if args.resume else _default_config())
         )
-
-    if args.command == "export":
-        from tunix_agentic.config import ConfigError
-        from tunix_agentic.export import export_run
-
-        try:
-            done = export_run(args.run_dir, args.to, dtype=args.dtype)
-        except (ConfigError, FileNotFoundError) as exc:
-            print(f"tunix-agentic: error: {exc}", file=sys.stderr)
-            return 2
-        print(
-            f"exported step {done['step']} of {args.run_dir} to {done['out_dir']} ({done['dtype']})"
+        result = train(
+            config, list(args.overrides), resume_dir=args.resume, progress=not args.quiet
         )
-        return 0
-
-    if args.command == "serve-engine":
-        return _serve_engine(args)
-
-    if args.command == "serve-env":
-        from tunix_agentic.serving.env_server import serve_env_main
-
-        _warn_api_key_flag(args)
-        try:
-            timeouts = _timeouts(args)
-        except ValueError as exc:
-            print(f"tunix-agentic: error: {exc}", file=sys.stderr)
-            return 2
-        return serve_env_main(
-            args.env,
-            imports=args.imports,
-            host=args.host,
-            port=args.port,
-            api_key=args.api_key,
-            idle_timeout_s=args.idle_timeout,
-            config=args.config,
-            sandbox_backend=args.sandbox_backend,
-            timeouts=timeouts,
-        )
-
-    if args.command == "train":
-        from tunix_agentic.config import ConfigError
-        from tunix_agentic.trainer import RunInterrupted, train
-
-        try:
-            config = (
-                args.config
-                if args.config is not None
-                else (None if args.resume else _default_config())
-            )
-            result = train(
-                config, list(args.overrides), resume_dir=args.resume, progress=not args.quiet
-            )
-        except ConfigError as exc:  # only the config's: any other failure shows its traceback
-            print(f"tunix-agentic: error: {exc}", file=sys.stderr)
-            return 2
-        except RunInterrupted as exc:
-            print(exc, file=sys.stderr)
-            return exc.exit_code
-        print(result.summary())
-        return 0
-    return 2
+    except ConfigError as exc:  # only the config's: any other failure shows its traceback
+        print(f"tunix-agentic: error: {exc}", file=sys.stderr)
+        return 2
+    except RunInterrupted as exc:
+        print(exc, file=sys.stderr)
+        return exc.exit_code
+    print(result.summary())
+    return 0
 
 
 def _serve_engine(args: argparse.Namespace) -> int:
