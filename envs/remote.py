@@ -16,7 +16,8 @@ Failures are infrastructure failures, never a reward: an unreachable or dead ser
 a timeout, or the remote environment raising makes the call raise
 :class:`RemoteEnvError` (the orchestrator records ``env_error``), and a remote tool
 raising :class:`~tunix_agentic.envs.tools.ToolUnavailable` raises it here too
-(``tool_error``).
+(``tool_error``). :meth:`RemoteEnv.backend_health` tells the orchestrator whether the
+server is up, so a restarted server is waited for instead of stopping the run.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import json
 import math
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import aiohttp
 
@@ -37,6 +38,7 @@ from tunix_agentic.envs.tools import ToolCall, ToolUnavailable
 # The variable serve-engine and serve-env read their key from; the client reads it too.
 API_KEY_ENV = "TUNIX_AGENTIC_API_KEY"
 _CLOSE_TIMEOUT_S = 5.0
+_HEALTH_TIMEOUT_S = 5.0
 
 
 class RemoteEnvError(RuntimeError):
@@ -231,6 +233,10 @@ class RemoteEnv(Environment):
     failure, never a reward of 0.
     """
 
+    # Servers (by URL) that answered 404 for an episode of this process since their health
+    # was last asked (read by backend_health).
+    _lost_episodes: ClassVar[set[str]] = set()
+
     def __init__(
         self,
         url: str,
@@ -294,10 +300,39 @@ class RemoteEnv(Environment):
             data = None
         if status != 200:
             message, kind = error_body(data, text)
+            if status == 404 and self._episode and path.startswith(f"/envs/{self._episode}/"):
+                RemoteEnv._lost_episodes.add(self.url)  # see backend_health
             if kind == ToolUnavailable.__name__:
                 raise ToolUnavailable(f"{where}: {message}")
             raise RemoteEnvError(f"{where} answered HTTP {status}: {message}", status=status)
         return data
+
+    async def backend_health(self) -> bool:
+        """Whether the server is up: ``GET /health`` answers 200 with ``"status": "ok"``
+        within ``connect_timeout_s`` (connecting) and ``_HEALTH_TIMEOUT_S``. Never raises;
+        needs no episode (the orchestrator asks it after a failure, to wait out a restart).
+
+        Also False, once, after the server answered 404 for an episode this process
+        created there: it lost the episode, so it restarted (or reaped it as idle) even if
+        nothing saw it down; the orchestrator then counts the failures of episodes begun
+        before as that restart's, not the run's."""
+        if self.url in RemoteEnv._lost_episodes:
+            RemoteEnv._lost_episodes.discard(self.url)
+            return False
+        timeout = aiohttp.ClientTimeout(
+            total=min(self.timeout_s, _HEALTH_TIMEOUT_S), sock_connect=self.connect_timeout_s
+        )
+        try:
+            async with (
+                aiohttp.ClientSession(headers=self._headers) as session,
+                session.get(self.url + "/health", timeout=timeout) as resp,
+            ):
+                if resp.status != 200:
+                    return False
+                data = await resp.json(content_type=None)
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
+            return False
+        return isinstance(data, dict) and data.get("status") == "ok"
 
     async def reset(self, task: Any) -> str:
         """Creates the server-side episode if need be, and resets it on ``task``

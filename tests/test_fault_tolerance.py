@@ -5,6 +5,17 @@ Each test drives the real orchestrator with a real JAX engine on a tiny model.
 
 import asyncio
 import itertools
+import json
+import os
+import random
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,14 +23,20 @@ import pytest
 from tunix_agentic.agent.chat import ChatTemplate
 from tunix_agentic.agent.loop import AgentConfig
 from tunix_agentic.envs.calculator import ArithmeticEnv, make_arithmetic_task
+from tunix_agentic.envs.remote import RemoteEnv
 from tunix_agentic.envs.tools import ToolUnavailable
 from tunix_agentic.inference import EngineConfig, JaxEngine
 from tunix_agentic.metrics import MetricsRecorder
 from tunix_agentic.models.char_tokenizer import CharTokenizer
 from tunix_agentic.rollout import RolloutConfig, RolloutOrchestrator
 from tunix_agentic.rollout.orchestrator import InfraFailureError, episode_seed
+from tunix_agentic.rollout.outages import backoff_delay
+from tunix_agentic.serving.env_server import EnvServerConfig, start_env_server
+from tunix_agentic.testing import TINY_RUN_OVERRIDES, memorize, tiny_model
 from tunix_agentic.testing import arithmetic_demonstration as demonstration
-from tunix_agentic.testing import memorize, tiny_model
+from tunix_agentic.trainer import train
+
+REPO = Path(__file__).resolve().parents[1]
 
 TEMPLATE = ChatTemplate(CharTokenizer(128))
 AGENT = AgentConfig(max_turns=3, max_new_tokens=40, temperature=0.0)
@@ -199,3 +216,228 @@ async def test_evaluation_does_not_shift_the_training_episodes_seeds(tool_user):
             await orch.stop()
             await orch.engine.close()
     assert outs[0] == outs[1]
+
+
+# ---------------------------------------------------------- a restarting env server
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _WatchedRemoteEnv(RemoteEnv):
+    """A RemoteEnv that tells the test when its health probe first found the server down."""
+
+    down_seen: asyncio.Event
+
+    async def backend_health(self) -> bool:
+        up = await super().backend_health()
+        if not up:
+            type(self).down_seen.set()
+        return up
+
+
+async def test_a_restarting_env_server_is_waited_for_and_its_failures_do_not_count(
+    tool_user, tmp_path
+):
+    """Before: the first failed episode (max_infra_failures_in_a_row=1) stopped the run while
+    the server was being restarted. Now: the orchestrator finds it down through
+    RemoteEnv.backend_health (GET /health), waits, and the retries succeed."""
+    _WatchedRemoteEnv.down_seen = asyncio.Event()
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    metrics = MetricsRecorder(tmp_path)
+    orch = make_orch(
+        tool_user,
+        lambda: _WatchedRemoteEnv(url, env_name="arithmetic", timeout_s=10),
+        metrics=metrics,
+        infra_retries=1,
+        max_infra_failures_in_a_row=1,
+        infra_backoff_s=0.05,
+    )
+    runner = None
+    orch.start()  # the server is down: being restarted
+    batch = asyncio.ensure_future(orch.get_batch())
+    try:
+        down = asyncio.ensure_future(_WatchedRemoteEnv.down_seen.wait())
+        await asyncio.wait({batch, down}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+        down.cancel()
+        if batch.done():
+            batch.result()  # an InfraFailureError here is the bug
+        assert _WatchedRemoteEnv.down_seen.is_set()
+        runner, _ = await start_env_server(EnvServerConfig("arithmetic"), port=port)  # it is back
+        (group,) = await asyncio.wait_for(batch, timeout=120)
+    finally:
+        batch.cancel()
+        await orch.stop()
+        await orch.engine.close()
+        if runner is not None:
+            await runner.cleanup()
+    assert [t.status for t in group.trajectories] == ["ok", "ok"]
+    assert group.dropped and all("unreachable" in t.error for t in group.dropped)
+    row = metrics.write_step(1)
+    assert row["count/rollout/backend_down"] == 1.0  # one watch, shared by every member
+    assert row["count/rollout/infra_failures_excused"] >= len(group.dropped)  # other groups too
+    metrics.close()
+
+
+async def test_a_restart_no_request_saw_is_told_by_the_episodes_it_lost(tool_user):
+    """The server restarted between two requests of an episode (nothing found it down):
+    its 404 for the episode is the restart's sign. Before: the failure counted, and with
+    max_infra_failures_in_a_row=1 the run stopped; now the retry runs and the run goes on."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    runner, _ = await start_env_server(EnvServerConfig("arithmetic"), port=port)
+    env = RemoteEnv(url, env_name="arithmetic", timeout_s=10)
+    prompt = await env.reset(TASK)  # the episode lives on the first server...
+    await runner.cleanup()
+    runner, _ = await start_env_server(EnvServerConfig("arithmetic"), port=port)  # ...not here
+    orch = make_orch(
+        tool_user,
+        lambda: RemoteEnv(url, env_name="arithmetic", timeout_s=10),
+        infra_retries=1,
+        max_infra_failures_in_a_row=1,
+        infra_backoff_s=0.05,
+    )
+    try:
+        group = await orch.run_group(TASK, prepared=[(env, TEMPLATE.prompt_ids(prompt), None)])
+        orch.offer(group)
+        (batch,) = await asyncio.wait_for(orch.get_batch(), timeout=60)  # no InfraFailureError
+    finally:
+        await orch.engine.close()
+        await env.close()
+        await runner.cleanup()
+    (lost,) = batch.dropped
+    assert "HTTP 404" in lost.error and "unknown episode" in lost.error
+    assert [(t.status, t.reward) for t in batch.trajectories] == [("ok", 1.0)]
+
+
+async def test_a_server_down_past_backend_wait_s_stops_the_run(tool_user):
+    """The wait is bounded: a server that never comes back stops the run as before."""
+    url = f"http://127.0.0.1:{_free_port()}"
+    orch = make_orch(
+        tool_user,
+        lambda: RemoteEnv(url, env_name="arithmetic", timeout_s=10),
+        infra_retries=1,
+        max_infra_failures_in_a_row=3,
+        infra_backoff_s=0.05,
+        backend_wait_s=0.3,
+    )
+    orch.start()
+    try:
+        with pytest.raises(InfraFailureError, match="3 episodes in a row.*unreachable"):
+            await asyncio.wait_for(orch.get_batch(), timeout=60)
+    finally:
+        await orch.stop()
+        await orch.engine.close()
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("infra_backoff_s", -1.0),
+        ("infra_backoff_max_s", float("inf")),
+        ("backend_wait_s", float("nan")),
+        ("infra_backoff_max_s", 0.5),  # below infra_backoff_s (1.0)
+    ],
+    ids=["negative_backoff", "infinite_cap", "nan_wait", "cap_below_base"],
+)
+def test_backoff_settings_are_checked_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=rf"rollout\.{field}"):
+        RolloutConfig(**{field: value})
+
+
+def test_backoff_delays_are_jittered_exponential_and_bounded():
+    rng = random.Random(0)
+    for retry, ceiling in ((1, 0.5), (2, 1.0), (3, 2.0), (10, 3.0), (10_000, 3.0)):
+        delays = [backoff_delay(retry, 0.5, 3.0, rng) for _ in range(200)]
+        assert all(0.0 <= d <= ceiling for d in delays)
+        assert len(set(delays)) == 200  # jittered: no two retries come back together
+
+
+def _serve_env(port: int, log: Path) -> subprocess.Popen:
+    """``tunix-agentic serve-env --env arithmetic --port PORT`` as a process, once it listens."""
+    env = {k: v for k, v in os.environ.items() if k != "TUNIX_AGENTIC_API_KEY"}
+    with log.open("a") as err:  # a file, not a pipe: a full pipe would stall the server
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tunix_agentic.cli.main", "serve-env", "--env", "arithmetic"]
+            + ["--port", str(port)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env={**env, "JAX_PLATFORMS": "cpu"},
+        )
+    ready, _, _ = select.select([proc.stdout], [], [], 60)
+    line = proc.stdout.readline() if ready else ""
+    if not line.startswith("serving env "):
+        proc.kill()
+        raise AssertionError(f"serve-env did not start: {line!r} {log.read_text()[-2000:]}")
+    return proc
+
+
+def _logged_rl_step(run: Path) -> int:
+    log = run / "tensorboard" / "metrics.jsonl"
+    steps = [0]
+    for line in log.read_text().splitlines() if log.exists() else []:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if "learner/loss" in row:
+            steps.append(row["step"])
+    return max(steps)
+
+
+def _episodes_open(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=5) as resp:
+            return json.loads(resp.read())["episodes"]
+    except OSError:
+        return 0
+
+
+@pytest.mark.slow
+def test_a_training_run_goes_on_through_a_sigkilled_and_restarted_env_server(tmp_path):
+    """The issue's case, scaled down: serve-env is SIGKILLed while episodes are open on it
+    and started again on its port; with max_infra_failures_in_a_row=4 the immediate retries
+    of before stopped the run, now it waits for /health and finishes."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    run = tmp_path / "run"
+    servers = [_serve_env(port, tmp_path / "serve-env.log")]
+    killed: list[int] = []
+
+    def kill_and_restart() -> None:
+        deadline = time.monotonic() + 300
+        while _logged_rl_step(run) < 1 or _episodes_open(url) == 0:  # mid-RL, episodes open
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
+        servers[0].kill()
+        servers[0].wait()
+        killed.append(_logged_rl_step(run))
+        servers.append(_serve_env(port, tmp_path / "serve-env.log"))
+
+    source = (
+        "tasks=[{name: arithmetic, env: remote, tasks_from: arithmetic, env_kwargs: "
+        f"{{url: '{url}', env: arithmetic, timeout_s: 10}}}}]"
+    )
+    overrides = [*TINY_RUN_OVERRIDES, "engine.max_seq_len=128", "sft.steps=0", "rl.eval_tasks=0"]
+    overrides += ["rl.steps=4", "rl.checkpoint_every=0", source, f"run_dir={run}"]
+    overrides += ["rollout.max_infra_failures_in_a_row=4", "rollout.infra_backoff_s=0.2"]
+    killer = threading.Thread(target=kill_and_restart, daemon=True)
+    killer.start()
+    try:
+        result = train(str(REPO / "configs" / "calculator_tiny.yaml"), overrides, progress=False)
+    finally:
+        killer.join(timeout=120)
+        for proc in servers:
+            proc.kill()
+            proc.wait()
+    assert killed and killed[0] < 4, "the server was never killed mid-run"
+    assert len(result.history) == 4
+    last = result.history[-1]
+    assert last["count/rollout/infra_failures"] >= 1  # the kill hit open episodes
+    assert last["count/rollout/backend_down"] >= 1
+    assert last["count/rollout/infra_failures_excused"] >= 1

@@ -187,7 +187,9 @@ async def test_killed_server_mid_episode_is_an_infrastructure_failure(tool_user)
         prompt = await env.reset(TASKS[0])  # INIT done on the server...
         proc.kill()  # ...which then dies without a goodbye
         proc.wait(timeout=20)
-        orch = orchestrator(model, lambda: RemoteEnv(url, timeout_s=10), infra_retries=1)
+        orch = orchestrator(  # a server that stays down: not waited for (backend_wait_s=0)
+            model, lambda: RemoteEnv(url, timeout_s=10), infra_retries=1, backend_wait_s=0
+        )
         try:
             group = await orch.run_group(
                 TASKS[0], prepared=[(env, TEMPLATE.prompt_ids(prompt), None)]

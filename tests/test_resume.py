@@ -5,9 +5,12 @@ TPU-VM's pre-emption) would stop it.
 """
 
 import hashlib
+import itertools
 import json
+import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,14 +21,21 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from tensorboard.backend.event_processing import event_file_loader
+from tensorboard.compat.proto import event_pb2
+from tensorboard.summary.writer.record_writer import RecordWriter
 
 from tunix_agentic.checkpoint import Checkpointer
 from tunix_agentic.config import ConfigError, load_config
+from tunix_agentic.envs.base import register_env
+from tunix_agentic.envs.calculator import ArithmeticEnv, ArithmeticTasks
+from tunix_agentic.learners.grpo import GRPOLearner
 from tunix_agentic.learners.state import make_optimizer
 from tunix_agentic.metrics import read_scalars
 from tunix_agentic.models.transformer import Transformer
+from tunix_agentic.rollout.orchestrator import InfraFailureError
 from tunix_agentic.testing import TINY_RUN_OVERRIDES
-from tunix_agentic.trainer import train
+from tunix_agentic.trainer import logged_after, train
 
 REPO = Path(__file__).parents[1]
 CONFIG = str(REPO / "configs" / "calculator_tiny.yaml")
@@ -185,3 +195,184 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
     assert rl_steps == [1, 2, 3, 4, 5, 6]
     summary = json.loads((killed / "summary.json").read_text())
     assert summary["seconds"] >= at_kill[1]["elapsed_s"]  # the clock covers the whole run
+
+
+# ------------------------------------------------------- a run that stops on an error
+class _FailsAfterStep2(ArithmeticEnv):
+    """Resets raise once RL step 2 is logged in ``log`` (the sandbox host went away)."""
+
+    log: Path | None = None
+
+    async def reset(self, task):
+        log = type(self).log
+        if log is not None and _rl_steps(log.read_text() if log.exists() else "")[-1:] >= [2]:
+            raise ConnectionError("sandbox host lost")
+        return await super().reset(task)
+
+
+register_env("_test_fails_after_step_2", tasks=ArithmeticTasks())(_FailsAfterStep2)
+
+
+def _rl_steps(jsonl: str) -> list[int]:
+    """The RL steps logged in a ``metrics.jsonl`` text, in order (cut lines skipped)."""
+    steps = []
+    for line in jsonl.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if "learner/loss" in row:
+            steps.append(row["step"])
+    return steps
+
+
+FAST = [*TINY, "engine.max_seq_len=128", "sft.steps=0", "rl.eval_tasks=0"]
+
+
+def test_a_run_stopped_by_an_error_checkpoints_its_last_finished_step(tmp_path):
+    """Before: only a signal saved the last finished step; a run stopped by an error kept
+    checkpoint 0 (rl.checkpoint_every=0) and lost every step. Now the step is saved, and
+    resume picks it up."""
+    run = tmp_path / "run"
+    _FailsAfterStep2.log = run / "tensorboard" / "metrics.jsonl"
+    overrides = [*FAST, "rl.steps=50", "rl.checkpoint_every=0", f"run_dir={run}"]
+    overrides += ["env.name=_test_fails_after_step_2", "rollout.max_infra_failures_in_a_row=4"]
+    overrides += ["rollout.infra_backoff_s=0.05"]
+    try:
+        with pytest.raises(InfraFailureError, match="sandbox host lost"):
+            train(CONFIG, overrides, progress=False)
+    finally:
+        _FailsAfterStep2.log = None
+    done = _rl_steps(_jsonl(run))
+    assert done[-1] >= 2 and done == list(range(1, done[-1] + 1))
+    assert Checkpointer(run / "checkpoints").latest_step() == done[-1]
+
+    resumed = train(None, [f"rl.steps={done[-1] + 1}"], resume_dir=str(run), progress=False)
+    assert len(resumed.history) == 1
+    assert _rl_steps(_jsonl(run)) == list(range(1, done[-1] + 2))
+
+
+def test_a_run_whose_train_step_failed_keeps_its_last_written_checkpoint(
+    tmp_path, monkeypatch, caplog
+):
+    """Not a half-applied step: a train step that raised may have consumed the learner's
+    state, so the step before it is not saved from that state; the run says so."""
+    calls = itertools.count(1)
+    real = GRPOLearner.train_step
+
+    def train_step(self, batch, **kw):
+        if next(calls) == 2:
+            raise FloatingPointError("the loss is nan")
+        return real(self, batch, **kw)
+
+    monkeypatch.setattr(GRPOLearner, "train_step", train_step)
+    run = tmp_path / "run"
+    with (
+        caplog.at_level(logging.WARNING, logger="tunix_agentic.trainer"),
+        pytest.raises(FloatingPointError),
+    ):
+        train(
+            CONFIG, [*FAST, "rl.steps=5", "rl.checkpoint_every=0", f"run_dir={run}"], progress=False
+        )
+    assert _rl_steps(_jsonl(run)) == [1]
+    assert Checkpointer(run / "checkpoints").all_steps() == [0]
+    assert any("step 2 did not finish" in r.getMessage() for r in caplog.records)
+
+
+def _jsonl(run: Path) -> str:
+    return (run / "tensorboard" / "metrics.jsonl").read_text()
+
+
+# ------------------------------------------ unreadable checkpoints, records by step
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A tiny run of 2 RL steps with checkpoints 0, 1 and 2, and evaluations at 0 and 2."""
+    run = tmp_path_factory.mktemp("finished") / "run"
+    overrides = [*TINY, "engine.max_seq_len=128", "sft.steps=5", "rl.eval_tasks=1"]
+    overrides += ["rl.steps=2", "rl.checkpoint_every=1", "rl.keep_checkpoints=3"]
+    train(CONFIG, [*overrides, f"run_dir={run}"], progress=False)
+    assert Checkpointer(run / "checkpoints").all_steps() == [0, 1, 2]
+    return run
+
+
+def _tag_steps(run: Path) -> dict[str, list[int]]:
+    scalars = read_scalars(run / "tensorboard")
+    return {
+        tag: [s for s, _ in scalars[tag]] for tag in ("sft/loss", "eval/success", "learner/loss")
+    }
+
+
+def test_a_resume_falls_back_past_an_unreadable_newest_checkpoint(finished_run, tmp_path, caplog):
+    """Before: a corrupted newest checkpoint failed the resume. Now it resumes from the
+    one before, says so, and sets the unreadable one aside."""
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    for f in (run / "checkpoints" / "2" / "params").rglob("*"):
+        if f.is_file():
+            f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2])  # truncated by a crash
+    with caplog.at_level(logging.WARNING, logger="tunix_agentic.trainer"):
+        resumed = train(None, ["rl.steps=3"], resume_dir=str(run), progress=False)
+    (warning,) = [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()]
+    assert re.search(
+        r"checkpoint 2 of .* is unreadable \(\w+.*\): resuming from checkpoint 1", warning
+    )
+    assert len(resumed.history) == 2  # steps 2 and 3 redone / done
+    assert _tag_steps(run) == {
+        "sft/loss": [0, 4],
+        "eval/success": [0, 3],
+        "learner/loss": [1, 2, 3],
+    }
+    assert (run / "checkpoints_unreadable" / "2" / "params").is_dir()
+    assert Checkpointer(run / "checkpoints").all_steps() == [1, 2, 3]
+
+
+def _set_wall_times(log_dir: Path, wall_time) -> None:
+    """Rewrite every record's wall time to ``wall_time(step, tags)`` (another clock)."""
+    jsonl = log_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    for row in rows:
+        row["wall_time"] = wall_time(row["step"], set(row) - {"step", "wall_time"})
+    jsonl.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    for events in log_dir.glob("*tfevents*"):
+        records = []
+        for raw in event_file_loader.RawEventFileLoader(str(events)).Load():
+            event = event_pb2.Event.FromString(raw)
+            if event.HasField("summary"):
+                event.wall_time = wall_time(event.step, {v.tag for v in event.summary.value})
+            records.append(event.SerializeToString())
+        with open(events, "wb") as f:
+            writer = RecordWriter(f)
+            for record in records:
+                writer.write(record)
+
+
+def test_a_resume_drops_records_by_step_whatever_their_wall_time(finished_run, tmp_path):
+    """Killed before checkpoint 2 was written, on a host whose clock then jumped: what was
+    logged up to checkpoint 1 carries a wall time past the checkpoint's, and step 2 one
+    before it. Before: the former were dropped (SFT, step 1 and the first evaluation lost)
+    and the latter kept (step 2 twice). Now the step decides."""
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    shutil.rmtree(run / "checkpoints" / "2")
+    ahead, behind = time.time() + 10**6, 10**9
+
+    def wall_time(step, tags):
+        redone = step == 2 and not any(t.startswith("sft/") for t in tags)
+        return behind if redone else ahead
+
+    _set_wall_times(run / "tensorboard", wall_time)
+    resumed = train(None, [], resume_dir=str(run), progress=False)
+    assert len(resumed.history) == 1
+    assert _tag_steps(run) == {"sft/loss": [0, 4], "eval/success": [0, 2], "learner/loss": [1, 2]}
+    assert _rl_steps((run / "tensorboard" / "metrics.jsonl").read_text()) == [1, 2]
+
+
+def test_logged_after_decides_by_step_and_phase():
+    late = logged_after(3)
+    assert not late(29, frozenset({"sft/loss"}))  # SFT steps precede every checkpoint
+    assert not late(0, frozenset({"eval/success"}))  # the evaluation before RL
+    assert not late(3, frozenset({"learner/loss"}))
+    assert late(4, frozenset({"learner/loss"}))
+    assert late(3, frozenset({"eval/success"}))  # the final evaluation follows checkpoint 3
+    assert not logged_after(0)(0, frozenset({"eval/success"}))
+    assert logged_after(None)(0, frozenset({"sft/loss"}))  # no checkpoint: all is redone

@@ -11,12 +11,36 @@ checkpoint (the warm-start success).
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
+
+
+@dataclasses.dataclass
+class Restored:
+    """A checkpoint read back; ``skipped`` lists the newer ones that could not be read,
+    newest first, as ``(step, why)``."""
+
+    params: Any
+    opt_state: Any
+    meta: dict[str, Any]
+    step: int
+    skipped: list[tuple[int, str]]
+
+
+class UnreadableCheckpointsError(RuntimeError):
+    """No checkpoint of a directory could be read; ``skipped`` as in :class:`Restored`."""
+
+    def __init__(self, directory: Path, skipped: list[tuple[int, str]]):
+        self.skipped = skipped
+        step, why = skipped[0]
+        older = f"; nor any of the {len(skipped) - 1} older" if skipped[1:] else ""
+        super().__init__(f"cannot read checkpoint {step} of {directory} ({why}){older}")
 
 
 class Checkpointer:
@@ -81,6 +105,39 @@ class Checkpointer:
         )
         return out["params"], out["opt_state"], dict(out["meta"]), step
 
+    def restore_newest(
+        self,
+        params_like: Any,
+        opt_state_like: Any,
+        *,
+        check: Callable[[dict[str, Any]], None] | None = None,
+    ) -> Restored | None:
+        """The newest checkpoint that can be read, falling back past any that cannot
+        (truncated or corrupted files), or None when there is none.
+
+        ``check(meta)`` sees each one's metadata first; what it raises propagates (a
+        checkpoint the run refuses is no reason to try an older one). Raises
+        :class:`UnreadableCheckpointsError` when none can be read.
+        """
+        skipped: list[tuple[int, str]] = []
+        for step in reversed(self.all_steps()):
+            try:
+                meta = self.read_meta(step)
+            except Exception as exc:
+                skipped.append((step, _first_line(exc)))
+                continue
+            if check is not None:
+                check(meta)
+            try:
+                params, opt_state, meta, step = self.restore(params_like, opt_state_like, step)
+            except Exception as exc:
+                skipped.append((step, _first_line(exc)))
+                continue
+            return Restored(params, opt_state, meta, step, skipped)
+        if skipped:
+            raise UnreadableCheckpointsError(self.directory, skipped)
+        return None
+
     def restore_params(self, params_like: Any, step: int | None = None) -> tuple[Any, dict, int]:
         """The parameters alone (no optimizer needed); returns (params, meta, step)."""
         step = self._step(step)
@@ -109,6 +166,25 @@ class Checkpointer:
         """Finish pending writes, then release the manager (idempotent)."""
         self._manager.wait_until_finished()
         self._manager.close()
+
+
+def set_aside(directory: str | Path, steps: list[int], aside: str | Path) -> None:
+    """Move checkpoints ``steps`` of ``directory`` (unreadable ones a resume skipped) into
+    ``aside``, kept for a post-mortem, so a run writes those steps afresh. Call it with no
+    :class:`Checkpointer` open on ``directory``."""
+    for step in steps:
+        target = Path(aside) / str(step)
+        n = 1
+        while target.exists():
+            n += 1
+            target = target.with_name(f"{step}-{n}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        (Path(directory) / str(step)).rename(target)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
 def _like(tree: Any) -> Any:

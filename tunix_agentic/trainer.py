@@ -12,11 +12,14 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import json
+import logging
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +27,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from tunix_agentic.agent.chat import TemplateError, make_chat_template
-from tunix_agentic.checkpoint import Checkpointer
+from tunix_agentic.checkpoint import Checkpointer, UnreadableCheckpointsError, set_aside
 from tunix_agentic.config import (
     ConfigError,
     RunConfig,
@@ -40,13 +43,15 @@ from tunix_agentic.inference.engine import JaxEngine
 from tunix_agentic.learners.batching import grpo_batch, sft_batch
 from tunix_agentic.learners.grpo import GRPOLearner
 from tunix_agentic.learners.sft import SFTTrainer
-from tunix_agentic.metrics.recorder import MetricsRecorder, drop_records_after
+from tunix_agentic.metrics.recorder import MetricsRecorder, drop_records
 from tunix_agentic.models.hf import build_model
 from tunix_agentic.models.tokenizers import load_tokenizer
 from tunix_agentic.models.transformer import Transformer, count_params
 from tunix_agentic.rl_loop import StepReport, run_rl_steps
 from tunix_agentic.rollout.orchestrator import Group, RolloutOrchestrator
 from tunix_agentic.sharding import make_mesh
+
+_log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -217,10 +222,11 @@ class Trainer:
     Fault tolerance: a checkpoint (orbax, written in the background) follows the
     warm start, every ``rl.checkpoint_every`` RL steps and the last step; a
     ``resume`` continues from the newest one at that step, with the task stream,
-    the metrics logs and the run's clock as they were there. SIGINT/SIGTERM stop
+    the metrics logs and the run's clock as they were there (a newest checkpoint
+    that cannot be read is skipped for the one before). SIGINT/SIGTERM stop
     admitting, checkpoint the last finished step, close everything and raise
-    :class:`RunInterrupted`. Engine, checkpointer and event writer are closed on
-    every path.
+    :class:`RunInterrupted`; an error checkpoints the last finished step too, then
+    propagates. Engine, checkpointer and event writer are closed on every path.
     """
 
     def __init__(self, config: RunConfig, *, resume: bool = False, progress: bool = True):
@@ -270,6 +276,7 @@ class Trainer:
         self._signals: StopSignals | None = None
         self._done_step: int | None = None  # the last finished RL step (0: warm start done)
         self._saved_step: int | None = None
+        self._unreadable: list[int] = []  # checkpoints a resume skipped, newest first
 
     # ------------------------------------------------------------- pieces
     def warm_start(self, model: Transformer, metrics: MetricsRecorder) -> Transformer:
@@ -373,7 +380,11 @@ class Trainer:
             raise RunInterrupted(signals.signum or signal.SIGINT, self._done_step, self.run_dir)
 
     def _restore(self, model: Transformer) -> tuple[GRPOLearner, dict[str, Any], int] | None:
-        """Read the newest checkpoint of a resumed run, or None if it has none.
+        """Read the newest readable checkpoint of a resumed run, or None if it has none.
+
+        A checkpoint whose files cannot be read (truncated, corrupted) is skipped for
+        the one before it, with a warning naming its step and why; the skipped ones are
+        moved to ``checkpoints_unreadable/`` once the run starts writing.
 
         Writes nothing: a resume that cannot go on fails here with a ConfigError
         naming what does not match, and leaves the run directory as it was.
@@ -383,28 +394,33 @@ class Trainer:
             return None
         ckpt = Checkpointer(directory, max_to_keep=self.cfg.rl.keep_checkpoints)
         try:
-            step = ckpt.latest_step()
-            if step is None:
-                return None
-            meta = ckpt.read_meta(step)
-            _check_same_model(meta.get("model"), self.cfg.model)
             learner = GRPOLearner(model, self.cfg.learner, seed=self.cfg.seed)
             try:
-                params, opt_state, meta, step = ckpt.restore(
-                    learner.checkpoint_params(), learner.state.opt_state, step
+                got = ckpt.restore_newest(
+                    learner.checkpoint_params(),
+                    learner.state.opt_state,
+                    check=lambda meta: _check_same_model(meta.get("model"), self.cfg.model),
                 )
-            except Exception as exc:
-                raise ConfigError(
-                    f"cannot restore checkpoint {step} of {self.run_dir} with this config "
-                    f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
-                ) from None
-            learner.load_checkpoint(params, opt_state, step)
+            except UnreadableCheckpointsError as exc:  # the newest's error first
+                raise ConfigError(f"{exc}: does this config fit the run?") from None
+            if got is None:
+                return None
+            learner.load_checkpoint(got.params, got.opt_state, got.step)
             probe = self.sources.train_stream(self.cfg.seed)
             try:
-                probe.set_state(meta["rollout"]["task_iterator"])
+                probe.set_state(got.meta["rollout"]["task_iterator"])
             except (ValueError, KeyError) as exc:
                 raise ConfigError(f"tasks do not match the checkpoint: {exc}") from None
-            return learner, meta, step
+            for step, why in got.skipped:
+                _log.warning(
+                    "checkpoint %d of %s is unreadable (%s): resuming from checkpoint %d",
+                    step,
+                    self.run_dir,
+                    why,
+                    got.step,
+                )
+            self._unreadable = [step for step, _ in got.skipped]
+            return learner, got.meta, got.step
         finally:
             ckpt.close()
 
@@ -424,8 +440,15 @@ class Trainer:
         save_config(cfg, self.run_dir / "config.yaml")
         if self.resume:
             # What was logged after the checkpoint is redone below: drop it (all of it when
-            # there was no checkpoint and the run starts over).
-            drop_records_after(self.run_dir / "tensorboard", float(meta.get("wall_time", -1.0)))
+            # there was no checkpoint and the run starts over), by step, never by clock.
+            drop_records(
+                self.run_dir / "tensorboard", logged_after(start_step if restored else None)
+            )
+            set_aside(
+                self.run_dir / "checkpoints",
+                self._unreadable,
+                self.run_dir / "checkpoints_unreadable",
+            )
         metrics = MetricsRecorder(self.run_dir / "tensorboard")
         stack.callback(metrics.close)
         ckpt = Checkpointer(self.run_dir / "checkpoints", max_to_keep=cfg.rl.keep_checkpoints)
@@ -482,8 +505,9 @@ class Trainer:
         ctx, meta = await self._build(stack)
         restored, start_step = bool(meta), ctx.start_step
         orch, metrics, t_start = ctx.orch, ctx.metrics, ctx.t_start
-        # From here on a stop signal saves the last finished step before the stack closes.
-        stack.callback(self._save_on_stop, ctx)
+        # From here on a stop signal or an error saves the last finished step before the
+        # stack closes (the checkpointer, closed after, finishes the write).
+        stack.push(functools.partial(self._save_on_exit, ctx))
         if restored:
             before = float(meta["success_before"])
             by_task_before = dict(meta.get("success_before_by_task", {}))
@@ -563,6 +587,10 @@ class Trainer:
             }
             history.append(metrics.write_step(step, extra))
             self._done_step = step
+            # What a checkpoint of this step holds, as it is now: the next batch may be taken
+            # (and its groups leave the task stream's pending list) before a later save.
+            ctx.trained_at_done = steps.started
+            ctx.rollout_at_done = json.loads(json.dumps(ctx.orch.checkpoint_state()))
             bar.update(1)
             bar.set_postfix(
                 reward=f"{stats.get('rollout/reward_mean', 0):.2f}", loss=f"{out['loss']:.3f}"
@@ -573,11 +601,12 @@ class Trainer:
             if self._signals.requested:
                 raise _Stopped
 
+        steps = ctx.steps = _GRPOSteps(ctx.learner, cfg, self.tokenizer.pad_id)
         try:
             await run_rl_steps(
                 ctx.orch,
                 engine,
-                _GRPOSteps(ctx.learner, cfg, self.tokenizer.pad_id),
+                steps,
                 start_step=start_step,
                 steps=cfg.rl.steps,
                 on_step=on_step,
@@ -593,22 +622,48 @@ class Trainer:
         if self._saved_step == step:
             return
         ctx.metrics.flush()  # every scalar up to this step is on disk before the checkpoint
+        at_done = step == self._done_step and ctx.rollout_at_done is not None
         meta = {
             "success_before": ctx.before,
             "success_before_by_task": ctx.by_task_before,
-            "rollout": ctx.orch.checkpoint_state(),
+            "rollout": ctx.rollout_at_done if at_done else ctx.orch.checkpoint_state(),
             "version": step,
             "elapsed_s": time.perf_counter() - ctx.t_start,
-            "wall_time": time.time(),  # a resume drops what was logged after this
+            "wall_time": time.time(),  # for people: a resume decides what to redo by step
             "model": to_dict(self.cfg.model),
         }
         ctx.ckpt.save(step, ctx.learner.checkpoint_params(), ctx.learner.state.opt_state, meta)
         self._saved_step = step
 
-    def _save_on_stop(self, ctx: _RunContext) -> None:
-        """On a stop signal, checkpoint the last finished step (exit-stack callback)."""
-        if self._signals.requested and self._done_step is not None and ctx.before is not None:
+    def _save_on_exit(self, ctx: _RunContext, exc_type, exc, tb) -> bool:
+        """On a stop signal or an error, checkpoint the last finished step (an exit-stack
+        callback; never suppresses the exit's exception).
+
+        Only a whole step is saved: after a train step began whose step did not finish
+        (it raised, or its report did), the learner holds no finished step's state, and
+        the newest checkpoint stays the last one written. A forced way out (a second
+        Ctrl-C) saves nothing; a save that fails is logged, not raised over the error.
+        """
+        if exc_type is None or not issubclass(exc_type, Exception):
+            return False  # a run that ended saved its last step; a forced exit waits for nothing
+        if self._done_step is None or ctx.before is None or self._saved_step == self._done_step:
+            return False
+        if ctx.steps is not None and ctx.steps.started != ctx.trained_at_done:
+            _log.warning(
+                "step %d did not finish: the newest checkpoint stays step %s",
+                self._done_step + 1,
+                self._saved_step,
+            )
+            return False
+        try:
             self._save(ctx, self._done_step)
+        except Exception as save_exc:
+            _log.warning(
+                "could not checkpoint step %d on the way out: %s",
+                self._done_step,
+                f"{type(save_exc).__name__}: {save_exc}",
+            )
+        return False
 
     @staticmethod
     def _log_eval(metrics: MetricsRecorder, ev: EvalResult, step: int) -> None:
@@ -628,6 +683,8 @@ class _GRPOSteps:
 
     def __init__(self, learner: GRPOLearner, cfg: RunConfig, pad_id: int):
         self.learner, self.cfg, self.pad_id = learner, cfg, pad_id
+        # Train steps begun on the learner's state (a step that raised may have consumed it).
+        self.started = 0
 
     def train_on(self, groups: list[Group]) -> dict[str, float]:
         rollout, lcfg = self.cfg.rollout, self.cfg.learner
@@ -646,6 +703,7 @@ class _GRPOSteps:
             overlong_max_len=lcfg.overlong_max_len,
             overlong_cache_len=lcfg.overlong_cache_len,
         )
+        self.started += 1
         return self.learner.train_step(batch, pad_id=self.pad_id)
 
     def params_for_engine(self) -> Any:
@@ -665,6 +723,30 @@ class _RunContext:
     start_step: int
     before: float | None = None
     by_task_before: dict[str, float] = dataclasses.field(default_factory=dict)
+    steps: _GRPOSteps | None = None  # the RL loop's learner, once RL began
+    trained_at_done: int = 0  # its train steps begun when the last RL step finished
+    rollout_at_done: dict[str, Any] | None = None  # the task stream's state then
+
+
+def logged_after(checkpoint: int | None) -> Callable[[int, frozenset[str]], bool]:
+    """Which metric records a run resumed from RL step ``checkpoint`` redoes (None: no
+    checkpoint, the run starts over and redoes all), by step and name, never by clock.
+
+    The warm start's ``sft/*`` records (in SFT steps) precede every checkpoint; an RL
+    record is redone when its step is past the checkpoint; and ``eval/*`` at the
+    checkpoint's step past 0 is the final evaluation, which follows the final checkpoint.
+    """
+
+    def late(step: int, tags: frozenset[str]) -> bool:
+        if checkpoint is None:
+            return True
+        if tags and all(tag.startswith("sft/") for tag in tags):
+            return False
+        if step != checkpoint:
+            return step > checkpoint
+        return checkpoint > 0 and any(tag.startswith("eval/") for tag in tags)
+
+    return late
 
 
 def _check_same_model(saved: dict[str, Any] | None, model: Any) -> None:

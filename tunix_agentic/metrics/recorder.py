@@ -27,7 +27,7 @@ import operator
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import IO
 
 from tensorboard.backend.event_processing import event_accumulator, event_file_loader
@@ -260,15 +260,18 @@ def read_scalars(log_dir: str | os.PathLike) -> dict[str, list[tuple[int, float]
     }
 
 
-def drop_records_after(log_dir: str | os.PathLike, wall_time: float) -> int:
-    """Remove every scalar written after ``wall_time`` from ``log_dir``; returns how many lines
-    and events went.
+def drop_records(log_dir: str | os.PathLike, late: Callable[[int, frozenset[str]], bool]) -> int:
+    """Remove every record ``late(step, tags)`` calls late from ``log_dir``; returns how many
+    lines and events went.
 
-    A resumed run calls this with its checkpoint's time before it writes
-    anything: what the interrupted run logged past its last checkpoint is
-    redone by the resumed run, and would otherwise appear twice (TensorBoard
-    draws a step written twice as a zig-zag). Event files and ``metrics.jsonl``
-    are rewritten in place (through a temporary file and a rename).
+    A resumed run calls this before it writes anything: what the interrupted run
+    logged past its checkpoint is redone by the resumed run, and would otherwise
+    appear twice (TensorBoard draws a step written twice as a zig-zag). A record is
+    one ``metrics.jsonl`` line or one event, decided by its step and metric names,
+    never by its wall time (a clock that jumped, or a run moved to another host,
+    neither duplicates nor drops a record). A line cut short by a kill is dropped.
+    Event files and ``metrics.jsonl`` are rewritten in place (through a temporary
+    file and a rename).
     """
     path = os.fspath(log_dir)
     if not os.path.isdir(path):
@@ -281,10 +284,12 @@ def drop_records_after(log_dir: str | os.PathLike, wall_time: float) -> int:
         keep = []
         for line in lines:
             try:
-                late = json.loads(line)["wall_time"] > wall_time
+                row = json.loads(line)
+                step = _as_step(row["step"])
+                drop = late(step, frozenset(row) - _RESERVED)
             except (ValueError, KeyError, TypeError):
-                late = True  # a line cut short by a kill
-            if late:
+                drop = True  # a line cut short by a kill
+            if drop:
                 dropped += 1
             else:
                 keep.append(line if line.endswith("\n") else line + "\n")
@@ -298,7 +303,8 @@ def drop_records_after(log_dir: str | os.PathLike, wall_time: float) -> int:
         kept = []
         for record in loader.Load():  # stops quietly at a record cut short by a kill
             event = event_pb2.Event.FromString(record)
-            if event.HasField("summary") and event.wall_time > wall_time:
+            tags = frozenset(v.tag for v in event.summary.value)
+            if event.HasField("summary") and late(event.step, tags):
                 dropped += 1
             else:
                 kept.append(record)

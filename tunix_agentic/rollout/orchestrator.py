@@ -26,6 +26,8 @@ import collections
 import dataclasses
 import inspect
 import itertools
+import math
+import random
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -38,7 +40,8 @@ from tunix_agentic.agent.loop import AgentConfig, run_agent
 from tunix_agentic.envs.base import Environment
 from tunix_agentic.inference.base import InferenceEngine
 from tunix_agentic.rollout.grouping import GroupFilter, StalenessPacer
-from tunix_agentic.trajectory import Trajectory
+from tunix_agentic.rollout.outages import HealthProbe, OutageGate, backoff_delay
+from tunix_agentic.trajectory import EpisodeStage, Trajectory, timeout_status
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +64,14 @@ class RolloutConfig:
     # environment whose reset always raises) instead of waiting forever.
     max_infra_failures_in_a_row: int = 64
     infra_retries: int = 1  # re-run an episode that hit an infrastructure fault, with a fresh env
+    # A retry waits a delay drawn uniformly from [0, min(infra_backoff_max_s, infra_backoff_s *
+    # 2**(retry - 1))] (jittered exponential back-off: a burst of failures does not return as one).
+    infra_backoff_s: float = 1.0
+    infra_backoff_max_s: float = 30.0
+    # An environment backend that says it is down (see RolloutOrchestrator: backend_health) is
+    # waited for up to this long; failures of episodes begun before it came back do not count
+    # towards max_infra_failures_in_a_row. Past it, they count again.
+    backend_wait_s: float = 120.0
     # Interaction-budget curriculum (ScalingInter-RL): ((from_version, max_turns), ...), e.g.
     # ((0, 8), (100, 12), (200, 15)). Empty: agent.max_turns throughout.
     max_turns_schedule: tuple[tuple[int, int], ...] = ()
@@ -90,6 +101,15 @@ class RolloutConfig:
             )
         if self.infra_retries < 0:
             raise ValueError(f"rollout.infra_retries must be >= 0, got {self.infra_retries}")
+        for name in ("infra_backoff_s", "infra_backoff_max_s", "backend_wait_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"rollout.{name} must be a finite number >= 0, got {value!r}")
+        if self.infra_backoff_max_s < self.infra_backoff_s:
+            raise ValueError(
+                f"rollout.infra_backoff_max_s ({self.infra_backoff_max_s}) must be >= "
+                f"rollout.infra_backoff_s ({self.infra_backoff_s})"
+            )
         if self.prefetch_groups < 0:
             raise ValueError(f"rollout.prefetch_groups must be >= 0, got {self.prefetch_groups}")
         if self.max_filtered_in_a_row < 1 or self.max_infra_failures_in_a_row < 1:
@@ -179,6 +199,18 @@ class RolloutOrchestrator:
     has one after ``reset`` (e.g. ``{"sandbox_start": seconds}``), is recorded as
     ``env/<key>`` times.
 
+    An episode that failed on infrastructure is retried after a jittered back-off
+    (``rollout.infra_backoff_s``). Before the failure counts towards
+    ``rollout.max_infra_failures_in_a_row``, ``backend_health(task)`` is asked
+    whether the task's environment backend is up (True), down (False) or cannot
+    tell (None); a backend that is down is waited for (``rollout.backend_wait_s``)
+    and the failures of episodes begun before it came back do not count (see
+    :mod:`tunix_agentic.rollout.outages`). By default an environment answers for its
+    backend: the newest environment of the task's source that has an
+    ``async backend_health() -> bool`` is asked (closed by then: it asks the backend,
+    not the episode; :class:`~tunix_agentic.envs.remote.RemoteEnv` asks its server's
+    ``/health``); sources whose environments have none cannot tell.
+
     ``checkpoint_state()`` / ``restore_state()`` carry the task stream across a
     restart exactly: tasks drawn but not yet trained on (running or finished
     groups) are drawn again, with the same group indices and seeds, by a
@@ -195,6 +227,7 @@ class RolloutOrchestrator:
         *,
         tasks: Iterator[Any] | None = None,
         metrics=None,
+        backend_health: HealthProbe | None = None,
     ):
         self.engine = engine
         self.env_factory = env_factory
@@ -209,6 +242,13 @@ class RolloutOrchestrator:
         )
         self._ready_changed = asyncio.Event()
         self._infra_streak = 0
+        self._outages = OutageGate(
+            backend_health,
+            wait_s=config.backend_wait_s,
+            spawn=self._spawn,
+            metrics=metrics,
+        )
+        self._jitter = random.Random(config.seed)  # back-off delays only: no episode's seed
         self._fatal: Exception | None = None
         self._changed = asyncio.Event()
         self._init_sem = asyncio.Semaphore(config.init_workers)
@@ -397,6 +437,7 @@ class RolloutOrchestrator:
             try:
                 factory = self.env_factory
                 env = factory(task) if _takes_one_argument(factory) else factory()
+                self._outages.note_env(task, env)  # how to ask its backend after a failure
                 prompt = await env.reset(task)
                 for key, seconds in getattr(env, "timings", {}).items():
                     self._time(f"env/{key}", seconds)  # e.g. sandbox start-up
@@ -603,26 +644,38 @@ class RolloutOrchestrator:
         (each attempt on its own seed).
         """
         failures: list[Trajectory] = []
-        for attempt in range(self.config.infra_retries + 1):
+        cfg = self.config
+        if prepared is not None and prepared[0] is not None:
+            self._outages.note_env(task, prepared[0])  # made elsewhere: it answers for its backend
+        for attempt in range(cfg.infra_retries + 1):
+            began = time.monotonic()
             traj = await self._episode(
                 task, group_id, (seed + attempt) % 2**63, member, agent_config, attempt, prepared
             )
             prepared = None
             if not traj.is_infra_failure:
                 self._infra_streak = 0
+                self._outages.succeeded(task)
                 return traj, failures
             failures.append(traj)
-            self._infra_streak += 1
-            if self._infra_streak >= self.config.max_infra_failures_in_a_row:
-                self._fail(
-                    InfraFailureError(
-                        f"{self._infra_streak} episodes in a row failed on infrastructure; "
-                        f"the last ({traj.episode_id}): {traj.status}: {traj.error}"
+            # A backend that is down is waited for here; what its outage caused does not count.
+            if not await self._outages.excuses(task, began):
+                self._infra_streak += 1
+                if self._infra_streak >= cfg.max_infra_failures_in_a_row:
+                    self._fail(
+                        InfraFailureError(
+                            f"{self._infra_streak} episodes in a row failed on infrastructure; "
+                            f"the last ({traj.episode_id}): {traj.status}: {traj.error}"
+                        )
                     )
-                )
-            if attempt < self.config.infra_retries:
+            if attempt < cfg.infra_retries:
                 self.stats["infra_retries"] += 1
                 self._count("rollout/infra_retries")
+                await asyncio.sleep(
+                    backoff_delay(
+                        attempt + 1, cfg.infra_backoff_s, cfg.infra_backoff_max_s, self._jitter
+                    )
+                )
         return failures[-1], failures
 
     async def _episode(
@@ -636,7 +689,13 @@ class RolloutOrchestrator:
         prepared: tuple | None = None,
     ) -> Trajectory:
         """One attempt. Whatever it raises (a user's env or reward function, an observation
-        the tokenizer cannot encode) ends this episode with a recorded status and error."""
+        the tokenizer cannot encode) ends this episode with a recorded status and error.
+
+        Past ``episode_timeout_s`` the episode ends with the status of
+        :func:`~tunix_agentic.trajectory.timeout_status`: ``"agent_timeout"`` (reward 0,
+        kept and scored like any failure of the policy) when the deadline passed in the
+        agent loop and the agent's actions took at least half of it, else ``"timeout"``
+        (infrastructure: the engine, the environment's reset or the verifier hung)."""
         traj = Trajectory(
             task_id=str(getattr(task, "task_id", group_id)),
             episode_id=f"{group_id}-{member}" + (f"-retry{attempt}" if attempt else ""),
@@ -646,6 +705,7 @@ class RolloutOrchestrator:
         t0 = time.perf_counter()
         # A prefetched environment is this episode's to close from here on, whatever happens.
         env: Environment | None = None if prepared is None else prepared[0]
+        stage: EpisodeStage = "init"  # where the deadline found it, for timeout_status
         try:
             async with asyncio.timeout(self.config.episode_timeout_s):
                 if prepared is None:
@@ -656,6 +716,7 @@ class RolloutOrchestrator:
                     traj.status, traj.error = "env_error", error
                     return traj
                 traj.append_prompt(prompt_ids)
+                stage = "run"
                 async with self._run_sem:
                     t = time.perf_counter()
                     await run_agent(
@@ -670,6 +731,7 @@ class RolloutOrchestrator:
                     self._time("stage/run", time.perf_counter() - t)
                 if traj.is_infra_failure:
                     return traj
+                stage = "eval"
                 async with self._eval_sem:
                     t = time.perf_counter()
                     try:
@@ -680,10 +742,11 @@ class RolloutOrchestrator:
                         traj.status, traj.error = "env_error", f"EVAL: {type(exc).__name__}: {exc}"
                     self._time("stage/eval", time.perf_counter() - t)
         except TimeoutError:
-            traj.status, traj.error = (
-                "timeout",
-                f"episode exceeded {self.config.episode_timeout_s}s",
-            )
+            limit, actions_s = self.config.episode_timeout_s, traj.timings.get("actions_s", 0.0)
+            traj.status = timeout_status(stage, actions_s, limit)
+            traj.error = f"episode exceeded {limit}s in {stage}, {actions_s:.1f}s of it on actions"
+            if traj.status == "agent_timeout":
+                traj.reward = 0.0
         except Exception as exc:  # anything else is this episode's fault, not the run's
             traj.status, traj.error = "env_error", f"{type(exc).__name__}: {exc}"
             traj.info["traceback"] = traceback.format_exc(limit=-8)
