@@ -19,10 +19,9 @@ import numpy as np
 from tunix_agentic.envs.base import Action, StepResult, Task, TaskSource, register_env
 from tunix_agentic.envs.math_problems import FAMILIES, make_problem
 from tunix_agentic.envs.math_verify import answers_equal
-from tunix_agentic.envs.python_tool import PythonTool
 from tunix_agentic.envs.sandbox import Sandbox, SandboxConfig
 from tunix_agentic.envs.sandboxed import SandboxedEnv
-from tunix_agentic.envs.tools import Tool
+from tunix_agentic.envs.tools import PythonTool, Tool
 
 VERIFY_TIMEOUT_S = 5.0
 

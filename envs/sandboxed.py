@@ -11,7 +11,7 @@ reward of 0.
 Its episodes run model-written code, so ``backend: auto`` fails closed here: without
 a working bwrap, ``reset`` raises :class:`~tunix_agentic.envs.sandbox.SandboxError`
 saying how to install it or opt out (``backend: process``, explicitly); see
-:func:`~tunix_agentic.envs.sandbox_config.isolated`.
+:func:`~tunix_agentic.envs.sandbox.isolated`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from tunix_agentic.envs.base import Action, Environment, StepResult, run_tool_calls
-from tunix_agentic.envs.sandbox import Sandbox, SandboxConfig, bwrap_problem
-from tunix_agentic.envs.sandbox_config import isolated, unisolated_refusal
+from tunix_agentic.envs.sandbox import (
+    Sandbox,
+    SandboxConfig,
+    bwrap_problem,
+    isolated,
+    unisolated_refusal,
+)
 from tunix_agentic.envs.tools import Tool
 
 

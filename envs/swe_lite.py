@@ -25,13 +25,11 @@ from typing import Any
 import numpy as np
 
 from tunix_agentic.envs.base import Action, StepResult, Task, TaskSource, register_env
-from tunix_agentic.envs.file_edit import FileEditTool, numbered, replace_lines
 from tunix_agentic.envs.sandbox import Sandbox, SandboxConfig
 from tunix_agentic.envs.sandboxed import SandboxedEnv
 from tunix_agentic.envs.swe_judge import check_functions, judge_module, read_module
 from tunix_agentic.envs.swe_repos import MODULE, make_repo_task
-from tunix_agentic.envs.terminal import BashTool
-from tunix_agentic.envs.tools import Tool
+from tunix_agentic.envs.tools import BashTool, FileEditTool, Tool, numbered, replace_lines
 
 
 class RepoTasks(TaskSource):

@@ -26,10 +26,8 @@ from typing import Any
 
 from common import env_int, percentiles
 
-from tunix_agentic.envs.file_edit import FileEditTool
-from tunix_agentic.envs.python_tool import PythonTool
 from tunix_agentic.envs.sandbox import Sandbox, SandboxConfig, SandboxIsolationWarning
-from tunix_agentic.envs.terminal import BashTool
+from tunix_agentic.envs.tools import BashTool, FileEditTool, PythonTool
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,7 +22,7 @@ import numpy as np
 from tunix_agentic.envs.calculator import ArithmeticEnv, ArithmeticTask, CalculatorTool
 from tunix_agentic.inference.base import TokenOutput
 from tunix_agentic.inference.engine import JaxEngine
-from tunix_agentic.inference.sampling import SamplingParams
+from tunix_agentic.inference.params import SamplingParams
 from tunix_agentic.models.char_tokenizer import CharTokenizer
 
 

@@ -13,7 +13,7 @@ import numpy as np
 from flax import nnx
 
 from tunix_agentic.inference.engine import EngineConfig, JaxEngine
-from tunix_agentic.inference.sampling import SamplingParams
+from tunix_agentic.inference.params import SamplingParams
 from tunix_agentic.learners.batching import GRPOBatch
 from tunix_agentic.learners.grpo import GRPOConfig, GRPOLearner
 from tunix_agentic.learners.lora import LoRAConfig

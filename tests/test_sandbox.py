@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tunix_agentic.envs import sandbox_limits
+import tunix_agentic.envs.sandbox.limits as sandbox_limits
 from tunix_agentic.envs.sandbox import (
     SANDBOX_WORKDIR,
     Sandbox,
@@ -109,6 +109,7 @@ async def sandbox():
         ("ro_paths", ("/proc/self",)),
         ("ro_paths", (SANDBOX_WORKDIR + "/x",)),
     ],
+    ids=lambda v: str(v),
 )
 def test_config_rejects_bad_fields_naming_them(field, value):
     with pytest.raises(ValueError, match=f"SandboxConfig.{field}"):
@@ -468,9 +469,8 @@ async def test_an_exception_inside_async_with_leaves_nothing():
 
 PARENT_SCRIPT = """
 import asyncio, sys
-from tunix_agentic.envs.python_tool import PythonTool
 from tunix_agentic.envs.sandbox import Sandbox, SandboxConfig
-from tunix_agentic.envs.terminal import BashTool
+from tunix_agentic.envs.tools import BashTool, PythonTool
 
 MARK = sys.argv[1]
 

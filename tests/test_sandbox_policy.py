@@ -1,6 +1,6 @@
 """Tests for what sandboxed code may ask of the kernel and where sandboxes may run: the seccomp
-filter (tunix_agentic.envs.sandbox_seccomp), failing closed without bwrap for model-written code,
-and the sandbox uid range's check against the host's users (sandbox_host.check_uid_range)."""
+filter (tunix_agentic.envs.sandbox.seccomp), failing closed without bwrap for model-written code,
+and the sandbox uid range's check against the host's users (check_uid_range)."""
 
 from __future__ import annotations
 
@@ -16,17 +16,18 @@ from pathlib import Path
 
 import pytest
 
+import tunix_agentic.envs.sandbox.launch as sandbox_launch
+import tunix_agentic.envs.sandbox.seccomp as sandbox_seccomp
 from tunix_agentic.cli.sandbox import main as sandbox_main
-from tunix_agentic.envs import sandbox_launch, sandbox_seccomp
 from tunix_agentic.envs.sandbox import (
+    UID_SLOTS,
     Sandbox,
     SandboxConfig,
     SandboxError,
     SandboxIsolationWarning,
     bwrap_problem,
+    check_uid_range,
 )
-from tunix_agentic.envs.sandbox_config import UID_SLOTS
-from tunix_agentic.envs.sandbox_host import check_uid_range
 
 ROOT = Path(__file__).resolve().parents[1]
 IS_ROOT = os.geteuid() == 0

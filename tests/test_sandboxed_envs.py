@@ -19,7 +19,7 @@ from tunix_agentic.envs.base import Action, ToolCall
 from tunix_agentic.envs.math_problems import FAMILIES, make_problem
 from tunix_agentic.envs.math_python import MathPythonEnv, MathTasks
 from tunix_agentic.envs.math_verify import answers_equal, normalize_answer
-from tunix_agentic.envs.sandbox import _sandboxes_root
+from tunix_agentic.envs.sandbox.host import _sandboxes_root
 from tunix_agentic.envs.swe_lite import RepoTasks, SweLiteEnv
 from tunix_agentic.envs.swe_repos import (
     MODULE,

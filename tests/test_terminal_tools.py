@@ -1,5 +1,5 @@
-"""Tests for the sandbox tools: ``bash`` (envs/terminal.py), ``python`` (envs/python_tool.py)
-and ``file_edit`` (envs/file_edit.py), on real sandboxes."""
+"""Tests for the sandbox tools: ``bash`` (envs/tools/terminal.py), ``python``
+(envs/tools/python_tool.py) and ``file_edit`` (envs/tools/file_edit.py), on real sandboxes."""
 
 from __future__ import annotations
 
@@ -12,16 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from tunix_agentic.envs.file_edit import FileEditTool
-from tunix_agentic.envs.python_tool import PythonTool
 from tunix_agentic.envs.sandbox import (
     Sandbox,
     SandboxConfig,
     SandboxIsolationWarning,
     bwrap_problem,
 )
-from tunix_agentic.envs.terminal import BashTool, ansi_c_quote, clean_terminal_output
-from tunix_agentic.envs.tools import ToolCall, ToolUnavailable, call_tool
+from tunix_agentic.envs.tools import (
+    BashTool,
+    FileEditTool,
+    PythonTool,
+    ToolCall,
+    ToolUnavailable,
+    call_tool,
+)
+from tunix_agentic.envs.tools.terminal import ansi_c_quote, clean_terminal_output
 
 pytestmark = pytest.mark.skipif(bwrap_problem() is not None, reason=f"bwrap: {bwrap_problem()}")
 

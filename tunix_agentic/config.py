@@ -35,9 +35,13 @@ class ConfigError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class EnvConfig:
     """The run's environment: a registered name, the user modules that register theirs
-    (``import:`` in YAML, a module path or a list; imported when the config loads), the
-    factory's keyword arguments, the per-call tool timeout and the sandbox (each passed
-    to environments whose factory takes ``tool_timeout`` / ``sandbox``)."""
+    (``import:`` in YAML, a module path or a list), the factory's keyword arguments, the
+    per-call tool timeout and the sandbox (each passed to environments whose factory takes
+    ``tool_timeout`` / ``sandbox``).
+
+    Constructing one imports nothing: :func:`load_config` imports ``imports`` and then
+    checks the environment names (:func:`import_envs`; a config built in Python calls it
+    itself, or imports its modules)."""
 
     name: str = "arithmetic"
     imports: tuple[str, ...] = ()
@@ -54,12 +58,25 @@ class EnvConfig:
         # A .py file is kept by its absolute path: a resumed run may start elsewhere.
         imports = tuple(os.path.abspath(m) if m.endswith(".py") else m for m in imports)
         object.__setattr__(self, "imports", imports)
-        import_env_modules(self.imports)
-        _check_env_name(self.name, "env.name")
         if not isinstance(self.kwargs, dict):
             raise ValueError(f"env.kwargs must be a mapping, got {self.kwargs!r}")
         if self.tool_timeout_s is not None and not self.tool_timeout_s > 0:
             raise ValueError(f"env.tool_timeout_s must be > 0, got {self.tool_timeout_s}")
+
+
+def import_envs(cfg: RunConfig) -> None:
+    """Import ``cfg.env.imports`` (the user's modules register their environments), then
+    check that every environment ``cfg`` names is registered.
+
+    Raises ``ValueError`` naming the module that cannot be imported or the key whose
+    environment is unknown.
+    """
+    import_env_modules(cfg.env.imports)
+    _check_env_name(cfg.env.name, "env.name")
+    for i, t in enumerate(cfg.tasks):
+        _check_env_name(t.env, f"tasks[{i}].env")
+        if t.tasks_from:
+            _check_env_name(t.tasks_from, f"tasks[{i}].tasks_from")
 
 
 def _check_env_name(name: str, key: str) -> None:
@@ -178,11 +195,8 @@ class RunConfig:
         if not self.tasks:
             raise ValueError("tasks must name at least one task source")
         resolved = []
-        for i, t in enumerate(self.tasks):
+        for t in self.tasks:
             env = t.env or self.env.name
-            _check_env_name(env, f"tasks[{i}].env")
-            if t.tasks_from:
-                _check_env_name(t.tasks_from, f"tasks[{i}].tasks_from")
             resolved.append(dataclasses.replace(t, env=env, name=t.name or env))
         object.__setattr__(self, "tasks", tuple(resolved))
         names = [t.name for t in self.tasks]
@@ -307,7 +321,8 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
-    """Read YAML (or start from defaults when ``path`` is None) and apply overrides.
+    """Read YAML (or start from defaults when ``path`` is None) and apply overrides, then
+    import the user's environment modules (``env.import``) and check the environment names.
 
     Raises :class:`ConfigError` (a ValueError) naming the key that is wrong.
     """
@@ -324,7 +339,9 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             if loaded is not None and not isinstance(loaded, dict):
                 raise ValueError(f"config file {str(path)!r} must hold a mapping at the top level")
             data = loaded or {}
-        return resolve_model(from_dict(RunConfig, apply_overrides(data, overrides)))
+        cfg = from_dict(RunConfig, apply_overrides(data, overrides))
+        import_envs(cfg)
+        return resolve_model(cfg)
     except ConfigError:
         raise
     except (ValueError, yaml.YAMLError) as exc:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import dataclasses
 import logging
 import time
@@ -20,7 +19,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from tunix_agentic.inference.base import EngineError, WeightUpdate
-from tunix_agentic.rollout.orchestrator import Group, RolloutOrchestrator
+from tunix_agentic.metrics.sink import NULL_METRICS, MetricsSink
+from tunix_agentic.rollout.episode import Group
+from tunix_agentic.rollout.orchestrator import RolloutOrchestrator
 
 _log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ async def run_rl_steps(
     steps: int,
     on_step: Callable[[StepReport], None],
     race: Callable[[Awaitable[Any]], Awaitable[Any]] | None = None,
-    metrics: Any = None,
+    metrics: MetricsSink = NULL_METRICS,
 ) -> None:
     """Run steps ``start_step + 1 .. steps``; ``on_step`` sees each as it finishes.
 
@@ -73,22 +74,18 @@ async def run_rl_steps(
         return
     loop = asyncio.get_running_loop()
     learner_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="learner")
-
-    def span(name: str):
-        return metrics.span(name) if metrics is not None else contextlib.nullcontext()
-
     orch.start()
     try:
         for step in range(start_step, steps):
             t0 = time.perf_counter()
-            with span("wait_for_batch"):
+            with metrics.span("wait_for_batch"):
                 wait = orch.get_batch()
                 groups = await (race(wait) if race is not None else wait)
             t1 = time.perf_counter()
-            with span("train"):
+            with metrics.span("train"):
                 out = await loop.run_in_executor(learner_thread, learner.train_on, groups)
             t2 = time.perf_counter()
-            with span("weight_sync"):
+            with metrics.span("weight_sync"):
                 update = WeightUpdate.of(
                     engine.update_weights(learner.params_for_engine(), step + 1), step + 1
                 )
@@ -99,8 +96,7 @@ async def run_rl_steps(
                     # it has, a recovering backend gets the newest weights before it serves,
                     # and a dead engine ends the run through its failed episodes.
                     _log.warning("weights of step %d were applied nowhere: %s", step + 1, exc)
-                    if metrics is not None:
-                        metrics.count("weight_sync/failures")
+                    metrics.count("weight_sync/failures")
                 orch.set_version(step + 1)
             t3 = time.perf_counter()
             on_step(StepReport(step + 1, groups, out, t1 - t0, t2 - t1, t3 - t2, t3 - t0))

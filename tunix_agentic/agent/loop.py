@@ -25,7 +25,7 @@ from tunix_agentic.agent.tool_parser import get_parser
 from tunix_agentic.envs.base import Action, Environment
 from tunix_agentic.envs.tools import ToolUnavailable
 from tunix_agentic.inference.base import InferenceEngine, PromptTooLongError
-from tunix_agentic.inference.sampling import SamplingParams
+from tunix_agentic.inference.params import SamplingParams
 from tunix_agentic.trajectory import Step, Trajectory
 
 

@@ -16,8 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from tunix_agentic.envs.sandbox import Sandbox, SandboxConfig, SandboxError
-from tunix_agentic.envs.sandbox_config import isolated
+from tunix_agentic.envs.sandbox import Sandbox, SandboxConfig, SandboxError, isolated
 from tunix_agentic.envs.sandboxed import check_isolation
 
 TIMEOUT_EXIT = 124  # as timeout(1)

@@ -1,26 +1,40 @@
-"""Inference engines: token-in/token-out, async, batched."""
+"""Inference engines: token-in/token-out, async, batched.
 
-from tunix_agentic.inference.base import (
-    EngineError,
-    InferenceEngine,
-    PromptTooLongError,
-    TokenOutput,
-    WeightUpdate,
-)
-from tunix_agentic.inference.cross_policy import CrossPolicyEngine
-from tunix_agentic.inference.engine import EngineConfig, JaxEngine
-from tunix_agentic.inference.pool import EnginePool
-from tunix_agentic.inference.sampling import SamplingParams
+Names are imported on first use: the engine contract (:mod:`.base`) and
+:class:`SamplingParams` (:mod:`.params`) are plain Python, so host-side code (the
+agent loop, HTTP clients) uses them without loading JAX; the JAX engine loads
+when :class:`JaxEngine` is.
+"""
 
-__all__ = [
-    "CrossPolicyEngine",
-    "EngineConfig",
-    "EngineError",
-    "EnginePool",
-    "InferenceEngine",
-    "JaxEngine",
-    "PromptTooLongError",
-    "SamplingParams",
-    "TokenOutput",
-    "WeightUpdate",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_API = {
+    "CrossPolicyEngine": "tunix_agentic.inference.cross_policy",
+    "EngineConfig": "tunix_agentic.inference.config",
+    "EngineError": "tunix_agentic.inference.base",
+    "EnginePool": "tunix_agentic.inference.pool",
+    "InferenceEngine": "tunix_agentic.inference.base",
+    "JaxEngine": "tunix_agentic.inference.engine",
+    "PromptTooLongError": "tunix_agentic.inference.base",
+    "SamplingParams": "tunix_agentic.inference.params",
+    "TokenOutput": "tunix_agentic.inference.base",
+    "WeightUpdate": "tunix_agentic.inference.base",
+}
+
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str) -> Any:
+    module = _API.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tunix_agentic.inference' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
-from tunix_agentic.inference.sampling import SamplingParams
+from tunix_agentic.inference.params import SamplingParams
 
 
 class EngineError(RuntimeError):
@@ -162,6 +162,9 @@ def _set(future: concurrent.futures.Future, *, result: Any = None, exception=Non
 
 @runtime_checkable
 class InferenceEngine(Protocol):
+    """What every engine offers: the JAX engine, the SGLang client, a pool or a cross-policy
+    mix of them. Callers need nothing else (no ``getattr`` for optional parts)."""
+
     async def generate(
         self,
         prompt_ids: list[int],
@@ -176,4 +179,46 @@ class InferenceEngine(Protocol):
         when this engine generates with them."""
         ...
 
-    def health(self) -> dict[str, Any]: ...
+    @property
+    def version(self) -> int | None:
+        """The weight version generated with now (``None``: unknown, as in a pool whose
+        backends disagree until its first update)."""
+        ...
+
+    @property
+    def in_flight(self) -> int:
+        """Requests sent to this engine and not yet answered."""
+        ...
+
+    @property
+    def stats(self) -> dict[str, float]:
+        """Counters of the work done so far (``generated_tokens``, ...; an in-process
+        engine adds its clock's seconds). Keys vary by engine; missing means not measured."""
+        ...
+
+    def clock(self) -> dict[str, float]:
+        """Busy / host-gap / idle seconds so far (``busy_s``, ``sched_gap_s``, ``idle_s``);
+        differences of two readings split the wall time between them. Empty where the
+        engine cannot see its device (an HTTP client)."""
+        ...
+
+    def health(self) -> dict[str, Any]:
+        """The engine's state now, without I/O; ``ok`` says whether it can serve."""
+        ...
+
+    async def check_health(self) -> bool:
+        """Probe the engine now (an HTTP client asks its server); True if it can serve."""
+        ...
+
+    async def close(self) -> None:
+        """Stop serving and release what the engine holds; requests in flight end."""
+        ...
+
+
+def summed_counters(parts: Iterable[dict[str, float]]) -> dict[str, float]:
+    """Key-wise sum of several engines' :attr:`~InferenceEngine.stats` or clock readings."""
+    out: dict[str, float] = {}
+    for part in parts:
+        for k, v in part.items():
+            out[k] = out.get(k, 0) + v
+    return out

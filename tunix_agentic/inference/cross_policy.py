@@ -9,12 +9,18 @@ that sampled it, so the learner sees exactly how off-policy it is.
 
 from __future__ import annotations
 
+import asyncio
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from tunix_agentic.inference.base import InferenceEngine, TokenOutput, WeightUpdate
-from tunix_agentic.inference.sampling import SamplingParams
+from tunix_agentic.inference.base import (
+    InferenceEngine,
+    TokenOutput,
+    WeightUpdate,
+    summed_counters,
+)
+from tunix_agentic.inference.params import SamplingParams
 
 
 class CrossPolicyEngine:
@@ -82,16 +88,16 @@ class CrossPolicyEngine:
 
     @property
     def in_flight(self) -> int:
-        return sum(getattr(e, "in_flight", 0) for e in self.engines)
+        return sum(e.in_flight for e in self.engines)
 
     @property
     def stats(self) -> dict[str, float]:
         """Engine counters summed over the pool (busy time, tokens, ...)."""
-        return _summed(getattr(e, "stats", {}) for e in self.engines)
+        return summed_counters(e.stats for e in self.engines)
 
     def clock(self) -> dict[str, float]:
         """Busy, host-gap and idle seconds summed over the pool (each engine has its own clock)."""
-        return _summed(e.clock() for e in self.engines)
+        return summed_counters(e.clock() for e in self.engines)
 
     def health(self) -> dict[str, Any]:
         parts = [e.health() for e in self.engines]
@@ -102,17 +108,10 @@ class CrossPolicyEngine:
             "engines": parts,
         }
 
+    async def check_health(self) -> bool:
+        """Probe every engine; True when all can serve (as :meth:`health`'s ``ok``)."""
+        return all(await asyncio.gather(*(e.check_health() for e in self.engines)))
+
     async def close(self) -> None:
         for e in self.engines:
-            close = getattr(e, "close", None)
-            if close is not None:
-                await close()
-
-
-def _summed(parts: Iterable[dict[str, float]]) -> dict[str, float]:
-    """Key-wise sum of the engines' counters."""
-    out: dict[str, float] = {}
-    for part in parts:
-        for k, v in part.items():
-            out[k] = out.get(k, 0) + v
-    return out
+            await e.close()

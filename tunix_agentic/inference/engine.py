@@ -59,7 +59,7 @@ from tunix_agentic.inference.base import (
 )
 from tunix_agentic.inference.config import EngineConfig
 from tunix_agentic.inference.device_step import PrefillBatch, RowSampling, StepConfig
-from tunix_agentic.inference.sampling import SamplingParams
+from tunix_agentic.inference.params import SamplingParams
 from tunix_agentic.inference.scheduler import (
     Abort,
     Close,
@@ -306,6 +306,10 @@ class JaxEngine:
             "compiles": dict(self.compiles),
             **({"error": failure} if failure else {}),
         }
+
+    async def check_health(self) -> bool:
+        """In process there is nothing to probe: whether the engine is still open."""
+        return not self.closed
 
     def clock(self) -> dict[str, float]:
         """Busy, host-gap and idle seconds so far, the idle period under way included.

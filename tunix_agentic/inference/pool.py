@@ -1,7 +1,7 @@
 """An engine pool: one :class:`InferenceEngine` over several backends.
 
-Backends are anything with the engine interface: in-process ``JaxEngine``s or
-HTTP ``SGLangEngine`` clients. The pool adds three things:
+Backends are anything with the engine interface (:class:`InferenceEngine`):
+in-process ``JaxEngine``s or HTTP ``SGLangEngine`` clients. The pool adds three things:
 
 * **Least-loaded routing by live load.** Each request goes to the healthy
   backend with the fewest requests in flight *right now*. The counts sit in a
@@ -33,8 +33,14 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from tunix_agentic.inference.base import EngineError, TokenOutput, WeightUpdate
-from tunix_agentic.inference.sampling import SamplingParams
+from tunix_agentic.inference.base import (
+    EngineError,
+    InferenceEngine,
+    TokenOutput,
+    WeightUpdate,
+    summed_counters,
+)
+from tunix_agentic.inference.params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +66,7 @@ class _Backend:
 
     index: int
     name: str
-    engine: Any
+    engine: InferenceEngine
     healthy: bool = True
     in_flight: int = 0  # requests this pool has sent it that are still awaiting
     failures: int = 0  # consecutive infrastructure failures
@@ -77,8 +83,8 @@ class EnginePool:
     """Route requests over several engines: least live load, sticky sessions, failover.
 
     Args:
-      backends: engines with ``generate``, ``update_weights`` and ``health``
-        (and optionally ``async check_health()`` and ``async close()``).
+      backends: the engines to route over (the pool probes them with
+        ``check_health`` and closes them with ``close``).
       names: one display name per backend (default ``backend-{i}``).
       max_attempts: backends tried per request, the first included.
       failures_to_eject: consecutive failures after which a backend gets no traffic.
@@ -98,7 +104,7 @@ class EnginePool:
 
     def __init__(
         self,
-        backends: Sequence[Any],
+        backends: Sequence[InferenceEngine],
         *,
         names: Sequence[str] | None = None,
         max_attempts: int = 3,
@@ -138,7 +144,7 @@ class EnginePool:
         self._metrics = metrics
 
         # Assume the backends start in step; the version is known if they agree on one.
-        versions = {getattr(b, "version", None) for b in backends}
+        versions = {b.version for b in backends}
         self.version: int | None = versions.pop() if len(versions) == 1 else None
         self._params: Any = _NO_PARAMS  # latest pushed weights, for backends that missed them
         self._backends = [
@@ -156,7 +162,7 @@ class EnginePool:
 
     # ------------------------------------------------------------- public API
     @property
-    def backends(self) -> list[Any]:
+    def backends(self) -> list[InferenceEngine]:
         """The backend engines, in order."""
         return [b.engine for b in self._backends]
 
@@ -164,6 +170,15 @@ class EnginePool:
     def in_flight(self) -> int:
         """Requests currently awaiting a backend through this pool."""
         return sum(b.in_flight for b in self._backends)
+
+    @property
+    def stats(self) -> dict[str, float]:
+        """The backends' counters, summed."""
+        return summed_counters(b.engine.stats for b in self._backends)
+
+    def clock(self) -> dict[str, float]:
+        """The backends' busy / host-gap / idle seconds, summed (each has its own clock)."""
+        return summed_counters(b.engine.clock() for b in self._backends)
 
     async def generate(
         self,
@@ -329,7 +344,7 @@ class EnginePool:
             await asyncio.wait({task})
         if not self.close_backends:
             return
-        closers = [b.engine.close() for b in self._backends if hasattr(b.engine, "close")]
+        closers = [b.engine.close() for b in self._backends]
         for result in await asyncio.gather(*closers, return_exceptions=True):
             if isinstance(result, Exception):
                 logger.warning("closing a pool backend failed: %r", result)
@@ -460,10 +475,7 @@ class EnginePool:
         """Ask one backend whether it can serve; any error or hang means no."""
         try:
             async with asyncio.timeout(_PROBE_TIMEOUT_S):
-                check = getattr(b.engine, "check_health", None)
-                if check is not None:
-                    return bool(await check())
-                return bool(b.engine.health().get("ok", False))
+                return bool(await b.engine.check_health())
         except Exception as e:
             logger.debug("health probe of %s failed: %r", b.name, e)
             return False

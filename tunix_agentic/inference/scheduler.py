@@ -50,7 +50,7 @@ from tunix_agentic.inference.device_step import (
     decode,
     prefill,
 )
-from tunix_agentic.inference.sampling import SamplingParams
+from tunix_agentic.inference.params import SamplingParams
 from tunix_agentic.inference.slots import Parked, SlotTable
 
 _log = logging.getLogger(__name__)

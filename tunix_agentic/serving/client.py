@@ -34,9 +34,8 @@ from typing import Any
 
 import aiohttp
 
-from tunix_agentic.checkpoint import save_params
 from tunix_agentic.inference.base import EngineError, TokenOutput, WeightUpdate
-from tunix_agentic.inference.sampling import SamplingParams
+from tunix_agentic.inference.params import SamplingParams
 
 _MAX_CONNECTIONS = 1024  # one per in-flight request; aiohttp's default of 100 would queue
 # orbax saves running at once in one process break each other (shared temporary state),
@@ -106,6 +105,10 @@ def parse_generate_response(body: Any, *, default_version: int = 0) -> TokenOutp
 
 def _save_alone(path: Path, params: Any) -> None:
     """``save_params``, never at the same time as another client's of this process."""
+    # Imported here: writing weights needs orbax and JAX, a client that only generates
+    # (a CPU-only rollout node) does not.
+    from tunix_agentic.checkpoint import save_params
+
     with _SAVE_LOCK:
         save_params(path, params)
 
@@ -155,7 +158,9 @@ class SGLangEngine:
         self.writer_id = self._rid_prefix  # names the weights directories this client writes
         self._rid_counter = itertools.count()
         self._health: dict[str, Any] = {"ok": True, "status": "unchecked"}
-        self._version = 0
+        self._version: int | None = None  # the last version the server confirmed loading
+        # What the answers report (the server's device time is not visible from here).
+        self._counters = {"prefill_tokens": 0, "cached_tokens": 0, "generated_tokens": 0}
         self._background: set[asyncio.Task] = set()
         self._weight_tasks: list[asyncio.Task] = []
         self._written: Path | None = None  # our last weights directory, removed when replaced
@@ -245,7 +250,11 @@ class SGLangEngine:
             if 400 <= status < 500 and status not in (404, 405):
                 raise ValueError(message)
             raise EngineError(f"{self.name}: /generate answered HTTP {status}: {message}")
-        return parse_generate_response(data, default_version=self._version)
+        out = parse_generate_response(data, default_version=self._version or 0)
+        self._counters["prefill_tokens"] += out.prompt_tokens - out.cached_tokens
+        self._counters["cached_tokens"] += out.cached_tokens
+        self._counters["generated_tokens"] += len(out.token_ids)
+        return out
 
     async def abort(self, request_id: str) -> bool:
         """Best effort ``POST /abort_request``; False on any failure."""
@@ -263,6 +272,22 @@ class SGLangEngine:
         return self._in_flight
 
     # -------------------------------------------------------------- status
+    @property
+    def version(self) -> int | None:
+        """The weight version this client last had the server load; ``None`` before the
+        first update (the server's own is not known here)."""
+        return self._version
+
+    @property
+    def stats(self) -> dict[str, float]:
+        """Tokens prefilled, reused from the server's cache and generated, summed over the
+        answers this client received."""
+        return dict(self._counters)
+
+    def clock(self) -> dict[str, float]:
+        """Empty: busy and idle time are the server's, which a client cannot measure."""
+        return {}
+
     def health(self) -> dict[str, Any]:
         """The last known health (no I/O), with this client's in-flight count."""
         return {**self._health, "name": self.name, "in_flight": self._in_flight}

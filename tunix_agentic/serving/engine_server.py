@@ -48,7 +48,7 @@ from aiohttp import web
 from tunix_agentic.checkpoint import load_params
 from tunix_agentic.inference.base import EngineError, PromptTooLongError, TokenOutput
 from tunix_agentic.inference.engine import JaxEngine
-from tunix_agentic.inference.sampling import SamplingParams
+from tunix_agentic.inference.params import SamplingParams
 from tunix_agentic.models.hf import is_hf_dir, load_hf_params
 from tunix_agentic.serving.http import (
     ServerTimeouts,

@@ -67,7 +67,7 @@ from tunix_agentic.envs.remote import (
     task_from_json,
     type_name,
 )
-from tunix_agentic.envs.sandbox_config import SandboxConfig, SandboxError
+from tunix_agentic.envs.sandbox import SandboxConfig, SandboxError, check_uid_range
 from tunix_agentic.serving.http import (
     API_KEY_ENV,
     ServerTimeouts,
@@ -531,8 +531,6 @@ def serve_env_main(
         state = _State(server_config)  # the factory refusing the operator's keywords fails here
         if "sandbox" in state.base_kwargs and os.geteuid() == 0:
             # As root, sandboxes run as uid_base.. : none of those uids may be the host's.
-            from tunix_agentic.envs.sandbox_host import check_uid_range
-
             check_uid_range(server_config.sandbox.uid_base)
     except (ValueError, SandboxError) as exc:
         print(f"tunix-agentic: error: {exc}", file=sys.stderr)

@@ -3,9 +3,9 @@
 The per-user root that holds the sandboxes' directories, the sweep that removes a dead
 owner's directory (:func:`sweep_orphans`), and the uid leases under root (``flock``-ed
 files, claimed and released across processes) with the kill-by-uid that clears a leased
-uid's leftovers. Kept apart from :mod:`tunix_agentic.envs.sandbox` because it is plain OS
-plumbing (``/proc``, ``flock``, ``fork`` + ``setuid``) shared by every sandbox of every
-process on the host; see that module's docstring ("Processes, uids and fork bombs",
+uid's leftovers. Kept apart from :mod:`~tunix_agentic.envs.sandbox.core` because it is plain
+OS plumbing (``/proc``, ``flock``, ``fork`` + ``setuid``) shared by every sandbox of every
+process on the host; see the package's docstring ("Processes, uids and fork bombs",
 "Leaks") for why it works this way.
 """
 
@@ -27,8 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tunix_agentic.envs.sandbox_config import UID_SLOTS, SandboxError
-from tunix_agentic.envs.sandbox_limits import sweep_cgroups, unmount_scratch
+from tunix_agentic.envs.sandbox.config import UID_SLOTS, SandboxError
+from tunix_agentic.envs.sandbox.limits import sweep_cgroups, unmount_scratch
 
 
 def _start_time(pid: int) -> int | None:

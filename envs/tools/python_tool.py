@@ -42,8 +42,8 @@ import signal
 from typing import Any
 
 from tunix_agentic.envs.sandbox import Sandbox, SandboxError, SandboxProcess, truncate_middle
-from tunix_agentic.envs.terminal import NO_OUTPUT
-from tunix_agentic.envs.tools import ERROR_PREFIX, Tool, ToolUnavailable
+from tunix_agentic.envs.tools.base import ERROR_PREFIX, Tool, ToolUnavailable
+from tunix_agentic.envs.tools.terminal import NO_OUTPUT
 
 # Runs inside the sandbox, under whichever Python 3 it has: standard library only.
 DRIVER = r"""

@@ -24,7 +24,7 @@ import os
 import stat
 
 from tunix_agentic.envs.sandbox import Sandbox, SandboxError, truncate_middle
-from tunix_agentic.envs.tools import ERROR_PREFIX, Tool, ToolUnavailable
+from tunix_agentic.envs.tools.base import ERROR_PREFIX, Tool, ToolUnavailable
 
 COMMANDS = ("view", "create", "replace")
 _CONTEXT_LINES = 3  # shown around an edit

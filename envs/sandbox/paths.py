@@ -4,7 +4,7 @@ The host writes and reads the sandbox's files (a task's set-up, the file-edit to
 sandboxed processes, which own that directory, may have put symlinks anywhere in it. The
 walk here opens one directory at a time with ``O_NOFOLLOW`` and follows a link only while it
 stays inside, so nothing the sandbox does can make the host touch a file outside. Kept
-apart from :mod:`tunix_agentic.envs.sandbox` because it is self-contained and
+apart from :mod:`~tunix_agentic.envs.sandbox.core` because it is self-contained and
 security-critical: :meth:`~tunix_agentic.envs.sandbox.Sandbox.resolve` documents the rules,
 and its file methods call in here.
 """
@@ -16,7 +16,7 @@ import os
 import stat
 from pathlib import Path
 
-from tunix_agentic.envs.sandbox_config import _under
+from tunix_agentic.envs.sandbox.config import _under
 
 
 def _resolve_in(

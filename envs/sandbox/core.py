@@ -1,69 +1,11 @@
-"""Rootless per-episode sandboxes: a private working directory, resource limits, no network.
+"""The :class:`Sandbox` class: one episode's sandbox, its processes and its files.
 
-One :class:`Sandbox` per episode. It owns a host directory (``workdir``) that its commands see
-as :data:`SANDBOX_WORKDIR` (their cwd and ``$HOME``) and a ``/tmp`` of its own; every command,
-long-lived shell and interpreter it starts runs under the limits of its :class:`SandboxConfig`,
-and :meth:`Sandbox.close` kills them all and removes the directory. Each command is its own
-bwrap instance (about 10 ms), so ``/tmp`` is a host directory of the sandbox bound in, not a
-tmpfs of bwrap's: that would be private to one command, and the agent's shell, its
-interpreter and the task's set-up commands must see the same files.
-
-Totals
-    Under root the directory (``/workspace`` and ``/tmp``) is a tmpfs of ``disk_mb``, and a
-    cgroup bounds the memory and tasks of all the sandbox's processes together;
-    :attr:`Sandbox.totals` says which bounds hold (:mod:`~tunix_agentic.envs.sandbox_limits`:
-    where and how). A read-only path under ``/tmp`` is bound so that no link the sandbox
-    plants in its ``/tmp`` can steer bwrap (see ``_bwrap_prefix``).
-
-Backends
-    ``"bwrap"`` (bubblewrap) starts every command in fresh mount, PID, IPC, UTS (and, unless
-    ``network``, network) namespaces: the host's filesystem is invisible but for the read-only
-    ``ro_paths``; ``/proc``, ``/dev`` and ``/dev/shm`` are private; ``--die-with-parent`` kills
-    the sandbox when this process dies, even by SIGKILL. ``"process"`` is a plain subprocess
-    with the same resource limits, uid and working directory, a new session and
-    ``PR_SET_PDEATHSIG``: no network or filesystem isolation. ``"auto"`` uses bwrap when a
-    probe run works (probed once per process) and otherwise falls back to ``"process"`` with
-    one :class:`SandboxIsolationWarning`.
-
-Processes, uids and fork bombs
-    ``RLIMIT_NPROC`` counts every process (thread) of a *real uid*, and the kernel exempts
-    uid 0 from it entirely, so under root a limit alone stops no fork bomb; and if all
-    sandboxes shared one uid, one episode's bomb would use up the others' budget. So, when
-    this process is root, each sandbox takes its own uid from ``uid_base .. uid_base+4095``
-    (claimed with an ``flock`` that dies with its holder, so concurrent trainers on one host
-    never share one) and ``max_procs`` bounds that sandbox alone. bwrap then runs
-    *privileged* (no user namespace) so that it can bind any host path, even one under a
-    ``0700`` directory such as ``/root/.pyenv``, and the sandboxed command drops to the
-    sandbox's uid through ``setpriv`` (all capabilities dropped, ``no_new_privs``) before
-    ``prlimit`` applies the limits. Two alternatives were rejected: bwrap's own ``--uid``
-    needs a user namespace that maps the sandbox uid to the *caller's* uid, which for root is
-    uid 0 again (exempt); and running bwrap unprivileged as the sandbox uid cannot bind paths
-    that uid cannot reach. As a non-root user, sandboxed processes keep the user's uid (bwrap
-    makes an unprivileged user namespace), and ``RLIMIT_NPROC`` is set to the user's task count
-    at start plus ``max_procs``: a fork bomb is stopped, but until its command times out it can
-    keep this user's other sandboxes (and the trainer) from starting processes. Run as root or
-    give the trainer its own user when that matters.
-
-Leaks
-    Directories are named ``<pid>.<start time>-<random>`` under one root per user
-    (``$TMPDIR/tunix-sandboxes-<euid>``), so a directory whose owner died (even by SIGKILL) is
-    recognised and removed by :func:`sweep_orphans` (with its tmpfs and cgroups), which a new
-    sandbox runs (at most every 5 s per process). Processes need no sweep: bwrap's die with
-    this process, and under root a process-backend sandbox's leftovers are killed by uid
-    when the uid is next leased.
-
-Modules
-    This module holds :class:`Sandbox` and :class:`CommandResult` and re-exports the rest of
-    the public API. The helpers live beside it: :mod:`~tunix_agentic.envs.sandbox_config`
-    (:class:`SandboxConfig`, errors, constants), :mod:`~tunix_agentic.envs.sandbox_host`
-    (the sandboxes' root, orphan sweeping, uid leases, killing by uid),
-    :mod:`~tunix_agentic.envs.sandbox_launch` (the bwrap probe, limits, environment and
-    command prefixes of both backends), :mod:`~tunix_agentic.envs.sandbox_io` (output
-    capture, the asyncio process wrapper), :mod:`~tunix_agentic.envs.sandbox_resources`
-    (killing, reaping and releasing what a sandbox holds) and
-    :mod:`~tunix_agentic.envs.sandbox_paths` (symlink-safe host access to the working
-    directory) and :mod:`~tunix_agentic.envs.sandbox_limits` (the per-sandbox totals: tmpfs
-    and cgroups).
+See the package docstring (:mod:`tunix_agentic.envs.sandbox`) for what a sandbox isolates and
+how. The class starts, tracks and kills processes and reaches the working directory's files
+from the host; what it takes at start and releases at close lives in
+:mod:`~tunix_agentic.envs.sandbox.resources`, one command's run to completion in
+:mod:`~tunix_agentic.envs.sandbox.run`, and the command lines in
+:mod:`~tunix_agentic.envs.sandbox.launch`.
 """
 
 from __future__ import annotations
@@ -71,10 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import secrets
 import shlex
 import shutil
-import signal
 import stat
 import subprocess
 import sys
@@ -82,99 +22,36 @@ import time
 import warnings
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ptyprocess
 
-from tunix_agentic.envs.sandbox_config import (
-    BACKENDS,
+from tunix_agentic.envs.sandbox.capture import SandboxProcess, _ExitProtocol
+from tunix_agentic.envs.sandbox.config import (
     SANDBOX_WORKDIR,
-    UID_SLOTS,
     SandboxConfig,
     SandboxError,
     SandboxIsolationWarning,
     _under,
 )
-from tunix_agentic.envs.sandbox_host import (
-    _lease_uid,
-    _sandboxes_root,
-    _start_time,
-    _uid_tasks,
-    sweep_orphans,
-)
-from tunix_agentic.envs.sandbox_io import (
-    OutputCapture,
-    SandboxProcess,
-    _ExitProtocol,
-    truncate_middle,
-)
-from tunix_agentic.envs.sandbox_launch import (
+from tunix_agentic.envs.sandbox.launch import (
     _STANDARD_PATH,
     _bwrap_prefix,
-    _is_root,
     _limits,
     _process_preexec,
     _sandbox_env,
     bwrap_problem,
 )
-from tunix_agentic.envs.sandbox_limits import (
-    SandboxLimitWarning,
-    SandboxTotals,
-    join_prefix,
-    make_cgroups,
-    mount_scratch,
-    warn_unbounded,
-)
-from tunix_agentic.envs.sandbox_paths import _resolve_in
-from tunix_agentic.envs.sandbox_resources import _killpg, _reap, _Resources, _running, _unwatch
-
-__all__ = [
-    "BACKENDS",
-    "SANDBOX_WORKDIR",
-    "UID_SLOTS",
-    "CommandResult",
-    "OutputCapture",
-    "Sandbox",
-    "SandboxConfig",
-    "SandboxError",
-    "SandboxIsolationWarning",
-    "SandboxLimitWarning",
-    "SandboxProcess",
-    "SandboxTotals",
-    "bwrap_problem",
-    "sweep_orphans",
-    "truncate_middle",
-]
-
-_KILL_GRACE_S = 2.0  # how long output may still arrive after a command's tree was killed
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    """The outcome of :meth:`Sandbox.run`.
-
-    ``exit_code``: the command's exit status; negative ``-N`` when it was killed by signal
-    ``N`` (a timeout kills with SIGKILL, and bwrap reports a signalled command as ``128+N``).
-    ``output``: stdout and stderr interleaved, decoded as UTF-8 (invalid bytes replaced), with
-    the middle cut out past ``max_output`` characters. ``timed_out``: the wall-clock limit
-    killed it. ``seconds``: wall-clock time from start to exit.
-    """
-
-    exit_code: int
-    output: str
-    timed_out: bool
-    seconds: float
-
-
-_SWEEP_EVERY_S = 5.0  # a new sandbox sweeps when the last sweep is older than this
-_LAST_SWEEP = -float("inf")
+from tunix_agentic.envs.sandbox.limits import SandboxTotals, join_prefix, warn_unbounded
+from tunix_agentic.envs.sandbox.paths import _resolve_in
+from tunix_agentic.envs.sandbox.resources import _reap, _Resources, _running, _unwatch, allocate
+from tunix_agentic.envs.sandbox.run import CommandResult, run_to_completion
 
 
 # ---------------------------------------------------------------------------- sandbox
 class Sandbox:
-    """One episode's sandbox; see the module docstring for what it isolates and how.
+    """One episode's sandbox; see the package docstring for what it isolates and how.
 
     ``Sandbox(config)`` allocates nothing; ``await sandbox.start()`` (or ``await
     Sandbox.create(config)``, or ``async with Sandbox(config) as sandbox``) makes its
@@ -247,49 +124,16 @@ class Sandbox:
                 stacklevel=1,  # one location: shown once per process by default
             )
         # Off the loop: a sweep may remove a dead episode's large tree.
-        await asyncio.get_running_loop().run_in_executor(None, self._setup_dirs, backend)
-        assert self.totals is not None
+        loop = asyncio.get_running_loop()
+        taken = await loop.run_in_executor(None, allocate, self._res, self.config, backend)
+        self.workdir, self._tmp, self.uid = taken.workdir, taken.tmp, taken.uid
+        self._nproc, self._cgroup_procs, self.totals = taken.nproc, taken.cgroup_procs, taken.totals
         warn_unbounded(self.totals)
         self.backend = backend
         self.cwd = SANDBOX_WORKDIR if backend == "bwrap" else str(self.workdir)
         self.python = self._find_python()
         self.start_s = time.perf_counter() - t0
         return self
-
-    def _setup_dirs(self, backend: str) -> None:
-        root = _sandboxes_root()
-        global _LAST_SWEEP
-        if time.monotonic() - _LAST_SWEEP > _SWEEP_EVERY_S:
-            _LAST_SWEEP = time.monotonic()
-            sweep_orphans(root)
-        res = self._res
-        if _is_root():
-            res.uid, res.uid_fd = _lease_uid(root, self.config.uid_base)
-            self.uid = res.uid
-            # Escapees of a process-backend command (a new session) are found by their uid.
-            res.kill_uid = backend == "process"
-        else:
-            # RLIMIT_NPROC counts all of this user's tasks: allow max_procs more than now.
-            self._nproc = _uid_tasks(os.getuid())[1] + self.config.max_procs
-        name = f"{os.getpid()}.{_start_time(os.getpid()) or 0}-{secrets.token_hex(6)}"
-        res.dir = root / name
-        res.dir.mkdir(mode=0o711)
-        res.mounted = mount_scratch(res.dir, self.config.disk_mb)
-        cgroups = make_cgroups(name, self.config)
-        res.cgroups = cgroups.dirs
-        self._cgroup_procs = cgroups.procs_files
-        self.totals = SandboxTotals(
-            disk="tmpfs" if res.mounted else "per-file",
-            memory=cgroups.memory or "per-process",
-            processes=cgroups.pids or ("per-uid" if self.uid is not None else "per-user"),
-            cgroups=tuple(str(d) for d in cgroups.dirs),
-        )
-        self.workdir = res.dir / "work"
-        self._tmp = res.dir / "tmp"
-        for sub in (self.workdir, self._tmp):
-            sub.mkdir(mode=0o700)
-            if self.uid is not None:
-                os.chown(sub, self.uid, self.uid)
 
     def _find_python(self) -> str | None:
         """An interpreter the sandbox can run: this one if visible and reachable, else python3."""
@@ -504,55 +348,19 @@ class Sandbox:
         proc = await self.spawn(
             cmd, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL
         )
-        capture = OutputCapture(max(4 * max_output, 4096))
-
-        async def pump() -> None:
-            assert proc.stdout is not None
-            while chunk := await proc.stdout.read(65536):
-                capture.feed(chunk)
-
-        async def feed() -> None:
-            assert proc.stdin is not None
-            data = input.encode() if isinstance(input, str) else input
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                proc.stdin.write(data or b"")
-                await proc.stdin.drain()
-                proc.stdin.close()
-
-        reader = asyncio.ensure_future(pump())
-        writer = asyncio.ensure_future(feed()) if input is not None else None
-        timed_out = False
         try:
-            try:
-                async with asyncio.timeout(limit):
-                    await proc.exited()
-            except TimeoutError:
-                timed_out = True
-            # Kill what is left: the tree on timeout, background leftovers otherwise (bwrap's
-            # PID namespace ends with its command; a process group outlives its leader).
-            self._res.kill(proc.pid)
-            await proc.exited()
-            if self.backend == "process":
-                _killpg(proc.pid)
-            try:
-                async with asyncio.timeout(_KILL_GRACE_S):
-                    await asyncio.shield(reader)
-            except TimeoutError:  # an escaped process still holds the pipe
-                pass
+            return await run_to_completion(
+                proc,
+                timeout=limit,
+                input=input,
+                max_output=max_output,
+                kill_tree=self._res.kill,
+                kill_group=self.backend == "process",
+                started=start,
+            )
         finally:
-            self._res.kill(proc.pid)
-            for task in (reader, writer):
-                if task is not None and not task.done():
-                    task.cancel()
             if proc.returncode is not None:
                 self.forget(proc)
-        code = proc.returncode if proc.returncode is not None else -signal.SIGKILL
-        return CommandResult(
-            exit_code=code,
-            output=capture.text(max_output),
-            timed_out=timed_out,
-            seconds=time.perf_counter() - start,
-        )
 
     # ------------------------------------------------------------------ files
     def resolve(self, path: str) -> tuple[int, str]:

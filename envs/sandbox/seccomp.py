@@ -56,7 +56,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tunix_agentic.envs.sandbox_config import SandboxError
+from tunix_agentic.envs.sandbox.config import SandboxError
 
 # Namespace flags of clone(2) and unshare(2) (linux/sched.h).
 NAMESPACE_FLAGS: dict[str, int] = {

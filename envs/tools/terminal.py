@@ -27,7 +27,7 @@ import secrets
 import ptyprocess
 
 from tunix_agentic.envs.sandbox import OutputCapture, Sandbox, SandboxError, truncate_middle
-from tunix_agentic.envs.tools import Tool, ToolUnavailable
+from tunix_agentic.envs.tools.base import Tool, ToolUnavailable
 
 NO_OUTPUT = "(no output)"
 _CHUNK_CHARS = 200  # of command text per input line: <= 800 bytes once escaped

@@ -3,8 +3,8 @@
 The ``bwrap`` backend's host argv (``bwrap ... -- [setpriv ...] prlimit ... --``), the
 ``process`` backend's pre-exec step (rlimits, uid, parent-death signal), the resource limits
 and environment both apply, and :func:`bwrap_problem`, which tries that argv once per
-process. Kept apart from :mod:`tunix_agentic.envs.sandbox` because it is pure command
-building on a :class:`~tunix_agentic.envs.sandbox_config.SandboxConfig`: it starts nothing
+process. Kept apart from :mod:`~tunix_agentic.envs.sandbox.core` because it is pure command
+building on a :class:`~tunix_agentic.envs.sandbox.config.SandboxConfig`: it starts nothing
 but the probe and holds no sandbox's state.
 """
 
@@ -23,9 +23,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tunix_agentic.envs.sandbox_config import SANDBOX_WORKDIR, SandboxConfig, _under
-from tunix_agentic.envs.sandbox_host import _sandboxes_root
-from tunix_agentic.envs.sandbox_seccomp import seccomp_loader, seccomp_problem, with_seccomp
+from tunix_agentic.envs.sandbox.config import SANDBOX_WORKDIR, SandboxConfig, _under
+from tunix_agentic.envs.sandbox.host import _sandboxes_root
+from tunix_agentic.envs.sandbox.seccomp import seccomp_loader, seccomp_problem, with_seccomp
 
 _STANDARD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _SHM_BYTES = 64 << 20
@@ -152,7 +152,7 @@ def _bwrap_prefix(
     config: SandboxConfig, work: Path, scratch: Path, uid: int | None, *, nproc: int, pty: bool
 ) -> list[str]:
     """The host argv before the sandboxed command: ``bwrap ... -- [setpriv ...] prlimit ... --``,
-    run through :func:`~tunix_agentic.envs.sandbox_seccomp.with_seccomp` (the seccomp filter)."""
+    run through :func:`~tunix_agentic.envs.sandbox.seccomp.with_seccomp` (the seccomp filter)."""
     argv = [_tool("bwrap") or "bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc"]
     argv += ["--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]
     if not config.network:
@@ -221,7 +221,7 @@ def _bwrap_prefix(
     for res, (soft, hard) in _limits(config, nproc):
         argv.append(f"{names[res]}={soft}:{hard}")
     argv.append("--")
-    return with_seccomp(argv, _sandboxes_root())  # see envs/sandbox_seccomp.py
+    return with_seccomp(argv, _sandboxes_root())  # see envs/sandbox/seccomp.py
 
 
 def _process_preexec(

@@ -6,7 +6,7 @@ bounded here, and :class:`SandboxTotals` says which bound holds on this host.
 Disk
     As root, the sandbox's host directory (which holds its ``/workspace`` and ``/tmp``) is
     a tmpfs of ``disk_mb`` (``size=``, and ``disk_mb * 128`` inodes), mounted at start and
-    lazily unmounted at close; :func:`~tunix_agentic.envs.sandbox_host.sweep_orphans`
+    lazily unmounted at close; :func:`~tunix_agentic.envs.sandbox.host.sweep_orphans`
     unmounts a dead owner's. Every bwrap instance of the sandbox binds that one directory,
     so the cap holds across its shell, interpreter and set-up commands, and a write past it
     fails with ENOSPC inside. Its pages are memory (swappable), charged to the sandbox's
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from tunix_agentic.envs.sandbox_config import SandboxConfig
+from tunix_agentic.envs.sandbox.config import SandboxConfig
 
 PIDS_SLACK = 16  # bwrap's monitor and namespace init, two per command, for 8 commands at once
 _WANTED = ("memory", "pids")

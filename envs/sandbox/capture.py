@@ -3,7 +3,7 @@
 :class:`OutputCapture` keeps the head and tail of a stream whatever its size and
 :func:`truncate_middle` cuts text to a budget (the terminal tools use both too);
 :class:`SandboxProcess` is an asyncio process whose exit can be awaited without waiting for
-pipes a background child still holds. Kept apart from :mod:`tunix_agentic.envs.sandbox`
+pipes a background child still holds. Kept apart from :mod:`~tunix_agentic.envs.sandbox.core`
 because none of it knows about isolation: it is what any caller of a subprocess needs to
 read it safely.
 """

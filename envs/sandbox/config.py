@@ -2,8 +2,8 @@
 
 :class:`SandboxConfig` is the ``env.sandbox`` section of a run (read by
 :mod:`tunix_agentic.config` and the ``sandbox`` CLI command), so it lives apart from the
-machinery in :mod:`tunix_agentic.envs.sandbox` and its helper modules, all of which import
-it; nothing here touches the host. :mod:`tunix_agentic.envs.sandbox` re-exports every name.
+machinery in the other modules of :mod:`tunix_agentic.envs.sandbox`, all of which import
+it; nothing here touches the host. The package re-exports every public name.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class SandboxConfig:
     ``disk_mb``: what ``/workspace`` and ``/tmp`` may hold together (a tmpfs of that size;
     needs root, else only ``file_size_mb`` holds). ``total_memory_mb``: memory of all the
     sandbox's processes together, its tmpfs files included (a cgroup; None: 4 x
-    ``memory_mb``). :mod:`tunix_agentic.envs.sandbox_limits` says where each total holds.
+    ``memory_mb``). :mod:`tunix_agentic.envs.sandbox.limits` says where each total holds.
     ``timeout_s``: default wall-clock limit of one command. ``network``: keep the host's
     network (default: none, only a private loopback). ``ro_paths``: host paths visible
     read-only at the same path (missing ones are skipped; default: system directories and
@@ -63,7 +63,7 @@ class SandboxConfig:
     ``sandbox`` CLI command) ``"auto"`` means bwrap or nothing (:func:`isolated`), and only an
     explicit ``"process"`` runs commands unisolated. ``uid_base``: first uid of the range
     sandboxes run as when this process is root (none of its uids may be the host's: see
-    :func:`~tunix_agentic.envs.sandbox_host.check_uid_range`).
+    :func:`~tunix_agentic.envs.sandbox.host.check_uid_range`).
     """
 
     cpu_s: int = 30

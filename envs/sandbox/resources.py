@@ -1,11 +1,13 @@
-"""What a sandbox must release, and how: process trees, PID namespaces, cgroups, directory, uid.
+"""What a sandbox holds on the host, and how it is taken and released.
 
-:class:`_Resources` holds a sandbox's tracked processes, its cgroups, its directory (a tmpfs
-mount point under root) and its uid lease;
-the helpers kill a tracked process's group and the PID namespace its bwrap made, reap it
-(asyncio, pty or ``Popen``) and close a pty without ptyprocess's sleeps. Kept apart from
-:mod:`tunix_agentic.envs.sandbox` so that a finalizer can release a dropped sandbox without
-holding it, and because killing and reaping are one concern however a process was started.
+:func:`allocate` takes it when a sandbox starts: a uid lease under root, the directory (a
+tmpfs mount point under root) with its ``work`` and ``tmp``, and the cgroups; it sweeps dead
+owners' sandboxes first. :class:`_Resources` records what was taken, and the sandbox's
+tracked processes, and releases them; the helpers kill a tracked process's group and the PID
+namespace its bwrap made, reap it (asyncio, pty or ``Popen``) and close a pty without
+ptyprocess's sleeps. Kept apart from :class:`~tunix_agentic.envs.sandbox.Sandbox` so that a
+finalizer can release a dropped sandbox without holding it, and because killing and reaping
+are one concern however a process was started.
 """
 
 from __future__ import annotations
@@ -13,16 +15,38 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ptyprocess
 
-from tunix_agentic.envs.sandbox_host import _HELD_UIDS, _kill_uid, _rmtree
-from tunix_agentic.envs.sandbox_limits import remove_cgroups, unmount_scratch
+from tunix_agentic.envs.sandbox.config import SandboxConfig
+from tunix_agentic.envs.sandbox.host import (
+    _HELD_UIDS,
+    _kill_uid,
+    _lease_uid,
+    _rmtree,
+    _sandboxes_root,
+    _start_time,
+    _uid_tasks,
+    sweep_orphans,
+)
+from tunix_agentic.envs.sandbox.launch import _is_root
+from tunix_agentic.envs.sandbox.limits import (
+    SandboxTotals,
+    make_cgroups,
+    mount_scratch,
+    remove_cgroups,
+    unmount_scratch,
+)
+
+_SWEEP_EVERY_S = 5.0  # a new sandbox sweeps when the last sweep is older than this
+_LAST_SWEEP = -float("inf")
 
 
 class _Resources:
@@ -101,6 +125,67 @@ class _Resources:
             _HELD_UIDS.discard(self.uid or -1)
             os.close(self.uid_fd)
             self.uid_fd = None
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Where a started sandbox lives on the host and what bounds it (see :func:`allocate`).
+
+    ``workdir`` and ``tmp``: host paths of its working directory and ``/tmp``. ``uid``: the
+    leased uid its commands run as (None: this process's). ``nproc``: its ``RLIMIT_NPROC``.
+    ``cgroup_procs``: the ``cgroup.procs`` files a command joins. ``totals``: which
+    per-sandbox totals hold.
+    """
+
+    workdir: Path
+    tmp: Path
+    uid: int | None
+    nproc: int
+    cgroup_procs: tuple[str, ...]
+    totals: SandboxTotals
+
+
+def allocate(res: _Resources, config: SandboxConfig, backend: str) -> Allocation:
+    """Takes what a sandbox of ``backend`` holds on the host, recording each piece in ``res``.
+
+    Sweeps orphans (at most every :data:`_SWEEP_EVERY_S` per process), leases a uid under
+    root, makes the directory (a tmpfs of ``disk_mb`` under root) and the cgroups. Blocking:
+    run it off the event loop. What was taken before a failure is in ``res``, released with it.
+    """
+    root = _sandboxes_root()
+    global _LAST_SWEEP
+    if time.monotonic() - _LAST_SWEEP > _SWEEP_EVERY_S:
+        _LAST_SWEEP = time.monotonic()
+        sweep_orphans(root)
+    uid = None
+    nproc = config.max_procs
+    if _is_root():
+        res.uid, res.uid_fd = _lease_uid(root, config.uid_base)
+        uid = res.uid
+        # Escapees of a process-backend command (a new session) are found by their uid.
+        res.kill_uid = backend == "process"
+    else:
+        # RLIMIT_NPROC counts all of this user's tasks: allow max_procs more than now.
+        nproc = _uid_tasks(os.getuid())[1] + config.max_procs
+    name = f"{os.getpid()}.{_start_time(os.getpid()) or 0}-{secrets.token_hex(6)}"
+    res.dir = root / name
+    res.dir.mkdir(mode=0o711)
+    res.mounted = mount_scratch(res.dir, config.disk_mb)
+    cgroups = make_cgroups(name, config)
+    res.cgroups = cgroups.dirs
+    totals = SandboxTotals(
+        disk="tmpfs" if res.mounted else "per-file",
+        memory=cgroups.memory or "per-process",
+        processes=cgroups.pids or ("per-uid" if uid is not None else "per-user"),
+        cgroups=tuple(str(d) for d in cgroups.dirs),
+    )
+    workdir = res.dir / "work"
+    tmp = res.dir / "tmp"
+    for sub in (workdir, tmp):
+        sub.mkdir(mode=0o700)
+        if uid is not None:
+            os.chown(sub, uid, uid)
+    return Allocation(workdir, tmp, uid, nproc, cgroups.procs_files, totals)
 
 
 def _children(pid: int) -> list[int]:
