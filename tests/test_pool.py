@@ -138,7 +138,7 @@ def landed(pool: EnginePool, served_before: list[int]) -> int:
 def assert_heap_consistent(pool: EnginePool) -> None:
     """Each backend has exactly one live heap entry, and it holds its live count."""
     for b in pool._backends:
-        live = [e for e in pool._heap if e[2] == b.index and e[1] == b.stamp]
+        live = [e for e in pool._router.heap if e[2] == b.index and e[1] == b.stamp]
         assert live == [(b.in_flight, b.stamp, b.index)]
 
 

@@ -25,11 +25,7 @@ All state lives on one asyncio event loop; nothing here blocks it.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import heapq
-import itertools
 import logging
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +37,7 @@ from tunix_agentic.inference.base import (
     summed_counters,
 )
 from tunix_agentic.inference.params import SamplingParams
+from tunix_agentic.inference.routing import Backend, Router
 
 logger = logging.getLogger(__name__)
 
@@ -58,25 +55,6 @@ _CLOSE_SETTLE_S = 5.0
 # A recovering backend that does not apply the latest weights within this stays out.
 _READMIT_WEIGHTS_TIMEOUT_S = 120.0
 _NO_PARAMS = object()
-
-
-@dataclasses.dataclass
-class _Backend:
-    """The pool's view of one backend."""
-
-    index: int
-    name: str
-    engine: InferenceEngine
-    healthy: bool = True
-    in_flight: int = 0  # requests this pool has sent it that are still awaiting
-    failures: int = 0  # consecutive infrastructure failures
-    served: int = 0  # successful requests
-    weights_version: int | None = None  # last version it applied through this pool
-    stamp: int = -1  # id of its one valid heap entry (lazy invalidation)
-
-    def applied(self, version: int) -> None:
-        """It applied ``version``; updates apply in order, so the newest confirmed stays."""
-        self.weights_version = max(version, self.weights_version or version)
 
 
 class EnginePool:
@@ -148,14 +126,10 @@ class EnginePool:
         self.version: int | None = versions.pop() if len(versions) == 1 else None
         self._params: Any = _NO_PARAMS  # latest pushed weights, for backends that missed them
         self._backends = [
-            _Backend(i, name, engine, weights_version=self.version)
+            Backend(i, name, engine, weights_version=self.version)
             for i, (name, engine) in enumerate(zip(names, backends, strict=True))
         ]
-        self._heap: list[tuple[int, int, int]] = []  # (in_flight, stamp, index)
-        self._stamps = itertools.count()
-        for b in self._backends:
-            self._push(b)
-        self._sessions: OrderedDict[str, int] = OrderedDict()  # session id -> backend index
+        self._router = Router(self._backends, max_sessions)
         self._health_task: asyncio.Task | None = None
         self._background: set[asyncio.Task] = set()  # weight updates being settled
         self._closed = False
@@ -202,7 +176,7 @@ class EnginePool:
         errors: list[str] = []
         last_error: BaseException | None = None
         for attempt in range(self.max_attempts):
-            backend = self._choose(session_id, tried)
+            backend = self._router.choose(session_id, tried)
             if backend is None:
                 raise EngineError(self._none_left_message(errors)) from last_error
             if attempt > 0:
@@ -243,7 +217,7 @@ class EnginePool:
         """
         version = int(version)
         loop = asyncio.get_running_loop()
-        handed: list[tuple[_Backend, WeightUpdate]] = []
+        handed: list[tuple[Backend, WeightUpdate]] = []
         errors: list[str] = []
         for b in self._backends:
             if not b.healthy:
@@ -270,7 +244,7 @@ class EnginePool:
     async def _settle_weights(
         self,
         version: int,
-        handed: list[tuple[_Backend, WeightUpdate]],
+        handed: list[tuple[Backend, WeightUpdate]],
         errors: list[str],
         combined: WeightUpdate,
     ) -> None:
@@ -278,7 +252,7 @@ class EnginePool:
         at the first success (or fails when none is left)."""
         applied = 0
 
-        async def outcome(b: _Backend, update: WeightUpdate):
+        async def outcome(b: Backend, update: WeightUpdate):
             try:
                 await update
             except Exception as exc:
@@ -301,7 +275,7 @@ class EnginePool:
             )
 
     def _weights_failed(
-        self, b: _Backend, version: int, error: BaseException, errors: list[str]
+        self, b: Backend, version: int, error: BaseException, errors: list[str]
     ) -> None:
         logger.warning("update_weights v%d failed on %s: %r", version, b.name, error)
         errors.append(f"{b.name}: {type(error).__name__}: {error}")
@@ -358,64 +332,14 @@ class EnginePool:
             await asyncio.gather(*stuck, return_exceptions=True)
 
     # ---------------------------------------------------------------- routing
-    def _choose(self, session_id: str | None, tried: set[int]) -> _Backend | None:
-        """The session's backend if it can serve, else the least-loaded candidate (re-pinned)."""
-        if session_id is not None:
-            idx = self._sessions.get(session_id)
-            if idx is not None:
-                self._sessions.move_to_end(session_id)
-                pinned = self._backends[idx]
-                if pinned.healthy and idx not in tried:
-                    return pinned
-        backend = self._least_loaded(tried)
-        if backend is not None and session_id is not None:
-            self._sessions[session_id] = backend.index
-            self._sessions.move_to_end(session_id)
-            while len(self._sessions) > self.max_sessions:
-                self._sessions.popitem(last=False)
-        return backend
-
-    def _least_loaded(self, exclude: set[int]) -> _Backend | None:
-        """Peek the healthy, not-excluded backend with the fewest live requests.
-
-        Entries whose stamp is not the backend's current one are stale and
-        dropped; valid entries that do not qualify are pushed back, so each
-        backend keeps exactly one valid entry. Ties go to the backend whose
-        count changed longest ago.
-        """
-        popped: list[tuple[int, int, int]] = []
-        chosen = None
-        while self._heap:
-            entry = heapq.heappop(self._heap)
-            _, stamp, idx = entry
-            b = self._backends[idx]
-            if stamp != b.stamp:
-                continue
-            popped.append(entry)
-            if b.healthy and idx not in exclude:
-                chosen = b
-                break
-        for entry in popped:
-            heapq.heappush(self._heap, entry)
-        return chosen
-
-    def _push(self, b: _Backend) -> None:
-        """Give ``b`` a fresh heap entry for its current count; older ones turn stale."""
-        b.stamp = next(self._stamps)
-        heapq.heappush(self._heap, (b.in_flight, b.stamp, b.index))
-        if len(self._heap) > 4 * len(self._backends) + 32:
-            self._heap = [(x.in_flight, x.stamp, x.index) for x in self._backends]
-            heapq.heapify(self._heap)
-
-    def _add_in_flight(self, b: _Backend, delta: int) -> None:
-        b.in_flight += delta
-        self._push(b)
+    def _add_in_flight(self, b: Backend, delta: int) -> None:
+        self._router.add_in_flight(b, delta)
         if self._metrics is not None:
             self._metrics.gauge("pool/in_flight", self.in_flight)
 
     async def _call(
         self,
-        b: _Backend,
+        b: Backend,
         prompt_ids: list[int],
         sampling: SamplingParams,
         session_id: str | None,
@@ -438,20 +362,20 @@ class EnginePool:
         return msg + ")"
 
     # ------------------------------------------------------- health tracking
-    def _record_failure(self, b: _Backend, error: BaseException) -> None:
+    def _record_failure(self, b: Backend, error: BaseException) -> None:
         b.failures += 1
         logger.warning("backend %s failed (%d in a row): %r", b.name, b.failures, error)
         if b.failures >= self.failures_to_eject:
             self._eject(b, f"{b.failures} consecutive failures")
 
-    def _eject(self, b: _Backend, reason: str) -> None:
+    def _eject(self, b: Backend, reason: str) -> None:
         if not b.healthy:
             return
         b.healthy = False
         self._count("pool/ejections")
         logger.warning("backend %s taken out of rotation: %s", b.name, reason)
 
-    async def _readmit(self, b: _Backend) -> None:
+    async def _readmit(self, b: Backend) -> None:
         """Put ``b`` back in rotation, first bringing its weights up to date (applied)."""
         if b.healthy:
             return
@@ -471,7 +395,7 @@ class EnginePool:
         self._count("pool/recoveries")
         logger.info("backend %s back in rotation", b.name)
 
-    async def _probe(self, b: _Backend) -> bool:
+    async def _probe(self, b: Backend) -> bool:
         """Ask one backend whether it can serve; any error or hang means no."""
         try:
             async with asyncio.timeout(_PROBE_TIMEOUT_S):
@@ -480,7 +404,7 @@ class EnginePool:
             logger.debug("health probe of %s failed: %r", b.name, e)
             return False
 
-    async def _probe_and_update(self, backends: list[_Backend]) -> None:
+    async def _probe_and_update(self, backends: list[Backend]) -> None:
         results = await asyncio.gather(*(self._probe(b) for b in backends))
         await asyncio.gather(
             *(self._readmit(b) for b, ok in zip(backends, results, strict=True) if ok)
