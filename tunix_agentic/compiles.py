@@ -68,10 +68,16 @@ class CompileCounter:
         """``fn`` (a jitted function) whose compilations count under ``name``."""
         self._counts[name] += 0
 
+        counts = self._counts
+
         @functools.wraps(fn)
         def call(*args, **kwargs):
-            with self.counting(name):
+            outer = (getattr(_active, "counts", None), getattr(_active, "name", None))
+            _active.counts, _active.name = counts, name
+            try:
                 return fn(*args, **kwargs)
+            finally:
+                _active.counts, _active.name = outer
 
         return call
 
