@@ -33,7 +33,7 @@ from tunix_agentic.learners.losses import (
     mismatch_metrics,
     sequence_kl,
 )
-from tunix_agentic.rollout.orchestrator import Group
+from tunix_agentic.rollout.episode import Group
 from tunix_agentic.trajectory import Step, Trajectory
 
 LN2 = math.log(2.0)

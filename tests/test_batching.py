@@ -7,7 +7,7 @@ import pytest
 
 from tunix_agentic.learners.advantages import dr_grpo, grpo
 from tunix_agentic.learners.batching import bucket_length, grpo_batch, pad_rows
-from tunix_agentic.rollout.orchestrator import Group
+from tunix_agentic.rollout.episode import Group
 from tunix_agentic.trajectory import Step, Trajectory
 
 PAD = 0

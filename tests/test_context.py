@@ -13,7 +13,7 @@ from tunix_agentic.envs.base import Environment, StepResult
 from tunix_agentic.inference import EngineConfig, JaxEngine
 from tunix_agentic.learners.batching import grpo_batch, sft_batch
 from tunix_agentic.models.char_tokenizer import CharTokenizer
-from tunix_agentic.rollout.orchestrator import Group
+from tunix_agentic.rollout.episode import Group
 from tunix_agentic.testing import tiny_model
 from tunix_agentic.trajectory import Step, Trajectory
 

@@ -29,7 +29,7 @@ from tunix_agentic.inference import EngineConfig, JaxEngine
 from tunix_agentic.metrics import MetricsRecorder
 from tunix_agentic.models.char_tokenizer import CharTokenizer
 from tunix_agentic.rollout import RolloutConfig, RolloutOrchestrator
-from tunix_agentic.rollout.orchestrator import InfraFailureError, episode_seed
+from tunix_agentic.rollout.episode import InfraFailureError, InitResult, episode_seed
 from tunix_agentic.rollout.outages import backoff_delay
 from tunix_agentic.serving.env_server import EnvServerConfig, start_env_server
 from tunix_agentic.testing import TINY_RUN_OVERRIDES, memorize, tiny_model
@@ -300,7 +300,7 @@ async def test_a_restart_no_request_saw_is_told_by_the_episodes_it_lost(tool_use
         infra_backoff_s=0.05,
     )
     try:
-        group = await orch.run_group(TASK, prepared=[(env, TEMPLATE.prompt_ids(prompt), None)])
+        group = await orch.run_group(TASK, prepared=[InitResult(env, TEMPLATE.prompt_ids(prompt))])
         orch.offer(group)
         (batch,) = await asyncio.wait_for(orch.get_batch(), timeout=60)  # no InfraFailureError
     finally:

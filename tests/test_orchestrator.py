@@ -399,8 +399,8 @@ async def test_prefetch_initialises_groups_ahead_of_the_staleness_gate(random_mo
     assert orch.running_groups == 0
     assert env.reset_n == env.created == 2 + 2 * 2
     prefetched = [m for group in orch.prefetched() for m in group]
-    assert len(prefetched) == 4 and all(ids and error is None for _, ids, error in prefetched)
-    assert not any(e.was_stepped for e, _, _ in prefetched)  # reset, never run
+    assert len(prefetched) == 4 and all(m.prompt_ids and m.error is None for m in prefetched)
+    assert not any(m.env.was_stepped for m in prefetched)  # reset, never run
     orch.engine.update_weights(nnx.state(random_model, nnx.Param), version=1)
     orch.set_version(1)
     (second,) = await asyncio.wait_for(orch.get_batch(), timeout=120)

@@ -36,6 +36,7 @@ from tunix_agentic.envs.tools import ToolCall, ToolUnavailable
 from tunix_agentic.inference import EngineConfig, JaxEngine
 from tunix_agentic.models.char_tokenizer import CharTokenizer
 from tunix_agentic.rollout import RolloutConfig, RolloutOrchestrator
+from tunix_agentic.rollout.episode import InitResult
 from tunix_agentic.serving.env_server import EnvServerConfig, start_env_server
 from tunix_agentic.testing import memorize, tiny_model
 
@@ -192,7 +193,7 @@ async def test_killed_server_mid_episode_is_an_infrastructure_failure(tool_user)
         )
         try:
             group = await orch.run_group(
-                TASKS[0], prepared=[(env, TEMPLATE.prompt_ids(prompt), None)]
+                TASKS[0], prepared=[InitResult(env, TEMPLATE.prompt_ids(prompt))]
             )
         finally:
             await orch.engine.close()

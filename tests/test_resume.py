@@ -33,9 +33,10 @@ from tunix_agentic.learners.grpo import GRPOLearner
 from tunix_agentic.learners.state import make_optimizer
 from tunix_agentic.metrics import read_scalars
 from tunix_agentic.models.transformer import Transformer
-from tunix_agentic.rollout.orchestrator import InfraFailureError
+from tunix_agentic.resume import logged_after
+from tunix_agentic.rollout.episode import InfraFailureError
 from tunix_agentic.testing import TINY_RUN_OVERRIDES
-from tunix_agentic.trainer import logged_after, train
+from tunix_agentic.trainer import train
 
 REPO = Path(__file__).parents[1]
 CONFIG = str(REPO / "configs" / "calculator_tiny.yaml")
@@ -310,7 +311,7 @@ def test_a_resume_falls_back_past_an_unreadable_newest_checkpoint(finished_run, 
     for f in (run / "checkpoints" / "2" / "params").rglob("*"):
         if f.is_file():
             f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2])  # truncated by a crash
-    with caplog.at_level(logging.WARNING, logger="tunix_agentic.trainer"):
+    with caplog.at_level(logging.WARNING, logger="tunix_agentic.resume"):
         resumed = train(None, ["rl.steps=3"], resume_dir=str(run), progress=False)
     (warning,) = [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()]
     assert re.search(

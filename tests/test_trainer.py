@@ -9,7 +9,7 @@ from tunix_agentic.config import load_config
 from tunix_agentic.envs.base import register_env
 from tunix_agentic.envs.calculator import ArithmeticEnv, ArithmeticTasks
 from tunix_agentic.metrics import read_scalars
-from tunix_agentic.rollout.orchestrator import InfraFailureError
+from tunix_agentic.rollout.episode import InfraFailureError
 from tunix_agentic.testing import TINY_RUN_OVERRIDES
 from tunix_agentic.trainer import Trainer, train
 

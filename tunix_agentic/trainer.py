@@ -17,17 +17,14 @@ import json
 import logging
 import signal
 import sys
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from tqdm.auto import tqdm
 
 from tunix_agentic.agent.chat import TemplateError, make_chat_template
-from tunix_agentic.checkpoint import Checkpointer, UnreadableCheckpointsError, set_aside
+from tunix_agentic.checkpoint import Checkpointer, set_aside
 from tunix_agentic.config import (
     ConfigError,
     RunConfig,
@@ -38,31 +35,26 @@ from tunix_agentic.config import (
 )
 from tunix_agentic.data.demos import demonstration_batches
 from tunix_agentic.data.sources import RunSources
+from tunix_agentic.evaluation import EvalResult, evaluate, log_eval
+from tunix_agentic.inference.base import InferenceEngine
 from tunix_agentic.inference.cross_policy import CrossPolicyEngine
 from tunix_agentic.inference.engine import JaxEngine
 from tunix_agentic.learners.batching import grpo_batch, sft_batch
 from tunix_agentic.learners.grpo import GRPOLearner
 from tunix_agentic.learners.sft import SFTTrainer
 from tunix_agentic.metrics.recorder import MetricsRecorder, drop_records
+from tunix_agentic.metrics.rollout import engine_fractions, rollout_stats
 from tunix_agentic.models.hf import build_model
 from tunix_agentic.models.tokenizers import load_tokenizer
 from tunix_agentic.models.transformer import Transformer, count_params
+from tunix_agentic.resume import logged_after, restore_newest
 from tunix_agentic.rl_loop import StepReport, run_rl_steps
-from tunix_agentic.rollout.orchestrator import Group, RolloutOrchestrator
+from tunix_agentic.rollout.episode import Group
+from tunix_agentic.rollout.orchestrator import RolloutOrchestrator
 from tunix_agentic.sharding import make_mesh
+from tunix_agentic.signals import RunInterrupted, Stopped, StopSignals
 
 _log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class EvalResult:
-    """Held-out evaluation: overall success and tool use, and success per task source."""
-
-    success: float
-    tool_use: float
-    episodes: int
-    statuses: dict[str, int]
-    by_task: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -91,33 +83,6 @@ class TrainResult:
         return line
 
 
-def rollout_stats(groups: list[Group]) -> dict[str, float]:
-    trajs = [t for g in groups for t in g.trajectories]
-    if not trajs:
-        return {}
-    rewards = np.asarray([t.reward for t in trajs])
-    per_task: dict[str, list[float]] = {}
-    for t in trajs:
-        per_task.setdefault(t.task_name, []).append(t.reward)
-    return {
-        **{f"rollout/reward_mean/{name}": float(np.mean(r)) for name, r in per_task.items()},
-        **{
-            f"rollout/success/{name}": float((np.asarray(r) > 0).mean())
-            for name, r in per_task.items()
-        },
-        "rollout/reward_mean": float(rewards.mean()),
-        "rollout/success": float((rewards > 0).mean()),
-        "rollout/tool_use": float(np.mean([any(s.tool_calls for s in t.steps) for t in trajs])),
-        "rollout/turns_mean": float(np.mean([len(t.steps) for t in trajs])),
-        # Per-step (process) rewards beside the outcome: their sum per episode.
-        "rollout/step_reward_sum_mean": float(
-            np.mean([sum(s.reward for s in t.steps) for t in trajs])
-        ),
-        "rollout/generated_tokens": float(sum(t.num_generated for t in trajs)),
-        "rollout/trajectories": float(len(trajs)),
-    }
-
-
 def fresh_run_dir(path: Path) -> Path:
     """``path``, or ``path-2``, ``path-3``... if a run already lives there: never overwrite one."""
     candidate, n = path, 1
@@ -125,95 +90,6 @@ def fresh_run_dir(path: Path) -> Path:
         n += 1
         candidate = path.with_name(f"{path.name}-{n}")
     return candidate
-
-
-def engine_fractions(
-    clock: dict[str, float], start: dict[str, float], since: float
-) -> dict[str, float]:
-    """``engine/<part>_fraction``: each part's share of the wall time since ``since``."""
-    wall = time.perf_counter() - since
-    return {
-        f"engine/{k.removesuffix('_s')}_fraction": (v - start[k]) / wall for k, v in clock.items()
-    }
-
-
-class RunInterrupted(Exception):
-    """SIGINT or SIGTERM stopped the run; what was finished is checkpointed.
-
-    ``step`` is the last finished RL step (None before RL began) and
-    ``exit_code`` the shell's convention (130 for SIGINT, 143 for SIGTERM).
-    """
-
-    def __init__(self, signum: int, step: int | None, run_dir: Path):
-        self.signum, self.step, self.run_dir = signum, step, run_dir
-        self.exit_code = 128 + signum
-        where = "before the first RL step" if step is None else f"at step {step}"
-        super().__init__(
-            f"interrupted {where}; resume with: tunix-agentic train --resume {run_dir}"
-        )
-
-
-class _Stopped(Exception):
-    """Internal: a stop signal arrived while the run waited on something."""
-
-
-class StopSignals:
-    """SIGINT and SIGTERM request a clean stop instead of killing the run.
-
-    The first signal sets :attr:`signum` and wakes the event loop; a second one
-    falls through to Python's default behaviour (KeyboardInterrupt / exit), so a
-    user can still force the way out. Installed only on the main thread.
-    """
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
-        self.signum: int | None = None
-        self.event = asyncio.Event()
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.request(signum)
-        for sig, handler in self._previous.items():  # a second signal is not ours to soften
-            signal.signal(sig, handler)
-
-    def request(self, signum: int) -> None:
-        """Ask for a clean stop as signal ``signum`` would (callable from any thread)."""
-        if self.signum is None:
-            self.signum = signum
-            self.loop.call_soon_threadsafe(self.event.set)
-
-    @property
-    def requested(self) -> bool:
-        return self.signum is not None
-
-    async def race(self, aw: Any) -> Any:
-        """Await ``aw`` unless a stop is requested first (then cancel it, raise _Stopped)."""
-        if self.requested:
-            raise _Stopped
-        task = asyncio.ensure_future(aw)
-        stop = asyncio.ensure_future(self.event.wait())
-        try:
-            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop.cancel()
-        if task.done():
-            return task.result()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        raise _Stopped
 
 
 class Trainer:
@@ -272,11 +148,11 @@ class Trainer:
                 except ValueError as exc:
                     raise ConfigError(f"{name}: {exc}") from None
         self.env_factory = self.sources.make_env
-        self.engine = None  # the run's engine once built (closed when the run ends)
+        # The run's engine once built (closed when the run ends).
+        self.engine: InferenceEngine | None = None
         self._signals: StopSignals | None = None
         self._done_step: int | None = None  # the last finished RL step (0: warm start done)
         self._saved_step: int | None = None
-        self._unreadable: list[int] = []  # checkpoints a resume skipped, newest first
 
     # ------------------------------------------------------------- pieces
     def warm_start(self, model: Transformer, metrics: MetricsRecorder) -> Transformer:
@@ -299,7 +175,7 @@ class Trainer:
         )
         for step in bar:
             if self._signals is not None and self._signals.requested:
-                raise _Stopped
+                raise Stopped
             with metrics.span("sft_step"):
                 rows = next(batches)
                 out = trainer.train_step(sft_batch(rows, pad_id=self.template.tokenizer.pad_id))
@@ -310,7 +186,7 @@ class Trainer:
                 bar.set_postfix(loss=f"{out['loss']:.3f}")
         return trainer.state.model()
 
-    def build_engine(self, model: Transformer, version: int):
+    def build_engine(self, model: Transformer, version: int) -> InferenceEngine:
         """One JAX engine, or a cross-policy pool of them when configured."""
         engines = [
             JaxEngine(model, self.cfg.engine, version=version)
@@ -330,20 +206,7 @@ class Trainer:
         """``n`` held-out tasks of every source, greedy by default; success is the mean
         reward (an episode lost to infrastructure counts as a failure here)."""
         agent = dataclasses.replace(self.cfg.agent, temperature=self.cfg.rl.eval_temperature)
-        heldout = self.sources.heldout(n, seed=self.cfg.seed)
-        groups = await orchestrator.run_tasks(
-            [t for tasks in heldout.values() for t in tasks], agent_config=agent
-        )
-        statuses: dict[str, int] = {}
-        for g in groups:
-            for t in g.trajectories + g.dropped:
-                statuses[t.status] = statuses.get(t.status, 0) + 1
-        by_task = {}
-        for name in heldout:
-            mine = [g for g in groups if str(getattr(g.task, "task_name", name)) == name]
-            by_task[name] = _success(mine)[0]
-        success, tool_use, episodes = _success(groups)
-        return EvalResult(success, tool_use, episodes, statuses, by_task)
+        return await evaluate(orchestrator, self.sources, n, seed=self.cfg.seed, agent_config=agent)
 
     # ---------------------------------------------------------------- run
     def run(self) -> TrainResult:
@@ -375,54 +238,9 @@ class Trainer:
             try:
                 async with contextlib.AsyncExitStack() as stack:
                     return await self._run_in(stack)
-            except _Stopped:
+            except Stopped:
                 pass  # the stack has closed everything, the last step's checkpoint included
             raise RunInterrupted(signals.signum or signal.SIGINT, self._done_step, self.run_dir)
-
-    def _restore(self, model: Transformer) -> tuple[GRPOLearner, dict[str, Any], int] | None:
-        """Read the newest readable checkpoint of a resumed run, or None if it has none.
-
-        A checkpoint whose files cannot be read (truncated, corrupted) is skipped for
-        the one before it, with a warning naming its step and why; the skipped ones are
-        moved to ``checkpoints_unreadable/`` once the run starts writing.
-
-        Writes nothing: a resume that cannot go on fails here with a ConfigError
-        naming what does not match, and leaves the run directory as it was.
-        """
-        directory = self.run_dir / "checkpoints"
-        if not directory.is_dir():
-            return None
-        ckpt = Checkpointer(directory, max_to_keep=self.cfg.rl.keep_checkpoints)
-        try:
-            learner = GRPOLearner(model, self.cfg.learner, seed=self.cfg.seed)
-            try:
-                got = ckpt.restore_newest(
-                    learner.checkpoint_params(),
-                    learner.state.opt_state,
-                    check=lambda meta: _check_same_model(meta.get("model"), self.cfg.model),
-                )
-            except UnreadableCheckpointsError as exc:  # the newest's error first
-                raise ConfigError(f"{exc}: does this config fit the run?") from None
-            if got is None:
-                return None
-            learner.load_checkpoint(got.params, got.opt_state, got.step)
-            probe = self.sources.train_stream(self.cfg.seed)
-            try:
-                probe.set_state(got.meta["rollout"]["task_iterator"])
-            except (ValueError, KeyError) as exc:
-                raise ConfigError(f"tasks do not match the checkpoint: {exc}") from None
-            for step, why in got.skipped:
-                _log.warning(
-                    "checkpoint %d of %s is unreadable (%s): resuming from checkpoint %d",
-                    step,
-                    self.run_dir,
-                    why,
-                    got.step,
-                )
-            self._unreadable = [step for step, _ in got.skipped]
-            return learner, got.meta, got.step
-        finally:
-            ckpt.close()
 
     async def _build(self, stack: contextlib.AsyncExitStack) -> tuple[_RunContext, dict[str, Any]]:
         """Build the run, every piece's lifetime on ``stack``: model (restored, or warm-started
@@ -431,10 +249,10 @@ class Trainer:
         metadata (empty on a fresh run)."""
         cfg = self.cfg
         model = build_model(cfg.model, seed=cfg.seed)
-        restored = self._restore(model) if self.resume else None
+        restored = restore_newest(self.run_dir, cfg, model, self.sources) if self.resume else None
         # Nothing was written before this line: a resume that failed above changed nothing.
-        meta: dict[str, Any] = restored[1] if restored else {}
-        start_step = restored[2] if restored else 0
+        meta: dict[str, Any] = restored.meta if restored else {}
+        start_step = restored.step if restored else 0
         t_start = time.perf_counter() - float(meta.get("elapsed_s", 0.0))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, self.run_dir / "config.yaml")
@@ -446,7 +264,7 @@ class Trainer:
             )
             set_aside(
                 self.run_dir / "checkpoints",
-                self._unreadable,
+                restored.unreadable if restored else [],
                 self.run_dir / "checkpoints_unreadable",
             )
         metrics = MetricsRecorder(self.run_dir / "tensorboard")
@@ -455,7 +273,7 @@ class Trainer:
         stack.callback(ckpt.close)  # runs before metrics.close: pending writes finish first
         self._log(f"model: {count_params(model):,} parameters; run dir {self.run_dir}")
         if restored:
-            learner = restored[0]
+            learner = restored.learner
             model = learner.policy_model()
             self._saved_step = self._done_step = start_step
             self._log(f"resumed from step {start_step}")
@@ -515,7 +333,7 @@ class Trainer:
             with metrics.span("eval"):
                 ev = await self._signals.race(self.evaluate(orch, cfg.rl.eval_tasks))
             before, by_task_before = ev.success, ev.by_task
-            self._log_eval(metrics, ev, start_step)
+            log_eval(metrics, ev, start_step)
         ctx.before, ctx.by_task_before = before, by_task_before
         if not restored:
             self._done_step = 0
@@ -527,7 +345,7 @@ class Trainer:
         self._save(ctx, final_step)
         with metrics.span("eval"):
             after_eval = await self._signals.race(self.evaluate(orch, cfg.rl.eval_tasks))
-        self._log_eval(metrics, after_eval, final_step)
+        log_eval(metrics, after_eval, final_step)
         result = TrainResult(
             run_dir=str(self.run_dir),
             success_before=before,
@@ -550,7 +368,9 @@ class Trainer:
         )
         return result
 
-    async def _rl_loop(self, ctx: _RunContext, engine, start_step: int) -> list[dict]:
+    async def _rl_loop(
+        self, ctx: _RunContext, engine: InferenceEngine, start_step: int
+    ) -> list[dict]:
         cfg = self.cfg
         metrics = ctx.metrics
         history: list[dict[str, float]] = []
@@ -599,7 +419,7 @@ class Trainer:
             if every and step % every == 0:
                 self._save(ctx, step)
             if self._signals.requested:
-                raise _Stopped
+                raise Stopped
 
         steps = ctx.steps = _GRPOSteps(ctx.learner, cfg, self.tokenizer.pad_id)
         try:
@@ -665,14 +485,6 @@ class Trainer:
             )
         return False
 
-    @staticmethod
-    def _log_eval(metrics: MetricsRecorder, ev: EvalResult, step: int) -> None:
-        metrics.scalar("eval/success", ev.success, step)
-        metrics.scalar("eval/tool_use", ev.tool_use, step)
-        if len(ev.by_task) > 1:
-            for name, success in ev.by_task.items():
-                metrics.scalar(f"eval/success/{name}", success, step)
-
     def _log(self, msg: str) -> None:
         if self.progress:
             tqdm.write(msg, file=sys.stderr)
@@ -716,7 +528,7 @@ class _RunContext:
 
     learner: GRPOLearner
     orch: RolloutOrchestrator
-    engine: Any
+    engine: InferenceEngine
     ckpt: Checkpointer
     metrics: MetricsRecorder
     t_start: float
@@ -726,56 +538,6 @@ class _RunContext:
     steps: _GRPOSteps | None = None  # the RL loop's learner, once RL began
     trained_at_done: int = 0  # its train steps begun when the last RL step finished
     rollout_at_done: dict[str, Any] | None = None  # the task stream's state then
-
-
-def logged_after(checkpoint: int | None) -> Callable[[int, frozenset[str]], bool]:
-    """Which metric records a run resumed from RL step ``checkpoint`` redoes (None: no
-    checkpoint, the run starts over and redoes all), by step and name, never by clock.
-
-    The warm start's ``sft/*`` records (in SFT steps) precede every checkpoint; an RL
-    record is redone when its step is past the checkpoint; and ``eval/*`` at the
-    checkpoint's step past 0 is the final evaluation, which follows the final checkpoint.
-    """
-
-    def late(step: int, tags: frozenset[str]) -> bool:
-        if checkpoint is None:
-            return True
-        if tags and all(tag.startswith("sft/") for tag in tags):
-            return False
-        if step != checkpoint:
-            return step > checkpoint
-        return checkpoint > 0 and any(tag.startswith("eval/") for tag in tags)
-
-    return late
-
-
-def _check_same_model(saved: dict[str, Any] | None, model: Any) -> None:
-    """ConfigError naming the first ``model.*`` key that differs from the checkpoint's."""
-    if saved is None:
-        return
-    now = to_dict(model)
-    for key, value in now.items():
-        if key == "path":  # a model directory may move; its shape is what must match
-            continue
-        if key in saved and saved[key] != value:
-            raise ConfigError(
-                f"model.{key}={value} does not match the checkpoint ({saved[key]}); "
-                "a resumed run keeps its model"
-            )
-
-
-def _success(groups: list[Group]) -> tuple[float, float, int]:
-    """Mean reward, tool-use rate and episode count over ``groups``; an episode lost to
-    infrastructure counts as a failure."""
-    trajs = [t for g in groups for t in g.trajectories]
-    episodes = len(trajs) + sum(g.lost for g in groups)
-    if not episodes:
-        return 0.0, 0.0, 0
-    return (
-        sum(t.reward for t in trajs) / episodes,
-        sum(any(s.tool_calls for s in t.steps) for t in trajs) / episodes,
-        episodes,
-    )
 
 
 async def _settle(fut: asyncio.Future) -> None:

@@ -26,6 +26,7 @@ from tunix_agentic.envs.base import Action, Environment
 from tunix_agentic.envs.tools import ToolUnavailable
 from tunix_agentic.inference.base import InferenceEngine, PromptTooLongError
 from tunix_agentic.inference.params import SamplingParams
+from tunix_agentic.metrics.sink import NULL_METRICS, MetricsSink
 from tunix_agentic.trajectory import Step, Trajectory
 
 
@@ -111,7 +112,7 @@ async def run_agent(
     *,
     seed: int | None = None,
     max_turns: int | None = None,
-    metrics=None,
+    metrics: MetricsSink = NULL_METRICS,
 ) -> Trajectory:
     """Play turns until the environment says done; fills ``traj`` in place.
 
@@ -141,9 +142,8 @@ async def run_agent(
             traj.status, traj.error = "engine_error", f"{type(exc).__name__}: {exc}"
             return traj
         model_s = time.perf_counter() - t0
-        if metrics is not None:
-            metrics.add_time("model_call", model_s)
-            metrics.count("tokens/generated", len(out.token_ids))
+        metrics.add_time("model_call", model_s)
+        metrics.count("tokens/generated", len(out.token_ids))
         if out.finish_reason == "abort":
             traj.status, traj.error = "cancelled", "generation aborted"
             return traj
@@ -164,7 +164,7 @@ async def run_agent(
             return traj
         action = parse(text)
         capped = cap_tool_calls(action, config.max_tool_calls_per_turn)
-        if metrics is not None and capped is not action:
+        if capped is not action:
             metrics.count("tool_calls/not_run", len(action.tool_calls) - len(capped.tool_calls))
         t0 = time.perf_counter()
         try:
@@ -183,10 +183,9 @@ async def run_agent(
         step.timings["env_s"] = env_s
         step.reward, step.done = float(result.reward), bool(result.done)
         step.tool_calls = list(result.info.get("tool_calls", []))
-        if metrics is not None:
-            metrics.add_time("env_step", env_s)
-            for call in step.tool_calls:
-                metrics.add_time(f"tool/{call.get('name', '?')}", float(call.get("seconds", 0.0)))
+        metrics.add_time("env_step", env_s)
+        for call in step.tool_calls:
+            metrics.add_time(f"tool/{call.get('name', '?')}", float(call.get("seconds", 0.0)))
         if result.done:
             traj.status = "ok"
             return traj

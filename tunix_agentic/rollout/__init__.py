@@ -1,12 +1,16 @@
 """Rollout: the orchestrator that drives episodes and groups them as they complete."""
 
+from tunix_agentic.rollout.config import RolloutConfig
+from tunix_agentic.rollout.episode import EpisodeRunner, Group, InitResult
 from tunix_agentic.rollout.grouping import GroupFilter, StalenessPacer
-from tunix_agentic.rollout.orchestrator import Group, RolloutConfig, RolloutOrchestrator
+from tunix_agentic.rollout.orchestrator import RolloutOrchestrator
 from tunix_agentic.trajectory import Step, Trajectory
 
 __all__ = [
+    "EpisodeRunner",
     "Group",
     "GroupFilter",
+    "InitResult",
     "RolloutConfig",
     "RolloutOrchestrator",
     "StalenessPacer",

@@ -1,10 +1,9 @@
 """The RolloutOrchestrator: many episodes at once, grouped as they complete.
 
-Each episode moves through three stages, each with its own worker pool so a
-slow stage never holds another's slot: INIT (make the environment, reset it
-on the task), RUN (the agent loop against the engine) and EVAL (the verifier's
-reward). G episodes of one task form a group; a group is emitted the moment
-its last episode ends, in completion order, onto a queue the learner reads.
+Each episode moves through three stages, INIT, RUN and EVAL, run by the
+:class:`~tunix_agentic.rollout.episode.EpisodeRunner` the orchestrator owns.
+G episodes of one task form a group; a group is emitted the moment its last
+episode ends, in completion order, onto a queue the learner reads.
 
 Admission pacing bounds staleness without throwing finished work away: a new
 group is admitted only while the step that will consume it is at most
@@ -24,164 +23,35 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import inspect
 import itertools
-import math
-import random
-import time
-import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
-
 from tunix_agentic.agent.chat import ChatFormat
-from tunix_agentic.agent.loop import AgentConfig, run_agent
+from tunix_agentic.agent.loop import AgentConfig
 from tunix_agentic.envs.base import Environment
 from tunix_agentic.inference.base import InferenceEngine
-from tunix_agentic.rollout.grouping import GroupFilter, StalenessPacer
-from tunix_agentic.rollout.outages import HealthProbe, OutageGate, backoff_delay
-from tunix_agentic.trajectory import EpisodeStage, Trajectory, timeout_status
+from tunix_agentic.metrics.sink import MetricsSink, NullMetrics
+from tunix_agentic.rollout.config import RolloutConfig
+from tunix_agentic.rollout.episode import (
+    EVAL_STREAM,
+    PRODUCTION_STREAM,
+    EpisodeRunner,
+    Group,
+    InfraFailureError,
+    InitResult,
+)
+from tunix_agentic.rollout.grouping import GroupFilter, StalenessPacer, Verdict
+from tunix_agentic.rollout.outages import HealthProbe
 
 
 @dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-    group_size: int = 8
-    groups_per_batch: int = 8
-    init_workers: int = 32
-    run_workers: int = 64
-    eval_workers: int = 32
-    episode_timeout_s: float = 300.0
-    max_staleness: int = 1
-    filter_uniform_groups: bool = True  # DAPO dynamic sampling: drop groups with one reward value
-    min_reward_std: float = 0.0  # RAGEN-style: also drop groups whose reward std is at most this
-    min_groups_per_batch: int = (
-        0  # AgentRL variable batch: return early with >= this many (0: fixed size)
-    )
-    max_filtered_in_a_row: int = 500  # then stop with an error instead of waiting forever
-    # Episodes in a row (in completion order) that ended on an infrastructure fault, retries
-    # included, before the run stops with an error quoting the last one (a dead engine, an
-    # environment whose reset always raises) instead of waiting forever.
-    max_infra_failures_in_a_row: int = 64
-    infra_retries: int = 1  # re-run an episode that hit an infrastructure fault, with a fresh env
-    # A retry waits a delay drawn uniformly from [0, min(infra_backoff_max_s, infra_backoff_s *
-    # 2**(retry - 1))] (jittered exponential back-off: a burst of failures does not return as one).
-    infra_backoff_s: float = 1.0
-    infra_backoff_max_s: float = 30.0
-    # An environment backend that says it is down (see RolloutOrchestrator: backend_health) is
-    # waited for up to this long; failures of episodes begun before it came back do not count
-    # towards max_infra_failures_in_a_row. Past it, they count again.
-    backend_wait_s: float = 120.0
-    # Interaction-budget curriculum (ScalingInter-RL): ((from_version, max_turns), ...), e.g.
-    # ((0, 8), (100, 12), (200, 15)). Empty: agent.max_turns throughout.
-    max_turns_schedule: tuple[tuple[int, int], ...] = ()
-    # Groups whose environments are created and reset ahead of admission (a warm pool of
-    # sandboxes; continuous production only). 0: INIT starts when the group is admitted.
-    prefetch_groups: int = 0
-    seed: int = 0
+class PreparedGroup:
+    """A group INIT'ed ahead of admission: group ``index`` of the task stream, on ``task``."""
 
-    def __post_init__(self):
-        if self.group_size < 1:
-            raise ValueError(f"rollout.group_size must be >= 1, got {self.group_size}")
-        if self.groups_per_batch < 1:
-            raise ValueError(f"rollout.groups_per_batch must be >= 1, got {self.groups_per_batch}")
-        for name in ("init_workers", "run_workers", "eval_workers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_staleness < 0:
-            raise ValueError(f"rollout.max_staleness must be >= 0, got {self.max_staleness}")
-        if self.episode_timeout_s <= 0:
-            raise ValueError(f"rollout.episode_timeout_s must be > 0, got {self.episode_timeout_s}")
-        if self.min_reward_std < 0:
-            raise ValueError(f"rollout.min_reward_std must be >= 0, got {self.min_reward_std}")
-        if not 0 <= self.min_groups_per_batch <= self.groups_per_batch:
-            raise ValueError(
-                f"rollout.min_groups_per_batch must be in [0, groups_per_batch={self.groups_per_batch}], "
-                f"got {self.min_groups_per_batch}"
-            )
-        if self.infra_retries < 0:
-            raise ValueError(f"rollout.infra_retries must be >= 0, got {self.infra_retries}")
-        for name in ("infra_backoff_s", "infra_backoff_max_s", "backend_wait_s"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"rollout.{name} must be a finite number >= 0, got {value!r}")
-        if self.infra_backoff_max_s < self.infra_backoff_s:
-            raise ValueError(
-                f"rollout.infra_backoff_max_s ({self.infra_backoff_max_s}) must be >= "
-                f"rollout.infra_backoff_s ({self.infra_backoff_s})"
-            )
-        if self.prefetch_groups < 0:
-            raise ValueError(f"rollout.prefetch_groups must be >= 0, got {self.prefetch_groups}")
-        if self.max_filtered_in_a_row < 1 or self.max_infra_failures_in_a_row < 1:
-            raise ValueError(
-                "rollout.max_filtered_in_a_row and rollout.max_infra_failures_in_a_row must be >= 1"
-            )
-        steps = [entry[0] for entry in self.max_turns_schedule]
-        if any(len(entry) != 2 for entry in self.max_turns_schedule):
-            raise ValueError(
-                "rollout.max_turns_schedule entries must be [from_version, max_turns] pairs"
-            )
-        if steps != sorted(steps) or len(set(steps)) != len(steps) or any(v < 0 for v in steps):
-            raise ValueError(
-                f"rollout.max_turns_schedule versions must be distinct, ascending and >= 0, got {steps}"
-            )
-        if any(turns < 1 for _, turns in self.max_turns_schedule):
-            raise ValueError("rollout.max_turns_schedule turn budgets must be >= 1")
-
-    def max_turns_at(self, version: int, default: int) -> int:
-        """The interaction budget for an episode started under policy ``version``."""
-        turns = default
-        for start, budget in self.max_turns_schedule:
-            if version >= start:
-                turns = budget
-        return turns
-
-
-@dataclasses.dataclass
-class Group:
-    """G trajectories of one task. ``trajectories`` holds only scoreable ones;
-    every attempt that ended in an infrastructure fault is kept apart in
-    ``dropped`` (retried ones included), and ``lost`` counts members that never
-    produced a scoreable trajectory."""
-
-    group_id: str
     index: int
     task: Any
-    admitted_version: int
-    trajectories: list[Trajectory]
-    dropped: list[Trajectory] = dataclasses.field(default_factory=list)
-    lost: int = 0
-
-    @property
-    def rewards(self) -> np.ndarray:
-        return np.asarray([t.reward for t in self.trajectories], np.float32)
-
-    @property
-    def min_version(self) -> int:
-        versions = [t.min_version for t in self.trajectories if t.min_version is not None]
-        return min(versions) if versions else self.admitted_version
-
-
-class InfraFailureError(RuntimeError):
-    """Episodes keep failing on infrastructure: the run cannot make progress."""
-
-
-def episode_seed(run_seed: int, stream: int, index: int, member: int, attempt: int) -> int:
-    """A 63-bit sampling seed for one episode attempt (SplitMix64 finaliser over the parts).
-
-    ``stream`` keeps evaluation's seeds apart from production's, so evaluating
-    (or skipping the evaluation on resume) never shifts the training episodes' seeds.
-    """
-    x = 0
-    for part in (run_seed, stream, index, member, attempt):
-        x = (x ^ (part & 0xFFFFFFFFFFFFFFFF)) * 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF
-        x ^= x >> 31
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
-    return (x ^ (x >> 31)) >> 1
-
-
-PRODUCTION_STREAM, EVAL_STREAM = 0, 1
+    members: list[InitResult]
 
 
 class RolloutOrchestrator:
@@ -226,34 +96,21 @@ class RolloutOrchestrator:
         config: RolloutConfig,
         *,
         tasks: Iterator[Any] | None = None,
-        metrics=None,
+        metrics: MetricsSink | None = None,
         backend_health: HealthProbe | None = None,
     ):
         self.engine = engine
-        self.env_factory = env_factory
         self.template = template
-        self.agent_config = agent_config
         self.config = config
         self.tasks = tasks
-        self.metrics = metrics
+        self.metrics = metrics = NullMetrics() if metrics is None else metrics
         self.pacer = StalenessPacer(config.groups_per_batch, config.max_staleness)
         self.group_filter = GroupFilter(
             config.group_size, config.filter_uniform_groups, config.min_reward_std
         )
         self._ready_changed = asyncio.Event()
-        self._infra_streak = 0
-        self._outages = OutageGate(
-            backend_health,
-            wait_s=config.backend_wait_s,
-            spawn=self._spawn,
-            metrics=metrics,
-        )
-        self._jitter = random.Random(config.seed)  # back-off delays only: no episode's seed
         self._fatal: Exception | None = None
         self._changed = asyncio.Event()
-        self._init_sem = asyncio.Semaphore(config.init_workers)
-        self._run_sem = asyncio.Semaphore(config.run_workers)
-        self._eval_sem = asyncio.Semaphore(config.eval_workers)
         self._group_counter = itertools.count()
         self._eval_counter = itertools.count()
         self._next_index = 0  # group index of the next task drawn from ``tasks``
@@ -263,8 +120,8 @@ class RolloutOrchestrator:
         self._replay: collections.deque[tuple[int, Any, Any]] = collections.deque()
         self._tasks: set[asyncio.Task] = set()
         self._producer: asyncio.Task | None = None
-        # Prefetched groups in task order: each resolves to (task, [(env, prompt, error), ...]).
-        self._prepared: collections.deque[asyncio.Task] = collections.deque()
+        # Prefetched groups in task order, each resolving to a PreparedGroup.
+        self._prepared: collections.deque[asyncio.Task[PreparedGroup]] = collections.deque()
         self.stats = {
             "groups_emitted": 0,
             "groups_filtered": 0,
@@ -273,6 +130,36 @@ class RolloutOrchestrator:
             "infra_retries": 0,
             "stale_dropped": 0,
         }
+        self.episodes = EpisodeRunner(
+            engine,
+            env_factory,
+            template,
+            agent_config,
+            config,
+            metrics=metrics,
+            backend_health=backend_health,
+            spawn=self._spawn,
+            fail=self._fail,
+            stats=self.stats,
+        )
+
+    @property
+    def env_factory(self) -> Callable[..., Environment]:
+        """Builds each episode's environment (the episode runner's; settable)."""
+        return self.episodes.env_factory
+
+    @env_factory.setter
+    def env_factory(self, factory: Callable[..., Environment]) -> None:
+        self.episodes.env_factory = factory
+
+    @property
+    def agent_config(self) -> AgentConfig:
+        """The agent settings production episodes run with (the episode runner's; settable)."""
+        return self.episodes.agent_config
+
+    @agent_config.setter
+    def agent_config(self, agent_config: AgentConfig) -> None:
+        self.episodes.agent_config = agent_config
 
     # ------------------------------------------------------------ production
     def start(self) -> None:
@@ -301,19 +188,7 @@ class RolloutOrchestrator:
             t.cancel()  # still initialising: the group closes what it made (see _prepare_group)
         for result in await asyncio.gather(*prepared, return_exceptions=True):
             if not isinstance(result, BaseException):
-                await self._close_members(result[2])
-
-    async def _close_members(self, members: list) -> None:
-        """Close the environment of every INIT result in ``members`` (exceptions skipped)."""
-        await asyncio.gather(
-            *(self._close_env(m[0]) for m in members if isinstance(m, tuple) and m[0] is not None)
-        )
-
-    async def _close_env(self, env: Environment) -> None:
-        try:
-            await asyncio.shield(env.close())
-        except Exception:  # closing must never mask the episode's own outcome
-            self._count("rollout/env_close_errors")
+                await self.episodes.close_members(result.members)
 
     @property
     def version(self) -> int:
@@ -335,10 +210,10 @@ class RolloutOrchestrator:
         """Tasks this orchestrator still owns: episodes and groups under way, prefetches."""
         return len(self._tasks) + len(self._prepared)
 
-    def prefetched(self) -> list[list[tuple[Any, Any, str | None]]]:
-        """The INIT results of prefetched groups ready to run, in task order:
-        ``[(env, prompt_ids, error), ...]`` per group (still-initialising ones left out)."""
-        return [t.result()[2] for t in self._prepared if t.done() and not t.cancelled()]
+    def prefetched(self) -> list[list[InitResult]]:
+        """The INIT results of prefetched groups ready to run, in task order, one list per
+        group (still-initialising ones left out)."""
+        return [t.result().members for t in self._prepared if t.done() and not t.cancelled()]
 
     def _next_task(self) -> tuple[int, Any]:
         """``(group index, task)``: a task to replay after a restart, else the stream's next."""
@@ -394,8 +269,9 @@ class RolloutOrchestrator:
                     self._changed.clear()
                     await self._changed.wait()
                 if self.config.prefetch_groups:
-                    index, task, members = await self._prepared[0]  # in task order
+                    prepared = await self._prepared[0]  # in task order
                     self._prepared.popleft()
+                    index, task, members = prepared.index, prepared.task, prepared.members
                 else:
                     (index, task), members = self._next_task(), None
                 # The version is read once: the pacer's count and the group's stamp must agree
@@ -407,49 +283,12 @@ class RolloutOrchestrator:
             self._fail(exc)
             raise
 
-    async def _prepare_group(
-        self, index: int, task: Any
-    ) -> tuple[int, Any, list[tuple[Any, Any, str | None]]]:
-        """INIT for every member of a group ahead of admission.
-
-        Returns ``(index, task, [(env, prompt_ids, error), ...])``; a member whose
-        INIT failed carries the error instead (its episode records it, then is
-        retried with a fresh environment like any infrastructure fault). If
-        cancelled, closes what it created.
-        """
-        members = [
-            asyncio.get_running_loop().create_task(self._init_env(task))
-            for _ in range(self.config.group_size)
-        ]
-        try:
-            return index, task, list(await asyncio.gather(*members))
-        except asyncio.CancelledError:
-            for m in members:
-                m.cancel()
-            await self._close_members(await asyncio.gather(*members, return_exceptions=True))
-            raise
-
-    async def _init_env(self, task: Any) -> tuple[Any, Any, str | None]:
-        """Create and reset one environment: ``(env, prompt_ids, None)`` or ``(env|None, None, error)``."""
-        async with self._init_sem:
-            t = time.perf_counter()
-            env = None
-            try:
-                factory = self.env_factory
-                env = factory(task) if _takes_one_argument(factory) else factory()
-                self._outages.note_env(task, env)  # how to ask its backend after a failure
-                prompt = await env.reset(task)
-                for key, seconds in getattr(env, "timings", {}).items():
-                    self._time(f"env/{key}", seconds)  # e.g. sandbox start-up
-                ids = self.template.prompt_ids(prompt, tools=env.tool_schemas())
-            except asyncio.CancelledError:
-                if env is not None:
-                    await self._close_env(env)
-                raise
-            except Exception as exc:
-                return env, None, f"INIT: {type(exc).__name__}: {exc}"
-            self._time("stage/init", time.perf_counter() - t)
-            return env, ids, None
+    async def _prepare_group(self, index: int, task: Any) -> PreparedGroup:
+        """INIT for every member of a group ahead of admission (see
+        :meth:`EpisodeRunner.init_group <tunix_agentic.rollout.episode.EpisodeRunner.init_group>`)."""
+        return PreparedGroup(
+            index, task, await self.episodes.init_group(task, self.config.group_size)
+        )
 
     def _spawn(self, coro) -> asyncio.Task:
         t = asyncio.get_running_loop().create_task(coro)
@@ -458,7 +297,7 @@ class RolloutOrchestrator:
         return t
 
     async def _produce_group(
-        self, index: int, task: Any, members: list | None, admitted: int
+        self, index: int, task: Any, members: list[InitResult] | None, admitted: int
     ) -> None:
         kept = None
         try:
@@ -475,20 +314,19 @@ class RolloutOrchestrator:
             self.pacer.finished(admitted, kept)
             self._changed.set()
             self._ready_changed.set()
-            if self.metrics is not None:
-                self.metrics.gauge("queue/ready_groups", self.pacer.ready)
-                self.metrics.gauge("queue/in_flight_groups", self.pacer.running)
+            self.metrics.gauge("queue/ready_groups", self.pacer.ready)
+            self.metrics.gauge("queue/in_flight_groups", self.pacer.running)
 
-    def judge(self, group: Group) -> str:
+    def judge(self, group: Group) -> Verdict:
         """The group filter's verdict on ``group`` ("keep", "too_small" or "filtered"),
         counted; too many "filtered" in a row stop the run with an error."""
         verdict = self.group_filter.verdict(group)
         if verdict == "too_small":
             self.stats["groups_too_small"] += 1
-            self._count("rollout/groups_too_small")
+            self.metrics.count("rollout/groups_too_small")
         elif verdict == "filtered":
             self.stats["groups_filtered"] += 1
-            self._count("rollout/groups_filtered")
+            self.metrics.count("rollout/groups_filtered")
             streak = self.group_filter.filtered_in_a_row
             if streak >= self.config.max_filtered_in_a_row:
                 self._fail(
@@ -540,7 +378,7 @@ class RolloutOrchestrator:
                 continue
             if pacer.too_stale(group):
                 self.stats["stale_dropped"] += 1
-                self._count("rollout/stale_dropped")
+                self.metrics.count("rollout/stale_dropped")
                 self._done_with(group)
                 continue
             batch.append(group)
@@ -586,7 +424,7 @@ class RolloutOrchestrator:
         *,
         group_size: int | None = None,
         agent_config: AgentConfig | None = None,
-        prepared: list | None = None,
+        prepared: list[InitResult] | None = None,
         index: int | None = None,
         stream: int = PRODUCTION_STREAM,
         version: int | None = None,
@@ -600,182 +438,12 @@ class RolloutOrchestrator:
         """
         if index is None:
             index = 1_000_000_000 + next(self._group_counter)  # apart from the task stream's
-        g = len(prepared) if prepared is not None else (group_size or self.config.group_size)
-        prefix = "g" if stream == PRODUCTION_STREAM else f"s{stream}g"
-        group_id = f"{prefix}{index}-{getattr(task, 'task_id', index)}"
-        version = self.version if version is None else version
-        if agent_config is None:
-            turns = self.config.max_turns_at(version, self.agent_config.max_turns)
-            agent_config = dataclasses.replace(self.agent_config, max_turns=turns)
-            if self.metrics is not None:
-                self.metrics.gauge("rollout/max_turns", turns)
-        results = await asyncio.gather(
-            *(
-                self._member(
-                    task,
-                    group_id,
-                    episode_seed(self.config.seed, stream, index, member, 0),
-                    member,
-                    agent_config,
-                    None if prepared is None else prepared[member],
-                )
-                for member in range(g)
-            )
+        return await self.episodes.run_group(
+            task,
+            index=index,
+            version=self.version if version is None else version,
+            group_size=group_size,
+            agent_config=agent_config,
+            prepared=prepared,
+            stream=stream,
         )
-        good = [traj for traj, _ in results if not traj.is_infra_failure]
-        bad = [failure for _, failures in results for failure in failures]
-        if bad:
-            self.stats["infra_failures"] += len(bad)
-            self._count("rollout/infra_failures", len(bad))
-        return Group(group_id, index, task, version, good, bad, lost=g - len(good))
-
-    async def _member(
-        self,
-        task: Any,
-        group_id: str,
-        seed: int,
-        member: int,
-        agent_config: AgentConfig,
-        prepared: tuple | None = None,
-    ) -> tuple[Trajectory, list[Trajectory]]:
-        """One group member, retried on infrastructure faults; returns (final, failed attempts).
-
-        A prefetched environment serves the first attempt only; retries start fresh
-        (each attempt on its own seed).
-        """
-        failures: list[Trajectory] = []
-        cfg = self.config
-        if prepared is not None and prepared[0] is not None:
-            self._outages.note_env(task, prepared[0])  # made elsewhere: it answers for its backend
-        for attempt in range(cfg.infra_retries + 1):
-            began = time.monotonic()
-            traj = await self._episode(
-                task, group_id, (seed + attempt) % 2**63, member, agent_config, attempt, prepared
-            )
-            prepared = None
-            if not traj.is_infra_failure:
-                self._infra_streak = 0
-                self._outages.succeeded(task)
-                return traj, failures
-            failures.append(traj)
-            # A backend that is down is waited for here; what its outage caused does not count.
-            if not await self._outages.excuses(task, began):
-                self._infra_streak += 1
-                if self._infra_streak >= cfg.max_infra_failures_in_a_row:
-                    self._fail(
-                        InfraFailureError(
-                            f"{self._infra_streak} episodes in a row failed on infrastructure; "
-                            f"the last ({traj.episode_id}): {traj.status}: {traj.error}"
-                        )
-                    )
-            if attempt < cfg.infra_retries:
-                self.stats["infra_retries"] += 1
-                self._count("rollout/infra_retries")
-                await asyncio.sleep(
-                    backoff_delay(
-                        attempt + 1, cfg.infra_backoff_s, cfg.infra_backoff_max_s, self._jitter
-                    )
-                )
-        return failures[-1], failures
-
-    async def _episode(
-        self,
-        task: Any,
-        group_id: str,
-        seed: int,
-        member: int,
-        agent_config: AgentConfig,
-        attempt: int = 0,
-        prepared: tuple | None = None,
-    ) -> Trajectory:
-        """One attempt. Whatever it raises (a user's env or reward function, an observation
-        the tokenizer cannot encode) ends this episode with a recorded status and error.
-
-        Past ``episode_timeout_s`` the episode ends with the status of
-        :func:`~tunix_agentic.trajectory.timeout_status`: ``"agent_timeout"`` (reward 0,
-        kept and scored like any failure of the policy) when the deadline passed in the
-        agent loop and the agent's actions took at least half of it, else ``"timeout"``
-        (infrastructure: the engine, the environment's reset or the verifier hung)."""
-        traj = Trajectory(
-            task_id=str(getattr(task, "task_id", group_id)),
-            episode_id=f"{group_id}-{member}" + (f"-retry{attempt}" if attempt else ""),
-            task_name=str(getattr(task, "task_name", "default")),
-            group_id=group_id,
-        )
-        t0 = time.perf_counter()
-        # A prefetched environment is this episode's to close from here on, whatever happens.
-        env: Environment | None = None if prepared is None else prepared[0]
-        stage: EpisodeStage = "init"  # where the deadline found it, for timeout_status
-        try:
-            async with asyncio.timeout(self.config.episode_timeout_s):
-                if prepared is None:
-                    env, prompt_ids, error = await self._init_env(task)
-                else:
-                    _, prompt_ids, error = prepared
-                if error is not None:
-                    traj.status, traj.error = "env_error", error
-                    return traj
-                traj.append_prompt(prompt_ids)
-                stage = "run"
-                async with self._run_sem:
-                    t = time.perf_counter()
-                    await run_agent(
-                        self.engine,
-                        env,
-                        traj,
-                        self.template,
-                        agent_config,
-                        seed=seed,
-                        metrics=self.metrics,
-                    )
-                    self._time("stage/run", time.perf_counter() - t)
-                if traj.is_infra_failure:
-                    return traj
-                stage = "eval"
-                async with self._eval_sem:
-                    t = time.perf_counter()
-                    try:
-                        score = getattr(env, "evaluate_trajectory", None)  # duck-typed envs
-                        reward = await (score(traj) if score is not None else env.evaluate())
-                        traj.reward = float(reward)
-                    except Exception as exc:
-                        traj.status, traj.error = "env_error", f"EVAL: {type(exc).__name__}: {exc}"
-                    self._time("stage/eval", time.perf_counter() - t)
-        except TimeoutError:
-            limit, actions_s = self.config.episode_timeout_s, traj.timings.get("actions_s", 0.0)
-            traj.status = timeout_status(stage, actions_s, limit)
-            traj.error = f"episode exceeded {limit}s in {stage}, {actions_s:.1f}s of it on actions"
-            if traj.status == "agent_timeout":
-                traj.reward = 0.0
-        except Exception as exc:  # anything else is this episode's fault, not the run's
-            traj.status, traj.error = "env_error", f"{type(exc).__name__}: {exc}"
-            traj.info["traceback"] = traceback.format_exc(limit=-8)
-        finally:
-            if env is not None:
-                await self._close_env(env)
-            traj.timings["episode_s"] = time.perf_counter() - t0
-            self._count("rollout/episodes")
-            self._count(f"rollout/status/{traj.status}")  # every attempt, by how it ended
-        return traj
-
-    def _count(self, name: str, n: float = 1.0) -> None:
-        if self.metrics is not None:
-            self.metrics.count(name, n)
-
-    def _time(self, name: str, seconds: float) -> None:
-        if self.metrics is not None:
-            self.metrics.add_time(name, seconds)
-
-
-def _takes_one_argument(factory: Callable[..., Any]) -> bool:
-    """Whether ``factory`` takes the task (one positional argument) or nothing."""
-    try:
-        params = list(inspect.signature(factory).parameters.values())
-    except (TypeError, ValueError):  # a builtin without a signature: called bare
-        return False
-    positional = [
-        p
-        for p in params
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
-    ]
-    return len(positional) == 1

@@ -1,0 +1,378 @@
+"""Running one group's episodes: INIT, RUN and EVAL for each member, retried on faults.
+
+An episode moves through three stages, each bounded by its own worker pool so a
+slow stage never holds another's slot: INIT (make the environment, reset it on
+the task: an :class:`InitResult`), RUN (the agent loop against the engine) and
+EVAL (the verifier's reward). An attempt that ends on an infrastructure fault
+is retried with a fresh environment after a jittered back-off; the outage gate
+of :mod:`tunix_agentic.rollout.outages` decides whether it counts towards
+``rollout.max_infra_failures_in_a_row``.
+
+:class:`EpisodeRunner` does this for the
+:class:`~tunix_agentic.rollout.orchestrator.RolloutOrchestrator`, which decides
+which groups run and when; a finished group is a :class:`Group`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import random
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from tunix_agentic.agent.chat import ChatFormat
+from tunix_agentic.agent.loop import AgentConfig, run_agent
+from tunix_agentic.envs.base import Environment
+from tunix_agentic.inference.base import InferenceEngine
+from tunix_agentic.metrics.sink import MetricsSink
+from tunix_agentic.rollout.config import RolloutConfig
+from tunix_agentic.rollout.outages import HealthProbe, OutageGate, backoff_delay
+from tunix_agentic.trajectory import EpisodeStage, Trajectory, timeout_status
+
+PRODUCTION_STREAM, EVAL_STREAM = 0, 1
+
+
+@dataclasses.dataclass
+class Group:
+    """G trajectories of one task. ``trajectories`` holds only scoreable ones;
+    every attempt that ended in an infrastructure fault is kept apart in
+    ``dropped`` (retried ones included), and ``lost`` counts members that never
+    produced a scoreable trajectory."""
+
+    group_id: str
+    index: int
+    task: Any
+    admitted_version: int
+    trajectories: list[Trajectory]
+    dropped: list[Trajectory] = dataclasses.field(default_factory=list)
+    lost: int = 0
+
+    @property
+    def rewards(self) -> np.ndarray:
+        return np.asarray([t.reward for t in self.trajectories], np.float32)
+
+    @property
+    def min_version(self) -> int:
+        versions = [t.min_version for t in self.trajectories if t.min_version is not None]
+        return min(versions) if versions else self.admitted_version
+
+
+@dataclasses.dataclass(frozen=True)
+class InitResult:
+    """What INIT made of one member: its environment (``None`` if it could not be made)
+    and prompt ids, or the error that ended INIT. The environment is whoever holds
+    this result's to close."""
+
+    env: Environment | None
+    prompt_ids: list[int] | None = None
+    error: str | None = None
+
+
+class InfraFailureError(RuntimeError):
+    """Episodes keep failing on infrastructure: the run cannot make progress."""
+
+
+def episode_seed(run_seed: int, stream: int, index: int, member: int, attempt: int) -> int:
+    """A 63-bit sampling seed for one episode attempt (SplitMix64 finaliser over the parts).
+
+    ``stream`` keeps evaluation's seeds apart from production's, so evaluating
+    (or skipping the evaluation on resume) never shifts the training episodes' seeds.
+    """
+    x = 0
+    for part in (run_seed, stream, index, member, attempt):
+        x = (x ^ (part & 0xFFFFFFFFFFFFFFFF)) * 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF
+        x ^= x >> 31
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+    return (x ^ (x >> 31)) >> 1
+
+
+class EpisodeRunner:
+    """Runs the episodes of one group at a time (many groups may run at once).
+
+    ``env_factory`` builds each episode's environment: called with no argument,
+    or with the task when it takes one. An environment's ``timings`` dict, if it
+    has one after ``reset``, is recorded as ``env/<key>`` times.
+
+    The runner shares the orchestrator's bookkeeping: it adds ``infra_failures``
+    and ``infra_retries`` to ``stats``, stops the run through ``fail`` when
+    episodes keep failing on infrastructure, and starts outage watches with
+    ``spawn`` (so stopping the orchestrator cancels them).
+    """
+
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        env_factory: Callable[..., Environment],
+        template: ChatFormat,
+        agent_config: AgentConfig,
+        config: RolloutConfig,
+        *,
+        metrics: MetricsSink,
+        backend_health: HealthProbe | None,
+        spawn: Callable[[Any], asyncio.Task],
+        fail: Callable[[Exception], None],
+        stats: dict[str, int],
+    ):
+        self.engine = engine
+        self.env_factory = env_factory
+        self.template = template
+        self.agent_config = agent_config
+        self.config = config
+        self.metrics = metrics
+        self.stats = stats
+        self._fail = fail
+        self._infra_streak = 0
+        self._outages = OutageGate(
+            backend_health, wait_s=config.backend_wait_s, spawn=spawn, metrics=metrics
+        )
+        self._jitter = random.Random(config.seed)  # back-off delays only: no episode's seed
+        self._init_sem = asyncio.Semaphore(config.init_workers)
+        self._run_sem = asyncio.Semaphore(config.run_workers)
+        self._eval_sem = asyncio.Semaphore(config.eval_workers)
+
+    async def run_group(
+        self,
+        task: Any,
+        *,
+        index: int,
+        version: int,
+        group_size: int | None = None,
+        agent_config: AgentConfig | None = None,
+        prepared: list[InitResult] | None = None,
+        stream: int = PRODUCTION_STREAM,
+    ) -> Group:
+        """Run group ``index`` of seed ``stream`` on ``task``, admitted under ``version``.
+
+        ``prepared`` holds its members' environments already INIT'ed; without an
+        ``agent_config`` the interaction budget follows ``rollout.max_turns_schedule``.
+        """
+        g = len(prepared) if prepared is not None else (group_size or self.config.group_size)
+        prefix = "g" if stream == PRODUCTION_STREAM else f"s{stream}g"
+        group_id = f"{prefix}{index}-{getattr(task, 'task_id', index)}"
+        if agent_config is None:
+            turns = self.config.max_turns_at(version, self.agent_config.max_turns)
+            agent_config = dataclasses.replace(self.agent_config, max_turns=turns)
+            self.metrics.gauge("rollout/max_turns", turns)
+        results = await asyncio.gather(
+            *(
+                self._member(
+                    task,
+                    group_id,
+                    episode_seed(self.config.seed, stream, index, member, 0),
+                    member,
+                    agent_config,
+                    None if prepared is None else prepared[member],
+                )
+                for member in range(g)
+            )
+        )
+        good = [traj for traj, _ in results if not traj.is_infra_failure]
+        bad = [failure for _, failures in results for failure in failures]
+        if bad:
+            self.stats["infra_failures"] += len(bad)
+            self.metrics.count("rollout/infra_failures", len(bad))
+        return Group(group_id, index, task, version, good, bad, lost=g - len(good))
+
+    async def _member(
+        self,
+        task: Any,
+        group_id: str,
+        seed: int,
+        member: int,
+        agent_config: AgentConfig,
+        prepared: InitResult | None = None,
+    ) -> tuple[Trajectory, list[Trajectory]]:
+        """One group member, retried on infrastructure faults; returns (final, failed attempts).
+
+        A prefetched environment serves the first attempt only; retries start fresh
+        (each attempt on its own seed).
+        """
+        failures: list[Trajectory] = []
+        cfg = self.config
+        if prepared is not None and prepared.env is not None:
+            self._outages.note_env(task, prepared.env)  # made elsewhere: it answers for its backend
+        for attempt in range(cfg.infra_retries + 1):
+            began = time.monotonic()
+            traj = await self._episode(
+                task, group_id, (seed + attempt) % 2**63, member, agent_config, attempt, prepared
+            )
+            prepared = None
+            if not traj.is_infra_failure:
+                self._infra_streak = 0
+                self._outages.succeeded(task)
+                return traj, failures
+            failures.append(traj)
+            # A backend that is down is waited for here; what its outage caused does not count.
+            if not await self._outages.excuses(task, began):
+                self._infra_streak += 1
+                if self._infra_streak >= cfg.max_infra_failures_in_a_row:
+                    self._fail(
+                        InfraFailureError(
+                            f"{self._infra_streak} episodes in a row failed on infrastructure; "
+                            f"the last ({traj.episode_id}): {traj.status}: {traj.error}"
+                        )
+                    )
+            if attempt < cfg.infra_retries:
+                self.stats["infra_retries"] += 1
+                self.metrics.count("rollout/infra_retries")
+                await asyncio.sleep(
+                    backoff_delay(
+                        attempt + 1, cfg.infra_backoff_s, cfg.infra_backoff_max_s, self._jitter
+                    )
+                )
+        return failures[-1], failures
+
+    async def _episode(
+        self,
+        task: Any,
+        group_id: str,
+        seed: int,
+        member: int,
+        agent_config: AgentConfig,
+        attempt: int = 0,
+        prepared: InitResult | None = None,
+    ) -> Trajectory:
+        """One attempt. Whatever it raises (a user's env or reward function, an observation
+        the tokenizer cannot encode) ends this episode with a recorded status and error.
+
+        Past ``episode_timeout_s`` the episode ends with the status of
+        :func:`~tunix_agentic.trajectory.timeout_status`: ``"agent_timeout"`` (reward 0,
+        kept and scored like any failure of the policy) when the deadline passed in the
+        agent loop and the agent's actions took at least half of it, else ``"timeout"``
+        (infrastructure: the engine, the environment's reset or the verifier hung)."""
+        traj = Trajectory(
+            task_id=str(getattr(task, "task_id", group_id)),
+            episode_id=f"{group_id}-{member}" + (f"-retry{attempt}" if attempt else ""),
+            task_name=str(getattr(task, "task_name", "default")),
+            group_id=group_id,
+        )
+        t0 = time.perf_counter()
+        # A prefetched environment is this episode's to close from here on, whatever happens.
+        env: Environment | None = None if prepared is None else prepared.env
+        stage: EpisodeStage = "init"  # where the deadline found it, for timeout_status
+        try:
+            async with asyncio.timeout(self.config.episode_timeout_s):
+                init = prepared if prepared is not None else await self.init_env(task)
+                env = init.env
+                if init.error is not None:
+                    traj.status, traj.error = "env_error", init.error
+                    return traj
+                traj.append_prompt(init.prompt_ids)
+                stage = "run"
+                async with self._run_sem:
+                    t = time.perf_counter()
+                    await run_agent(
+                        self.engine,
+                        env,
+                        traj,
+                        self.template,
+                        agent_config,
+                        seed=seed,
+                        metrics=self.metrics,
+                    )
+                    self.metrics.add_time("stage/run", time.perf_counter() - t)
+                if traj.is_infra_failure:
+                    return traj
+                stage = "eval"
+                async with self._eval_sem:
+                    t = time.perf_counter()
+                    try:
+                        score = getattr(env, "evaluate_trajectory", None)  # duck-typed envs
+                        reward = await (score(traj) if score is not None else env.evaluate())
+                        traj.reward = float(reward)
+                    except Exception as exc:
+                        traj.status, traj.error = "env_error", f"EVAL: {type(exc).__name__}: {exc}"
+                    self.metrics.add_time("stage/eval", time.perf_counter() - t)
+        except TimeoutError:
+            limit, actions_s = self.config.episode_timeout_s, traj.timings.get("actions_s", 0.0)
+            traj.status = timeout_status(stage, actions_s, limit)
+            traj.error = f"episode exceeded {limit}s in {stage}, {actions_s:.1f}s of it on actions"
+            if traj.status == "agent_timeout":
+                traj.reward = 0.0
+        except Exception as exc:  # anything else is this episode's fault, not the run's
+            traj.status, traj.error = "env_error", f"{type(exc).__name__}: {exc}"
+            traj.info["traceback"] = traceback.format_exc(limit=-8)
+        finally:
+            if env is not None:
+                await self.close_env(env)
+            traj.timings["episode_s"] = time.perf_counter() - t0
+            self.metrics.count("rollout/episodes")
+            self.metrics.count(f"rollout/status/{traj.status}")  # every attempt, by how it ended
+        return traj
+
+    # ------------------------------------------------------------------ INIT
+    async def init_group(self, task: Any, size: int) -> list[InitResult]:
+        """INIT for ``size`` members of a group of ``task`` (ahead of admission).
+
+        A member whose INIT failed carries the error instead (its episode records it,
+        then is retried with a fresh environment like any infrastructure fault). If
+        cancelled, closes what it created.
+        """
+        members = [asyncio.get_running_loop().create_task(self.init_env(task)) for _ in range(size)]
+        try:
+            return list(await asyncio.gather(*members))
+        except asyncio.CancelledError:
+            for m in members:
+                m.cancel()
+            await self.close_members(await asyncio.gather(*members, return_exceptions=True))
+            raise
+
+    async def init_env(self, task: Any) -> InitResult:
+        """Create and reset one environment: its prompt ids, or the error (the environment
+        too, if it was made)."""
+        async with self._init_sem:
+            t = time.perf_counter()
+            env = None
+            try:
+                factory = self.env_factory
+                env = factory(task) if _takes_one_argument(factory) else factory()
+                self._outages.note_env(task, env)  # how to ask its backend after a failure
+                prompt = await env.reset(task)
+                for key, seconds in getattr(env, "timings", {}).items():
+                    self.metrics.add_time(f"env/{key}", seconds)  # e.g. sandbox start-up
+                ids = self.template.prompt_ids(prompt, tools=env.tool_schemas())
+            except asyncio.CancelledError:
+                if env is not None:
+                    await self.close_env(env)
+                raise
+            except Exception as exc:
+                return InitResult(env, error=f"INIT: {type(exc).__name__}: {exc}")
+            self.metrics.add_time("stage/init", time.perf_counter() - t)
+            return InitResult(env, ids)
+
+    async def close_members(self, members: list[InitResult | BaseException]) -> None:
+        """Close the environment of every INIT result in ``members`` (exceptions skipped)."""
+        await asyncio.gather(
+            *(
+                self.close_env(m.env)
+                for m in members
+                if isinstance(m, InitResult) and m.env is not None
+            )
+        )
+
+    async def close_env(self, env: Environment) -> None:
+        try:
+            await asyncio.shield(env.close())
+        except Exception:  # closing must never mask the episode's own outcome
+            self.metrics.count("rollout/env_close_errors")
+
+
+def _takes_one_argument(factory: Callable[..., Any]) -> bool:
+    """Whether ``factory`` takes the task (one positional argument) or nothing."""
+    try:
+        params = list(inspect.signature(factory).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: called bare
+        return False
+    positional = [
+        p
+        for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    return len(positional) == 1
