@@ -25,7 +25,7 @@ from tunix_agentic.inference.config import EngineConfig
 from tunix_agentic.learners.grpo import GRPOConfig
 from tunix_agentic.learners.state import OptimizerConfig
 from tunix_agentic.models.transformer import ModelConfig
-from tunix_agentic.rollout.orchestrator import RolloutConfig
+from tunix_agentic.rollout.config import RolloutConfig
 
 
 class ConfigError(ValueError):

@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from tunix_agentic.inference.base import EngineError, WeightUpdate
+from tunix_agentic.inference.base import EngineError, InferenceEngine, WeightUpdate
 from tunix_agentic.metrics.sink import NULL_METRICS, MetricsSink
 from tunix_agentic.rollout.episode import Group
 from tunix_agentic.rollout.orchestrator import RolloutOrchestrator
@@ -53,7 +53,7 @@ class StepReport:
 
 async def run_rl_steps(
     orch: RolloutOrchestrator,
-    engine: Any,
+    engine: InferenceEngine,
     learner: StepLearner,
     *,
     start_step: int,

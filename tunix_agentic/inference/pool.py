@@ -38,6 +38,7 @@ from tunix_agentic.inference.base import (
 )
 from tunix_agentic.inference.params import SamplingParams
 from tunix_agentic.inference.routing import Backend, Router
+from tunix_agentic.metrics.sink import NULL_METRICS, MetricsSink
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class EnginePool:
         failures_to_eject: int = 2,
         health_interval_s: float = 2.0,
         request_timeout_s: float | None = None,
-        metrics: Any = None,
+        metrics: MetricsSink | None = None,
         max_sessions: int = 100_000,
         close_backends: bool = True,
     ):
@@ -119,7 +120,7 @@ class EnginePool:
         self.request_timeout_s = request_timeout_s
         self.max_sessions = max_sessions
         self.close_backends = close_backends
-        self._metrics = metrics
+        self._metrics = NULL_METRICS if metrics is None else metrics
 
         # Assume the backends start in step; the version is known if they agree on one.
         versions = {b.version for b in backends}
@@ -334,8 +335,7 @@ class EnginePool:
     # ---------------------------------------------------------------- routing
     def _add_in_flight(self, b: Backend, delta: int) -> None:
         self._router.add_in_flight(b, delta)
-        if self._metrics is not None:
-            self._metrics.gauge("pool/in_flight", self.in_flight)
+        self._metrics.gauge("pool/in_flight", self.in_flight)
 
     async def _call(
         self,
@@ -432,5 +432,4 @@ class EnginePool:
                 logger.exception("engine pool health check failed")
 
     def _count(self, name: str) -> None:
-        if self._metrics is not None:
-            self._metrics.count(name)
+        self._metrics.count(name)
