@@ -14,9 +14,9 @@ JAX until one is used, and a module is imported only when a name from it is.
 
 from __future__ import annotations
 
-import importlib
 from importlib import metadata
-from typing import Any
+
+from tunix_agentic.lazy import lazy_exports
 
 try:
     __version__ = metadata.version("tunix-agentic")
@@ -87,14 +87,4 @@ _API: dict[str, str] = {
 __all__ = sorted(_API)
 
 
-def __getattr__(name: str) -> Any:
-    module = _API.get(name)
-    if module is None:
-        raise AttributeError(f"module 'tunix_agentic' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _API, globals())

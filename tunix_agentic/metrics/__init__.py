@@ -6,9 +6,7 @@ code that only needs :class:`NullMetrics` does not import it.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from tunix_agentic.lazy import lazy_exports
 from tunix_agentic.metrics.sink import NULL_METRICS, MetricsSink, NullMetrics
 
 _LAZY = {
@@ -19,14 +17,4 @@ _LAZY = {
 __all__ = ["NULL_METRICS", "MetricsRecorder", "MetricsSink", "NullMetrics", "read_scalars"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'tunix_agentic.metrics' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

@@ -6,8 +6,7 @@ only) starts without loading JAX.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from tunix_agentic.lazy import lazy_exports
 
 _API = {
     "SGLangEngine": "tunix_agentic.serving.client",
@@ -21,14 +20,4 @@ _API = {
 __all__ = sorted(_API)
 
 
-def __getattr__(name: str) -> Any:
-    module = _API.get(name)
-    if module is None:
-        raise AttributeError(f"module 'tunix_agentic.serving' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _API, globals())
