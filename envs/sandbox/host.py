@@ -23,7 +23,7 @@ import signal
 import stat
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,22 +44,27 @@ def _start_time(pid: int) -> int | None:
         return None
 
 
-def _uid_tasks(uid: int) -> tuple[list[int], int]:
-    """Pids whose real uid is ``uid``, and their total thread count (what RLIMIT_NPROC counts)."""
-    pids: list[int] = []
-    threads = 0
+def _proc_statuses() -> Iterator[tuple[int, bytes]]:
+    """``(pid, /proc/PID/status)`` of every process that can still be read."""
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return pids, threads
+        return
     for name in entries:
         if not name.isdigit():
             continue
         try:
             with open(f"/proc/{name}/status", "rb") as f:
-                status = f.read()
+                yield int(name), f.read()
         except OSError:
             continue
+
+
+def _uid_tasks(uid: int) -> tuple[list[int], int]:
+    """Pids whose real uid is ``uid``, and their total thread count (what RLIMIT_NPROC counts)."""
+    pids: list[int] = []
+    threads = 0
+    for pid, status in _proc_statuses():
         real_uid = count = None
         for line in status.splitlines():
             if line.startswith(b"Uid:"):
@@ -67,7 +72,7 @@ def _uid_tasks(uid: int) -> tuple[list[int], int]:
             elif line.startswith(b"Threads:"):
                 count = int(line.split()[1])
         if real_uid == uid:
-            pids.append(int(name))
+            pids.append(pid)
             threads += count or 1
     return pids, threads
 
@@ -273,23 +278,12 @@ def _uid_owners(first: int, last: int) -> dict[int, int]:
     """``{uid: a pid}`` for uids in ``first .. last`` that some process runs with (any of its
     real, effective, saved and filesystem uids)."""
     found: dict[int, int] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return found
-    for name in entries:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/status", "rb") as f:
-                status = f.read()
-        except OSError:
-            continue
+    for pid, status in _proc_statuses():
         for line in status.splitlines():
             if line.startswith(b"Uid:"):
                 for uid in {int(v) for v in line.split()[1:]}:
                     if first <= uid <= last:
-                        found.setdefault(uid, int(name))
+                        found.setdefault(uid, pid)
                 break
     return found
 
