@@ -280,7 +280,8 @@ async def test_workspace_and_tmp_together_hold_at_most_disk_mb():
         fill = "head -c 20M /dev/zero > /tmp/a; head -c 20M /dev/zero > b; echo rc=$?"
         full = await sb.run(fill)
         dirs = (sb.workdir, sb.workdir.parent / "tmp")
-        held = sum(p.stat().st_size for d in dirs for p in d.iterdir())
+        # Regular files only: a read-only path under /tmp (CI's venv) is a directory there.
+        held = sum(p.lstat().st_size for d in dirs for p in d.iterdir() if p.is_file())
         fs = os.statvfs(sb.workdir)
         again = await sb.run("rm /tmp/a && head -c 20M /dev/zero > c && echo fits")
     assert "No space left on device" in full.output and "rc=1" in full.output
