@@ -6,12 +6,8 @@ Each test drives the real orchestrator with a real JAX engine on a tiny model.
 import asyncio
 import itertools
 import json
-import os
 import random
-import select
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -32,7 +28,7 @@ from tunix_agentic.rollout import RolloutConfig, RolloutOrchestrator
 from tunix_agentic.rollout.episode import InfraFailureError, InitResult, episode_seed
 from tunix_agentic.rollout.outages import backoff_delay
 from tunix_agentic.serving.env_server import EnvServerConfig, start_env_server
-from tunix_agentic.testing import TINY_RUN_OVERRIDES, memorize, tiny_model
+from tunix_agentic.testing import TINY_RUN_OVERRIDES, memorize, spawn_serve_env, tiny_model
 from tunix_agentic.testing import arithmetic_demonstration as demonstration
 from tunix_agentic.trainer import train
 
@@ -355,27 +351,6 @@ def test_backoff_delays_are_jittered_exponential_and_bounded():
         assert len(set(delays)) == 200  # jittered: no two retries come back together
 
 
-def _serve_env(port: int, log: Path) -> subprocess.Popen:
-    """``tunix-agentic serve-env --env arithmetic --port PORT`` as a process, once it listens."""
-    env = {k: v for k, v in os.environ.items() if k != "TUNIX_AGENTIC_API_KEY"}
-    with log.open("a") as err:  # a file, not a pipe: a full pipe would stall the server
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tunix_agentic.cli.main", "serve-env", "--env", "arithmetic"]
-            + ["--port", str(port)],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-            env={**env, "JAX_PLATFORMS": "cpu"},
-        )
-    ready, _, _ = select.select([proc.stdout], [], [], 60)
-    line = proc.stdout.readline() if ready else ""
-    if not line.startswith("serving env "):
-        proc.kill()
-        raise AssertionError(f"serve-env did not start: {line!r} {log.read_text()[-2000:]}")
-    return proc
-
-
 def _logged_rl_step(run: Path) -> int:
     log = run / "tensorboard" / "metrics.jsonl"
     steps = [0]
@@ -405,7 +380,7 @@ def test_a_training_run_goes_on_through_a_sigkilled_and_restarted_env_server(tmp
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     run = tmp_path / "run"
-    servers = [_serve_env(port, tmp_path / "serve-env.log")]
+    servers = [spawn_serve_env("--env", "arithmetic", port=port, log=tmp_path / "serve-env.log")[0]]
     killed: list[int] = []
 
     def kill_and_restart() -> None:
@@ -417,7 +392,9 @@ def test_a_training_run_goes_on_through_a_sigkilled_and_restarted_env_server(tmp
         servers[0].kill()
         servers[0].wait()
         killed.append(_logged_rl_step(run))
-        servers.append(_serve_env(port, tmp_path / "serve-env.log"))
+        servers.append(
+            spawn_serve_env("--env", "arithmetic", port=port, log=tmp_path / "serve-env.log")[0]
+        )
 
     source = (
         "tasks=[{name: arithmetic, env: remote, tasks_from: arithmetic, env_kwargs: "

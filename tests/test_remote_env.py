@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
-import select
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import aiohttp
 import numpy as np
@@ -38,34 +34,14 @@ from tunix_agentic.models.char_tokenizer import CharTokenizer
 from tunix_agentic.rollout import RolloutConfig, RolloutOrchestrator
 from tunix_agentic.rollout.episode import InitResult
 from tunix_agentic.serving.env_server import EnvServerConfig, start_env_server
-from tunix_agentic.testing import memorize, tiny_model
+from tunix_agentic.testing import memorize, spawn_serve_env, tiny_model
 
-REPO = Path(__file__).resolve().parents[1]
 TEMPLATE = ChatTemplate(CharTokenizer(128))
 TASKS = [make_arithmetic_task(i, seed=0, split="train") for i in range(3)]
 GREEDY = AgentConfig(max_turns=3, max_new_tokens=40, temperature=0.0)
 
 
 # --- a real server process ------------------------------------------------------------------
-
-
-def spawn_server(*args: str) -> tuple[subprocess.Popen, str]:
-    """``tunix-agentic serve-env ARGS --port 0`` as a process, and its URL once it listens."""
-    env = {k: v for k, v in os.environ.items() if k != "TUNIX_AGENTIC_API_KEY"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tunix_agentic.cli.main", "serve-env", *args, "--port", "0"],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**env, "JAX_PLATFORMS": "cpu"},
-    )
-    ready, _, _ = select.select([proc.stdout], [], [], 60)
-    line = proc.stdout.readline() if ready else ""
-    if not line.startswith("serving env "):
-        proc.kill()
-        raise AssertionError(f"server did not start: {line!r} {proc.stderr.read()!r}")
-    return proc, line.split()[-1]
 
 
 def stop(proc: subprocess.Popen) -> int:
@@ -80,7 +56,7 @@ def stop(proc: subprocess.Popen) -> int:
 
 @pytest.fixture(scope="module")
 def server():
-    proc, url = spawn_server("--env", "arithmetic")
+    proc, url = spawn_serve_env("--env", "arithmetic")
     yield url
     assert stop(proc) == 0  # a clean shutdown on SIGTERM
 
@@ -182,7 +158,7 @@ async def test_orchestrator_runs_remote_episodes_like_local_ones(server, tool_us
 
 async def test_killed_server_mid_episode_is_an_infrastructure_failure(tool_user):
     model, _ = tool_user
-    proc, url = spawn_server("--env", "arithmetic")
+    proc, url = spawn_serve_env("--env", "arithmetic")
     env = RemoteEnv(url, env_name="arithmetic", timeout_s=10)
     try:
         prompt = await env.reset(TASKS[0])  # INIT done on the server...

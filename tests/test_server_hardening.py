@@ -7,11 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import select
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import aiohttp
@@ -29,7 +25,7 @@ from tunix_agentic.inference import EngineConfig, JaxEngine
 from tunix_agentic.serving import engine_server, env_server
 from tunix_agentic.serving.env_server import EnvServerConfig, start_env_server
 from tunix_agentic.serving.http import ServerTimeouts
-from tunix_agentic.testing import tiny_model
+from tunix_agentic.testing import spawn_serve_env, tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_CONFIG = str(REPO / "configs" / "calculator_tiny.yaml")
@@ -81,31 +77,13 @@ def test_register_env_checks_client_kwargs():
         register_env("test-hardening-bad", client_kwargs=("no_such_knob",))(ArithmeticEnv)
 
 
-def _spawn(*args: str) -> tuple[subprocess.Popen, str]:
-    env = {k: v for k, v in os.environ.items() if k != "TUNIX_AGENTIC_API_KEY"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tunix_agentic.cli.main", "serve-env", *args, "--port", "0"],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**env, "JAX_PLATFORMS": "cpu"},
-    )
-    ready, _, _ = select.select([proc.stdout], [], [], 60)
-    line = proc.stdout.readline() if ready else ""
-    if not line.startswith("serving env "):
-        proc.kill()
-        raise AssertionError(f"server did not start: {line!r} {proc.stderr.read()!r}")
-    return proc, line.split()[-1]
-
-
 async def test_episodes_run_in_the_operators_sandbox(tmp_path):
     """serve-env --config RUN.yaml: its env.sandbox section is every episode's sandbox, and
     a client asking for another gets a 400 naming the key."""
     config = tmp_path / "run.yaml"
     policy = {"cpu_s": 17, "memory_mb": 1536, "max_procs": 48}
     config.write_text(yaml.safe_dump({"env": {"name": "swe_lite", "sandbox": policy}}))
-    proc, url = _spawn("--env", "swe_lite", "--config", str(config))
+    proc, url = spawn_serve_env("--env", "swe_lite", "--config", str(config))
     try:
         hostile = RemoteEnv(url, env_kwargs={"sandbox": {"backend": "process", "cpu_s": 1000}})
         task = RepoTasks().task(0, seed=0, split="train")

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import select
+import subprocess
+import sys
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -101,3 +107,29 @@ def cli(*args: str) -> list[str]:
 
     boot = "import sys; from tunix_agentic.cli.main import main; sys.exit(main(sys.argv[1:]))"
     return [sys.executable, "-c", boot, *args]
+
+
+def spawn_serve_env(
+    *args: str, port: int = 0, log: Path | None = None
+) -> tuple[subprocess.Popen, str]:
+    """``tunix-agentic serve-env ARGS --port PORT`` as a process (no API key, JAX on CPU),
+    and its URL once it listens. ``log``: append its stderr to this file instead of a
+    pipe (a long-running server would stall on a full pipe)."""
+    env = {k: v for k, v in os.environ.items() if k != "TUNIX_AGENTIC_API_KEY"}
+    argv = [sys.executable, "-m", "tunix_agentic.cli.main", "serve-env", *args]
+    with open(log, "a") if log is not None else contextlib.nullcontext(subprocess.PIPE) as err:
+        proc = subprocess.Popen(
+            [*argv, "--port", str(port)],
+            cwd=Path(__file__).resolve().parents[1],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env={**env, "JAX_PLATFORMS": "cpu"},
+        )
+    ready, _, _ = select.select([proc.stdout], [], [], 60)
+    line = proc.stdout.readline() if ready else ""
+    if not line.startswith("serving env "):
+        proc.kill()
+        detail = Path(log).read_text()[-2000:] if log is not None else proc.stderr.read()
+        raise AssertionError(f"serve-env did not start: {line!r} {detail!r}")
+    return proc, line.split()[-1]
