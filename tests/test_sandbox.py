@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -466,6 +467,38 @@ async def test_an_exception_inside_async_with_leaves_nothing():
             assert _wait_until(lambda: len(_pids_with(marker)) >= 2, 5)
             raise RuntimeError("agent crashed")
     assert _pids_with(marker) == [] and not top.exists()
+
+
+async def test_a_start_cancelled_while_the_directory_is_made_leaves_nothing(monkeypatch):
+    """Ctrl-C during an episode's INIT cancels ``start`` while its worker thread is still
+    taking the directory: the thread finishes, then releases it (CI once found one left)."""
+    import tunix_agentic.envs.sandbox.resources as resources
+
+    taken, go_on = threading.Event(), threading.Event()
+    real = resources._allocate
+
+    def slow_allocate(res, config, backend):
+        out = real(res, config, backend)
+        taken.set()
+        go_on.wait(30)
+        return out
+
+    monkeypatch.setattr(resources, "_allocate", slow_allocate)
+    sb = Sandbox(SandboxConfig(backend="process"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SandboxIsolationWarning)
+        task = asyncio.ensure_future(sb.start())
+        assert await asyncio.to_thread(taken.wait, 30)
+        made = sb._res.dir
+        assert made is not None and made.is_dir()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert sb.closed and made.is_dir()  # the thread still holds it...
+    go_on.set()
+    assert await _until(lambda: not made.exists())  # ...and removes it when done
+    with pytest.raises(SandboxError, match="closed"):
+        await sb.start()
 
 
 PARENT_SCRIPT = """

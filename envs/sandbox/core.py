@@ -125,7 +125,12 @@ class Sandbox:
             )
         # Off the loop: a sweep may remove a dead episode's large tree.
         loop = asyncio.get_running_loop()
-        taken = await loop.run_in_executor(None, allocate, self._res, self.config, backend)
+        try:
+            taken = await loop.run_in_executor(None, allocate, self._res, self.config, backend)
+        except BaseException:
+            # Failed or cancelled (the thread goes on: allocate releases once it is done).
+            self.close_sync()
+            raise
         self.workdir, self._tmp, self.uid = taken.workdir, taken.tmp, taken.uid
         self._nproc, self._cgroup_procs, self.totals = taken.nproc, taken.cgroup_procs, taken.totals
         warn_unbounded(self.totals)

@@ -18,6 +18,7 @@ import os
 import secrets
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import Any
 
 import ptyprocess
 
-from tunix_agentic.envs.sandbox.config import SandboxConfig
+from tunix_agentic.envs.sandbox.config import SandboxConfig, SandboxError
 from tunix_agentic.envs.sandbox.host import (
     _HELD_UIDS,
     _kill_uid,
@@ -66,6 +67,11 @@ class _Resources:
         self.procs: dict[int, Any] = {}  # pid -> asyncio Process | PtyProcess | Popen
         self.dying: set[int] = set()  # inits of killed sandboxes' PID namespaces
         self.released = False
+        # allocate() runs in a worker thread: a release asked for meanwhile (the sandbox was
+        # closed, or dropped when its start was cancelled) is left to allocate to carry out
+        # once it has taken everything, so nothing it takes after the release is left behind.
+        self._lock = threading.RLock()  # re-entrant: a finalizer may run in allocate's thread
+        self.allocating = False
 
     def kill(self, pid: int) -> None:
         """SIGKILLs a tracked process's group, and the PID namespace its bwrap made.
@@ -105,9 +111,16 @@ class _Resources:
                 await asyncio.sleep(0.005)
 
     def release(self) -> None:
-        if self.released:
-            return
-        self.released = True
+        """Releases everything; during :func:`allocate`, as soon as it has finished."""
+        with self._lock:
+            if self.released:
+                return
+            self.released = True
+            if self.allocating:
+                return
+        self._release()
+
+    def _release(self) -> None:
         for pid in list(self.procs):
             self.kill(pid)
         for pid, handle in list(self.procs.items()):
@@ -151,7 +164,25 @@ def allocate(res: _Resources, config: SandboxConfig, backend: str) -> Allocation
     Sweeps orphans (at most every :data:`_SWEEP_EVERY_S` per process), leases a uid under
     root, makes the directory (a tmpfs of ``disk_mb`` under root) and the cgroups. Blocking:
     run it off the event loop. What was taken before a failure is in ``res``, released with it.
+    A release of ``res`` asked for while this runs happens when it returns, which then raises
+    :class:`SandboxError`.
     """
+    with res._lock:
+        if res.released:
+            raise SandboxError("the sandbox was closed before it started")
+        res.allocating = True
+    try:
+        return _allocate(res, config, backend)
+    finally:
+        with res._lock:
+            res.allocating = False
+            late = res.released
+        if late:
+            res._release()
+            raise SandboxError("the sandbox was closed while it started")
+
+
+def _allocate(res: _Resources, config: SandboxConfig, backend: str) -> Allocation:
     root = _sandboxes_root()
     global _LAST_SWEEP
     if time.monotonic() - _LAST_SWEEP > _SWEEP_EVERY_S:
