@@ -1,20 +1,20 @@
-"""Learners: GRPO and SFT in Flax NNX + optax, with pure advantage and loss functions."""
+"""Learners: GRPO and SFT in Flax NNX + optax, with pure advantage and loss functions.
 
-from tunix_agentic.learners.advantages import get_advantage_fn
-from tunix_agentic.learners.batching import grpo_batch, pad_rows
-from tunix_agentic.learners.grpo import GRPOConfig, GRPOLearner
-from tunix_agentic.learners.losses import grpo_loss
-from tunix_agentic.learners.sft import SFTTrainer
-from tunix_agentic.learners.state import OptimizerConfig, TrainState
+The names below load on first use (:mod:`tunix_agentic.lazy`): importing a config module
+of this package (``configs``, ``grpo_config``) never loads JAX."""
 
-__all__ = [
-    "GRPOConfig",
-    "GRPOLearner",
-    "OptimizerConfig",
-    "SFTTrainer",
-    "TrainState",
-    "get_advantage_fn",
-    "grpo_batch",
-    "grpo_loss",
-    "pad_rows",
-]
+from tunix_agentic.lazy import lazy_exports
+
+_API = {
+    "GRPOConfig": "tunix_agentic.learners.grpo_config",
+    "GRPOLearner": "tunix_agentic.learners.grpo",
+    "OptimizerConfig": "tunix_agentic.learners.configs",
+    "SFTTrainer": "tunix_agentic.learners.sft",
+    "TrainState": "tunix_agentic.learners.state",
+    "get_advantage_fn": "tunix_agentic.learners.advantages",
+    "grpo_batch": "tunix_agentic.learners.batching",
+    "grpo_loss": "tunix_agentic.learners.losses",
+    "pad_rows": "tunix_agentic.learners.batching",
+}
+__all__ = sorted(_API)
+__getattr__, __dir__ = lazy_exports(__name__, _API, globals())

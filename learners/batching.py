@@ -13,8 +13,7 @@ import numpy as np
 from flax import struct
 
 from tunix_agentic.learners.advantages import BatchAdvantage, overlong_penalty, turn_advantages
-
-OVERLONG_MODES = ("none", "mask", "penalty")
+from tunix_agentic.learners.configs import OVERLONG_MODES, check_overlong  # noqa: F401
 
 Array = Any  # np.ndarray on the host, jax.Array once placed
 
@@ -55,18 +54,6 @@ class SFTBatch:
 
     input_ids: Array  # [R, T] int32
     loss_mask: Array  # [R, T] float32: 1 on the target tokens (the assistant's turns)
-
-
-def check_overlong(overlong: str, max_len: int, cache_len: int, prefix: str = "") -> None:
-    """ValueError unless ``overlong`` is a known mode whose penalty settings are DAPO's
-    (``0 < cache_len <= max_len``); ``prefix`` names the config section in the message."""
-    if overlong not in OVERLONG_MODES:
-        raise ValueError(f"unknown {prefix}overlong mode {overlong!r}; known: {OVERLONG_MODES}")
-    if overlong == "penalty" and not 0 < cache_len <= max_len:
-        raise ValueError(
-            f"{prefix}overlong='penalty' needs 0 < overlong_cache_len <= overlong_max_len, "
-            f"got {cache_len} and {max_len}"
-        )
 
 
 def bucket_length(n: int, multiple: int = 64, geometric: bool = False) -> int:

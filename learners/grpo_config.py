@@ -8,11 +8,14 @@ import dataclasses
 import warnings
 
 from tunix_agentic.learners.advantages import get_advantage_fn
-from tunix_agentic.learners.batching import check_overlong
-from tunix_agentic.learners.lora import LoRAConfig
-from tunix_agentic.learners.losses import AGGREGATIONS, PolicyLossConfig
-from tunix_agentic.learners.state import OptimizerConfig
-from tunix_agentic.sharding import MeshConfig
+from tunix_agentic.learners.configs import (
+    AGGREGATIONS,
+    LoRAConfig,
+    OptimizerConfig,
+    PolicyLossConfig,
+    check_overlong,
+)
+from tunix_agentic.mesh_config import MeshConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,42 +12,13 @@ rollouts never keep sampling the base policy.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-@dataclasses.dataclass(frozen=True)
-class LoRAConfig:
-    """``rank`` 0 turns LoRA off (full fine-tuning)."""
-
-    rank: int = 0
-    alpha: float = 16.0
-    targets: tuple[str, ...] = ALL_LINEAR
-
-    def __post_init__(self):
-        if self.rank < 0:
-            raise ValueError(f"lora.rank must be >= 0, got {self.rank}")
-        if not self.alpha > 0:
-            raise ValueError(f"lora.alpha must be > 0, got {self.alpha}")
-        unknown = set(self.targets) - set(ALL_LINEAR)
-        if unknown or not self.targets:
-            raise ValueError(
-                f"lora.targets must be a non-empty subset of {ALL_LINEAR}, got {self.targets}"
-            )
-
-    @property
-    def enabled(self) -> bool:
-        return self.rank > 0
-
-    @property
-    def scale(self) -> float:
-        return self.alpha / self.rank
+from tunix_agentic.learners.configs import ALL_LINEAR, LoRAConfig  # noqa: F401  (re-exported)
 
 
 def _key(path: Any) -> str:

@@ -13,16 +13,17 @@ whole batch's values exactly.
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 
-AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
-POLICY_LOSS_TYPES = ("ppo", "gspo")
-KL_ESTIMATORS = ("k1", "k2", "k3")
-KL_PENALTIES = ("loss", "reward")
-OFF_POLICY_MASKS = ("none", "sequence", "token")
+from tunix_agentic.learners.configs import (  # noqa: F401  (re-exported)
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    KL_PENALTIES,
+    OFF_POLICY_MASKS,
+    POLICY_LOSS_TYPES,
+    PolicyLossConfig,
+)
 
 
 def aggregate(
@@ -66,68 +67,6 @@ def metric_weights(mask: jnp.ndarray) -> jnp.ndarray:
     whole batch)``, so every metric is a token mean (a row metric weighs each row by its
     token count). Compute over the whole batch, then slice by rows."""
     return aggregation_weights(mask, "token_mean")
-
-
-@dataclasses.dataclass(frozen=True)
-class PolicyLossConfig:
-    """The knobs of :func:`policy_loss` (hashable: a static argument under jit).
-
-    The defaults reproduce the plain clipped surrogate of :func:`grpo_loss`.
-
-    - ``loss_type``: "ppo" (token ratios) or "gspo" (one sequence ratio per row).
-    - ``clip_low``/``clip_high``: the ratio's trust region ``[1 - low, 1 + high]``.
-    - ``dual_clip``: c > 1 caps a negative-advantage token's loss at ``-c * A``; 0 is off.
-    - ``kl_coef``/``kl_estimator``/``kl_ratio_corrected``/``kl_penalty``: the KL to a
-      reference policy, as a loss term ("loss") or folded into the advantage by the caller
-      with :func:`kl_penalized_advantages` ("reward").
-    - ``entropy_coef``: an entropy bonus (the loss subtracts ``coef * entropy``).
-    - ``tis_cap``: truncated importance weights ``min(p_prox / p_behaviour, tis_cap)``.
-    - ``off_policy_mask``/``off_policy_low``/``off_policy_high``: drop whole rows
-      ("sequence") or tokens ("token", IcePop) whose proximal/behaviour ratio leaves
-      ``[off_policy_low, off_policy_high]``.
-    """
-
-    loss_type: str = "ppo"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float = 0.0
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"
-    kl_ratio_corrected: bool = False
-    kl_penalty: str = "loss"
-    entropy_coef: float = 0.0
-    tis_cap: float = 0.0
-    off_policy_mask: str = "none"
-    off_policy_low: float = 0.5
-    off_policy_high: float = 2.0
-
-    def __post_init__(self):
-        for field, known in (
-            ("loss_type", POLICY_LOSS_TYPES),
-            ("kl_estimator", KL_ESTIMATORS),
-            ("kl_penalty", KL_PENALTIES),
-            ("off_policy_mask", OFF_POLICY_MASKS),
-        ):
-            if getattr(self, field) not in known:
-                raise ValueError(
-                    f"learner.{field} must be one of {known}, got {getattr(self, field)!r}"
-                )
-        if not 0 <= self.clip_low < 1:
-            raise ValueError(f"learner.clip_low must be in [0, 1), got {self.clip_low}")
-        if self.clip_high < 0:
-            raise ValueError(f"learner.clip_high must be >= 0, got {self.clip_high}")
-        if self.dual_clip != 0 and not self.dual_clip > 1:
-            raise ValueError(f"learner.dual_clip must be 0 (off) or > 1, got {self.dual_clip}")
-        if self.kl_coef < 0:
-            raise ValueError(f"learner.kl_coef must be >= 0, got {self.kl_coef}")
-        if self.entropy_coef < 0:
-            raise ValueError(f"learner.entropy_coef must be >= 0, got {self.entropy_coef}")
-        if self.tis_cap < 0 or 0 < self.tis_cap < 1:
-            raise ValueError(f"learner.tis_cap must be 0 (off) or >= 1, got {self.tis_cap}")
-        if not 0 < self.off_policy_low <= 1:
-            raise ValueError(f"learner.off_policy_low must be in (0, 1], got {self.off_policy_low}")
-        if self.off_policy_high < 1:
-            raise ValueError(f"learner.off_policy_high must be >= 1, got {self.off_policy_high}")
 
 
 def kl_estimate(logprobs: jnp.ndarray, ref_logprobs: jnp.ndarray, estimator: str) -> jnp.ndarray:

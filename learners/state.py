@@ -7,7 +7,6 @@ train step pure and makes checkpointing and weight sync plain tree operations.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax
@@ -16,46 +15,8 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
+from tunix_agentic.learners.configs import OptimizerConfig  # noqa: F401  (re-exported)
 from tunix_agentic.sharding import shard_tree, tree_shardings
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimizerConfig:
-    learning_rate: float = 3e-4
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    warmup_steps: int = 0
-    # > 0: after the warm-up, a cosine decay to ``learning_rate * final_lr_fraction`` over
-    # this many steps (then constant); 0: constant after the warm-up.
-    decay_steps: int = 0
-    final_lr_fraction: float = 0.0
-    b1: float = 0.9
-    b2: float = 0.99
-    # "float32": keep a float32 master copy of bfloat16/float16 weights (the optimizer's
-    # state too); the model still computes in its own dtype and the engine gets its dtype
-    # back. "": train the weights in their own dtype (small steps round away in bf16).
-    master_dtype: str = ""
-
-    def __post_init__(self):
-        if not self.learning_rate > 0:
-            raise ValueError(f"optimizer.learning_rate must be > 0, got {self.learning_rate}")
-        if self.weight_decay < 0:
-            raise ValueError(f"optimizer.weight_decay must be >= 0, got {self.weight_decay}")
-        if not self.max_grad_norm > 0:
-            raise ValueError(f"optimizer.max_grad_norm must be > 0, got {self.max_grad_norm}")
-        if self.warmup_steps < 0 or self.decay_steps < 0:
-            raise ValueError(
-                "optimizer.warmup_steps and optimizer.decay_steps must be >= 0, got "
-                f"{self.warmup_steps} and {self.decay_steps}"
-            )
-        if self.master_dtype not in ("", "float32"):
-            raise ValueError(
-                f"optimizer.master_dtype must be '' or 'float32', got {self.master_dtype!r}"
-            )
-        if not 0.0 <= self.final_lr_fraction <= 1.0:
-            raise ValueError(
-                f"optimizer.final_lr_fraction must be in [0, 1], got {self.final_lr_fraction}"
-            )
 
 
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:

@@ -8,6 +8,7 @@ out-of-range value raises ``ValueError`` naming the dotted key.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import types
 import typing
@@ -22,9 +23,9 @@ from tunix_agentic.agent.loop import AgentConfig
 from tunix_agentic.envs.base import available_envs, import_env_modules
 from tunix_agentic.envs.sandbox import SandboxConfig
 from tunix_agentic.inference.config import EngineConfig
-from tunix_agentic.learners.grpo import GRPOConfig
-from tunix_agentic.learners.state import OptimizerConfig
-from tunix_agentic.models.transformer import ModelConfig
+from tunix_agentic.learners.configs import OptimizerConfig
+from tunix_agentic.learners.grpo_config import GRPOConfig
+from tunix_agentic.models.config import ModelConfig
 from tunix_agentic.rollout.config import RolloutConfig
 
 
@@ -278,7 +279,13 @@ def from_dict(cls: type, data: dict[str, Any], *, prefix: str = "") -> Any:
         key = aliases.get(key, key)
         dotted = f"{prefix}.{key}" if prefix else str(key)
         if key not in names:
-            raise ValueError(f"unknown config key '{dotted}'; known keys here: {', '.join(names)}")
+            # The names a user writes: an aliased field by its alias (env.import).
+            shown = [next((a for a, f in aliases.items() if f == n), n) for n in names]
+            close = difflib.get_close_matches(str(key), shown, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ValueError(
+                f"unknown config key '{dotted}'{hint} (known keys here: {', '.join(shown)})"
+            )
         kwargs[key] = _convert(hints[key], value, dotted)
     try:
         return cls(**kwargs)

@@ -26,7 +26,6 @@ building anything; ``jax.devices()`` is then every process's devices and
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -34,6 +33,8 @@ from typing import Any
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from tunix_agentic.mesh_config import MeshConfig, _parse_range  # noqa: F401  (re-exported)
 
 AXES = ("fsdp", "tp")
 
@@ -61,44 +62,10 @@ DEFAULT_RULES: dict[str, str | None] = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class MeshConfig:
-    """``fsdp`` x ``tp`` devices; ``fsdp: -1`` takes all the devices ``tp`` leaves.
-
-    ``devices``: which of ``jax.devices()`` the mesh uses, as ``"start:stop"``
-    (empty: all of them); a disaggregated run gives the learner and the engine
-    different ranges.
-    """
-
-    fsdp: int = 1
-    tp: int = 1
-    devices: str = ""
-
-    def __post_init__(self):
-        if self.fsdp == 0 or self.fsdp < -1:
-            raise ValueError(f"mesh.fsdp must be >= 1 or -1 (all devices), got {self.fsdp}")
-        if self.tp < 1:
-            raise ValueError(f"mesh.tp must be >= 1, got {self.tp}")
-        if self.devices:
-            _parse_range(self.devices)
-
-    @property
-    def trivial(self) -> bool:
-        """One device, the default: nothing to shard."""
-        return self.fsdp == 1 and self.tp == 1 and not self.devices
+_ONE_DEVICE = MeshConfig()
 
 
-def _parse_range(spec: str) -> slice:
-    try:
-        start, stop = (int(x) if x.strip() else None for x in spec.split(":"))
-    except ValueError:
-        raise ValueError(
-            f"mesh.devices must look like 'start:stop' (e.g. '0:4'), got {spec!r}"
-        ) from None
-    return slice(start, stop)
-
-
-def make_mesh(cfg: MeshConfig = MeshConfig(), devices: Sequence[Any] | None = None) -> Mesh:
+def make_mesh(cfg: MeshConfig = _ONE_DEVICE, devices: Sequence[Any] | None = None) -> Mesh:
     """A ``(fsdp, tp)`` mesh over ``devices`` (default: ``cfg.devices`` of ``jax.devices()``)."""
     if devices is None:
         devices = jax.devices()

@@ -13,14 +13,20 @@ import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import grain
+from typing import TYPE_CHECKING, Any
 
 from tunix_agentic.envs.base import SPLITS, Task, TaskSource
 
-# Tasks are generated in microseconds in memory; prefetch threads would only add GIL contention.
-_READ_OPTIONS = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+if TYPE_CHECKING:  # grain loads JAX: imported where a stream is built, not by the task readers
+    import grain
+
+
+def _read_options() -> grain.ReadOptions:
+    import grain
+
+    # Tasks are generated in microseconds in memory; prefetch threads would only add GIL
+    # contention.
+    return grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
 
 
 def _check(source: TaskSource, seed: int, split: str) -> None:
@@ -58,6 +64,8 @@ def task_dataset(
         raise ValueError(f"num_tasks must be positive, got {num_tasks} ({split} split)")
     if num_tasks > available:
         raise ValueError(f"the {split} split has {available} tasks, {num_tasks} were asked for")
+    import grain
+
     dataset = grain.MapDataset.range(num_tasks)
     if shuffle:
         dataset = dataset.shuffle(seed=seed)
@@ -74,7 +82,7 @@ def task_iterator(
     the same arguments continues exactly where the saved one stopped.
     """
     dataset = task_dataset(source, seed=seed, split=split, num_tasks=num_tasks, shuffle=True)
-    return iter(dataset.repeat().to_iter_dataset(_READ_OPTIONS))
+    return iter(dataset.repeat().to_iter_dataset(_read_options()))
 
 
 def heldout_tasks(source: TaskSource, n: int, *, seed: int) -> list[Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tunix_agentic.sharding import MeshConfig
+from tunix_agentic.mesh_config import MeshConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,87 @@
+"""The transformer's shape as configured (``model:`` of a run): plain Python, no JAX, so a
+run config loads where JAX is not wanted (rollout nodes)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shape of the transformer. Frozen and hashable, so it can be a jit static.
+
+    ``source: builtin`` (the default): the fields below define a fresh model and
+    the run uses the built-in character tokenizer. ``source: hf``: ``path`` is a
+    local Hugging Face model directory; its ``config.json`` fills in the shape
+    (:func:`tunix_agentic.models.hf.resolve_model_config`), its weights are
+    loaded, its tokenizer and chat template are used; ``dtype`` still applies.
+    """
+
+    vocab_size: int = 128
+    d_model: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 16
+    ffn_dim: int = 192
+    rope_theta: float = 10_000.0
+    norm_eps: float = 1e-6
+    qk_norm: bool = False
+    tie_embeddings: bool = True
+    dtype: str = "float32"
+    # RoPE frequency scaling: "none", or "llama3" (Llama 3.1+: long wavelengths divided by
+    # rope_scaling_factor, short ones kept, a smooth blend between; see rope_frequencies).
+    rope_scaling: str = "none"
+    rope_scaling_factor: float = 8.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_len: int = 8192
+    source: str = "builtin"
+    path: str = ""
+
+    def __post_init__(self):
+        for name in (
+            "vocab_size",
+            "d_model",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "ffn_dim",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model.{name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"model.num_heads ({self.num_heads}) must be a multiple of "
+                f"model.num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"model.head_dim must be even for RoPE, got {self.head_dim}")
+        if self.source not in ("builtin", "hf"):
+            raise ValueError(f"model.source must be 'builtin' or 'hf', got {self.source!r}")
+        if self.source == "hf" and not self.path:
+            raise ValueError("model.source=hf needs model.path (a local Hugging Face model dir)")
+        if self.rope_scaling not in ("none", "llama3"):
+            raise ValueError(
+                f"model.rope_scaling must be 'none' or 'llama3', got {self.rope_scaling!r}"
+            )
+        if self.rope_scaling == "llama3" and not (
+            self.rope_scaling_factor > 0
+            and self.rope_high_freq_factor > self.rope_low_freq_factor > 0
+            and self.rope_original_max_len > 0
+        ):
+            raise ValueError(
+                "model.rope_scaling=llama3 needs rope_scaling_factor > 0, "
+                "rope_high_freq_factor > rope_low_freq_factor > 0 and rope_original_max_len > 0"
+            )
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(
+                f"model.dtype must be float32, bfloat16 or float16, got {self.dtype!r}"
+            )
+
+    @property
+    def jnp_dtype(self):
+        import jax.numpy as jnp  # only the model needs it; the config loads without JAX
+
+        return jnp.dtype(self.dtype)
