@@ -6,7 +6,8 @@ Importing this package registers the built-in environments: ``"arithmetic"``
 interpreter), ``"swe_lite"`` (fix a bug in a small repository with bash and
 file_edit, judged by hidden tests) and ``"remote"`` (any environment served over
 HTTP by ``tunix-agentic serve-env``). The last two and math_python run their
-tools in a per-episode :class:`~tunix_agentic.envs.sandbox.Sandbox`.
+tools in a per-episode :class:`~tunix_agentic.envs.sandbox.Sandbox`. Your own tool-using
+environment subclasses :class:`ToolEnvironment` (tools declared with :func:`tool`).
 """
 
 from tunix_agentic.envs.base import (
@@ -21,6 +22,7 @@ from tunix_agentic.envs.base import (
     import_env_modules,
     make_env,
     register_env,
+    run_tool_calls,
 )
 from tunix_agentic.envs.calculator import (
     ArithmeticEnv,
@@ -38,7 +40,8 @@ from tunix_agentic.envs.remote import RemoteEnv, RemoteEnvError
 from tunix_agentic.envs.sandbox import Sandbox, SandboxConfig
 from tunix_agentic.envs.sandboxed import SandboxedEnv
 from tunix_agentic.envs.swe_lite import RepoTasks, SweLiteEnv
-from tunix_agentic.envs.tools import Tool, ToolResult, ToolUnavailable, call_tool
+from tunix_agentic.envs.tool_env import FunctionTool, ToolEnvironment, tool
+from tunix_agentic.envs.tools import Tool, ToolError, ToolResult, ToolUnavailable, call_tool
 
 __all__ = [
     "Action",
@@ -51,6 +54,7 @@ __all__ = [
     "Environment",
     "FrozenLakeEnv",
     "FrozenLakeTasks",
+    "FunctionTool",
     "MathPythonEnv",
     "MathTasks",
     "RemoteEnv",
@@ -65,6 +69,8 @@ __all__ = [
     "TaskSource",
     "Tool",
     "ToolCall",
+    "ToolEnvironment",
+    "ToolError",
     "ToolResult",
     "ToolUnavailable",
     "available_envs",
@@ -75,5 +81,7 @@ __all__ = [
     "make_arithmetic_task",
     "make_env",
     "register_env",
+    "run_tool_calls",
     "safe_eval",
+    "tool",
 ]

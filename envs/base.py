@@ -8,6 +8,7 @@ has ``done=True``, then ``evaluate()`` (the verifier, run in the orchestrator's 
 from __future__ import annotations
 
 import abc
+import difflib
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -63,14 +64,19 @@ async def run_tool_calls(
     """The usual reply to a turn of tool calls: each call run in order (never raising for
     the agent's mistakes, see :func:`call_tool`), then one error per malformed call, as
     ``{"role": "tool"}`` messages (and ``<tool_response>`` text); reward 0, not done,
-    ``info["tool_calls"]`` with each call's name, seconds and error flag (the agent loop
-    records them as ``tool/<name>`` times). :class:`ToolUnavailable` propagates."""
+    ``info["tool_calls"]`` with each call's name, seconds, error flag and error ``kind``
+    (the agent loop records them as ``time/tool/<name>`` and ``count/tool/<name>/error``).
+    :class:`ToolUnavailable` propagates. :class:`~tunix_agentic.envs.ToolEnvironment`
+    calls it for you."""
     outputs: list[str] = []
     records: list[dict[str, Any]] = []
     for call in action.tool_calls:
         res = await call_tool(tools, call, timeout=timeout)
         outputs.append(res.output)
-        records.append({"name": call.name, "seconds": res.seconds, "error": res.error})
+        record = {"name": call.name, "seconds": res.seconds, "error": res.error}
+        if res.kind is not None:
+            record["kind"] = res.kind
+        records.append(record)
     outputs.extend(f"error: {message}" for message in action.parse_errors)
     return StepResult(
         "".join(f"<tool_response>{out}</tool_response>" for out in outputs),
@@ -88,6 +94,11 @@ class Environment(abc.ABC):
     returns a :class:`StepResult`; ``evaluate()`` returns the final reward (the verifier, run in
     the EVAL stage); ``close()`` frees resources and is idempotent. ``tools`` maps tool names to
     :class:`~tunix_agentic.envs.tools.Tool` objects and may be empty.
+
+    A tool-using environment is simplest as a
+    :class:`~tunix_agentic.envs.tool_env.ToolEnvironment`, which runs the tool calls and
+    records them for the metrics; one written on this class directly answers a turn of
+    calls with :func:`run_tool_calls`, or ``tool_use`` and ``time/tool/<name>`` stay empty.
 
     Subclasses call ``super().__init__()``. The default :meth:`evaluate` sums
     ``self.step_rewards``; a subclass that keeps it appends each step's reward there and
@@ -262,6 +273,45 @@ def _keywords(factory: EnvFactory) -> frozenset[str] | None:
     if any(p.kind is p.VAR_KEYWORD for p in params):
         return None
     return frozenset(p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
+def keyword_problem(env: str, factory: Any, kwargs: dict[str, Any], *, where: str) -> str | None:
+    """Why ``factory`` (environment ``env``) cannot take ``kwargs`` (None if it can): a
+    keyword it does not take, with the ones it takes and the closest match, or a required
+    one that is missing. ``where`` names the config key they came from (``env.kwargs``)."""
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return None
+    params = sig.parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        accepted = None
+    else:
+        accepted = [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if accepted is not None:
+        for key in kwargs:
+            if key not in accepted:
+                close = difflib.get_close_matches(key, accepted, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                takes = ", ".join(accepted) or "no keywords"
+                return (
+                    f"{where}: environment {env!r} takes no keyword {key!r}{hint} "
+                    f"(it takes: {takes})"
+                )
+    try:
+        sig.bind(**kwargs)
+    except TypeError as exc:
+        missing = [
+            p.name
+            for p in params
+            if p.default is p.empty
+            and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+            and p.name not in kwargs
+        ]
+        if missing:
+            return f"{where}: environment {env!r} needs the keyword(s) {', '.join(missing)}"
+        return f"{where}: environment {env!r}: {exc}"
+    return None
 
 
 def env_client_kwargs(name: str) -> frozenset[str]:

@@ -147,6 +147,7 @@ class CalculatorTool(Tool):
         },
         "required": ["expression"],
     }
+    expected_errors = (ValueError,)  # a bad expression is the agent's, not the tool failing
 
     async def run(self, expression: str) -> str:  # type: ignore[override]
         """Returns ``format_number(safe_eval(expression))``; raises ``ValueError`` on bad input."""

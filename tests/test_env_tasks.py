@@ -449,10 +449,17 @@ def test_arithmetic_takes_tasks_from_a_file(tmp_path):
 @pytest.mark.parametrize(
     "overrides,message",
     [
-        (["env.name=countdown", "env.kwargs={formt_reward: 1}"], "does not take"),
+        (
+            ["env.name=countdown", "env.kwargs={formt_reward: 1}"],
+            "env.kwargs: environment 'countdown' takes no keyword 'formt_reward'; did you mean "
+            "'format_reward'\\? \\(it takes: tool_timeout, format_reward\\)",
+        ),
         (["tasks=[{heldout_file: HELD}]"], "has no train tasks"),
         (["seed=4294967295", "tasks=[{env: arithmetic, seed_offset: 1}]"], "seed must be in"),
-        (["env.name=remote", "tasks=[{tasks_from: arithmetic}]", "sft.steps=0"], "does not take"),
+        (
+            ["env.name=remote", "tasks=[{tasks_from: arithmetic}]", "sft.steps=0"],
+            r"needs the keyword\(s\) url",
+        ),
         (["tasks=[{train_file: TRAIN}]"], "provides demonstrations"),
     ],
     ids=["misspelt-kwarg", "heldout-only", "seed-range", "remote-without-url", "no-demos"],

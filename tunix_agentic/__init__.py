@@ -74,6 +74,9 @@ _API: dict[str, str] = {
     "ToolCall": "tunix_agentic.envs.tools",
     "ToolResult": "tunix_agentic.envs.tools",
     "ToolUnavailable": "tunix_agentic.envs.tools",
+    "ToolError": "tunix_agentic.envs.tools",
+    "ToolEnvironment": "tunix_agentic.envs.tool_env",
+    "tool": "tunix_agentic.envs.tool_env",
     # models and learners
     "Transformer": "tunix_agentic.models.transformer",
     "ModelConfig": "tunix_agentic.models.transformer",

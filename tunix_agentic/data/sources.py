@@ -21,8 +21,10 @@ from tunix_agentic.envs.base import (
     TaskSource,
     env_tasks,
     get_env_factory,
+    keyword_problem,
     make_env,
 )
+from tunix_agentic.envs.tool_env import ToolEnvironment
 
 
 class RunSources:
@@ -49,6 +51,7 @@ class RunSources:
         # tasks_from, weight, seed_offset, train_file, heldout_file, env_kwargs.
         self.specs = {s.name: s for s in specs}
         shared = {"tool_timeout": tool_timeout, "sandbox": sandbox}
+        self._tool_timeout = tool_timeout
         defaults = dict(env_kwargs or {})
         self.sources: dict[str, TaskSource] = {}
         for name, spec in self.specs.items():
@@ -82,13 +85,20 @@ class RunSources:
                 for key, value in shared.items():
                     if value is not None and key in sig.parameters:
                         kwargs.setdefault(key, value)
-                try:
-                    sig.bind(**kwargs)
-                except TypeError as exc:
-                    raise ValueError(
-                        f"tasks source {name!r}: environment {spec.env!r} does not take "
-                        f"{sorted(kwargs)}: {exc}"
-                    ) from None
+                # Name the key the user set: env.kwargs when this is the run's one
+                # environment, else this source's tasks[].env_kwargs.
+                own = {k: v for k, v in kwargs.items() if k not in shared}
+                where = (
+                    f"tasks source {name!r}: tasks[].env_kwargs"
+                    if spec.env_kwargs or spec.env != env_name
+                    else "env.kwargs"
+                )
+                problem = keyword_problem(spec.env, get_env_factory(spec.env), own, where=where)
+                problem = problem or keyword_problem(
+                    spec.env, get_env_factory(spec.env), kwargs, where=where
+                )
+                if problem:
+                    raise ValueError(problem)
             self._kwargs[name] = kwargs
 
     def env_kwargs(self, name: str) -> dict[str, Any]:
@@ -106,7 +116,14 @@ class RunSources:
                     f"(task_name={name!r}; sources: {', '.join(self.specs)})"
                 )
             name = next(iter(self.specs))
-        return make_env(self.specs[name].env, **self.env_kwargs(name))
+        env = make_env(self.specs[name].env, **self.env_kwargs(name))
+        if (
+            self._tool_timeout is not None
+            and isinstance(env, ToolEnvironment)
+            and "tool_timeout" not in self._kwargs[name]
+        ):  # env.tool_timeout_s reaches a ToolEnvironment whose __init__ does not take it
+            env.tool_timeout = self._tool_timeout
+        return env
 
     def train_stream(self, seed: int) -> TaskMixture:
         """The mixed, checkpointable train stream: each source by its weight."""

@@ -329,14 +329,7 @@ class RolloutOrchestrator:
             self.metrics.count("rollout/groups_filtered")
             streak = self.group_filter.filtered_in_a_row
             if streak >= self.config.max_filtered_in_a_row:
-                self._fail(
-                    RuntimeError(
-                        f"{streak} groups in a row had identical or low-variance rewards "
-                        f"(last: {group.rewards.tolist()}) and were filtered out: the policy "
-                        "never or always succeeds. Check the reward, the warm start, or set "
-                        "rollout.filter_uniform_groups=false"
-                    )
-                )
+                self._fail(RuntimeError(_all_filtered_message(streak, group.rewards.tolist())))
         return verdict
 
     def _fail(self, exc: Exception) -> None:
@@ -447,3 +440,21 @@ class RolloutOrchestrator:
             prepared=prepared,
             stream=stream,
         )
+
+
+def _all_filtered_message(streak: int, rewards: list[float]) -> str:
+    """Why the run stopped with every group filtered, and the knobs that change it."""
+    low = max(rewards, default=0.0) <= 0.0
+    cause = (
+        "the policy never succeeds: warm it up longer (sft.steps; check that the "
+        "demonstrations solve the tasks and the reward scores them 1)"
+        if low
+        else "the policy gets the same reward on every try: make the tasks harder or the "
+        "reward finer"
+    )
+    return (
+        f"{streak} groups in a row had identical or low-variance rewards (last: {rewards}) "
+        f"and were filtered out, so there is nothing to learn from: {cause}; or keep them "
+        "with rollout.filter_uniform_groups=false (and rollout.min_reward_std=0), or wait "
+        "longer with a higher rollout.max_filtered_in_a_row"
+    )

@@ -1,0 +1,217 @@
+"""Questions answered in a required sentence, without tools: tasks a small real model can
+learn on a CPU (``configs/smollm2_capitals_cpu.yaml``).
+
+``capital_format``: the agent is asked for a country's capital and must end its reply
+with ``The answer is Paris.``; ``arithmetic_format``: ``What is 37 + 48?``, ending with
+``The answer is 85.``. Reward 1.0 when the reply's last such sentence holds the right
+answer, else 0.0; one turn per episode. A pretrained instruct model
+(SmolLM2-135M-Instruct) knows many capitals but often answers in prose without the
+sentence, so it starts well below the ceiling and reinforcement teaches it the format
+(two-digit sums it mostly gets wrong: a harder task). The ``train`` and ``heldout``
+splits never share a question (split by a stable hash).
+Register them with ``env.import: tunix_agentic.envs.answer_format``.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tunix_agentic.envs.base import (
+    SPLITS,
+    Action,
+    Environment,
+    StepResult,
+    TaskSource,
+    register_env,
+)
+
+_SENTENCE = re.compile(r"the answer is:?\s*\$?\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
+_WORDS = re.compile(r"the answer is:?\s*\**\s*([A-Za-z][A-Za-z .'-]*?)\s*\**\s*(?:[.!\n]|$)", re.I)
+PROMPT = 'What is {a} + {b}? End your reply with "The answer is N." where N is the number.'
+
+
+@dataclass(frozen=True)
+class SumTask:
+    """One question and its answer."""
+
+    task_id: str
+    prompt: str
+    answer: int
+    task_name: str = "arithmetic_format"
+
+
+def make_sum_task(index: int, *, seed: int, split: str, low: int = 10, high: int = 99) -> SumTask:
+    """The ``index``-th task of ``split``: two operands in ``[low, high]``; the same inputs
+    always give the same task, and the splits are disjoint."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    rng = np.random.default_rng([int(seed), zlib.crc32(split.encode()), int(index)])
+    while True:
+        a, b = (int(v) for v in rng.integers(low, high + 1, size=2))
+        in_heldout = zlib.crc32(f"{a}+{b}".encode()) % 10 == 0
+        if in_heldout == (split == "heldout"):
+            break
+    return SumTask(f"{split}-{seed}-{index}", PROMPT.format(a=a, b=b), a + b)
+
+
+def final_answer(text: str) -> str | None:
+    """The number of the reply's last "The answer is N" (None if there is none)."""
+    found = _SENTENCE.findall(text)
+    return found[-1] if found else None
+
+
+class SumTasks(TaskSource):
+    """:func:`make_sum_task`; demonstrations answer in the required sentence."""
+
+    def task(self, index: int, *, seed: int, split: str) -> SumTask:
+        return make_sum_task(index, seed=seed, split=split)
+
+    def demonstration(
+        self, task: SumTask, *, rng: np.random.Generator, use_tools: bool
+    ) -> list[dict[str, Any]]:
+        return [{"role": "assistant", "content": f"The answer is {task.answer}."}]
+
+
+@register_env("arithmetic_format", tasks=SumTasks())
+class AnswerFormatEnv(Environment):
+    """One turn: reward 1.0 if the reply's last "The answer is N" has the right N."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._task: SumTask | None = None
+        self._reward = 0.0
+
+    async def reset(self, task: SumTask) -> str:
+        if not isinstance(task, SumTask):
+            raise TypeError(f"AnswerFormatEnv needs a SumTask, got {type(task).__name__}")
+        self._task, self._reward, self.step_rewards = task, 0.0, []
+        return task.prompt
+
+    async def step(self, action: Action) -> StepResult:
+        if self._task is None:
+            raise RuntimeError("step() called before reset()")
+        given = final_answer(action.text)
+        right = given is not None and float(given) == self._task.answer
+        self._reward = 1.0 if right else 0.0
+        self.step_rewards.append(self._reward)
+        status = "answered" if given is not None else "no_answer"
+        return StepResult(observation="", reward=self._reward, done=True, info={"status": status})
+
+    async def evaluate(self) -> float:
+        return self._reward
+
+
+# ------------------------------------------------------------------ capitals
+CAPITALS = {
+    "France": "Paris", "Germany": "Berlin", "Italy": "Rome", "Spain": "Madrid",
+    "Portugal": "Lisbon", "Ireland": "Dublin", "Belgium": "Brussels",
+    "Netherlands": "Amsterdam", "Austria": "Vienna", "Switzerland": "Bern",
+    "Poland": "Warsaw", "Czechia": "Prague", "Hungary": "Budapest", "Greece": "Athens",
+    "Sweden": "Stockholm", "Norway": "Oslo", "Denmark": "Copenhagen", "Finland": "Helsinki",
+    "Iceland": "Reykjavik", "Russia": "Moscow", "Ukraine": "Kyiv", "Romania": "Bucharest",
+    "Bulgaria": "Sofia", "Serbia": "Belgrade", "Croatia": "Zagreb", "Turkey": "Ankara",
+    "Egypt": "Cairo", "Kenya": "Nairobi", "Nigeria": "Abuja", "Ghana": "Accra",
+    "Ethiopia": "Addis Ababa", "Morocco": "Rabat", "Algeria": "Algiers", "Tunisia": "Tunis",
+    "South Africa": "Pretoria", "Senegal": "Dakar", "Uganda": "Kampala", "Japan": "Tokyo",
+    "China": "Beijing", "South Korea": "Seoul", "North Korea": "Pyongyang",
+    "India": "New Delhi", "Pakistan": "Islamabad", "Bangladesh": "Dhaka",
+    "Thailand": "Bangkok", "Vietnam": "Hanoi", "Indonesia": "Jakarta",
+    "Philippines": "Manila", "Malaysia": "Kuala Lumpur", "Nepal": "Kathmandu",
+    "Iran": "Tehran", "Iraq": "Baghdad", "Saudi Arabia": "Riyadh", "Israel": "Jerusalem",
+    "Jordan": "Amman", "Lebanon": "Beirut", "Syria": "Damascus", "Afghanistan": "Kabul",
+    "Qatar": "Doha", "Mongolia": "Ulaanbaatar", "Australia": "Canberra",
+    "New Zealand": "Wellington", "Canada": "Ottawa", "United States": "Washington",
+    "Mexico": "Mexico City", "Cuba": "Havana", "Jamaica": "Kingston", "Brazil": "Brasilia",
+    "Argentina": "Buenos Aires", "Chile": "Santiago", "Peru": "Lima", "Colombia": "Bogota",
+    "Venezuela": "Caracas", "Ecuador": "Quito", "Uruguay": "Montevideo",
+    "Paraguay": "Asuncion", "Bolivia": "Sucre", "United Kingdom": "London",
+    "Scotland": "Edinburgh", "Wales": "Cardiff", "Estonia": "Tallinn", "Latvia": "Riga",
+    "Lithuania": "Vilnius", "Slovakia": "Bratislava", "Slovenia": "Ljubljana",
+    "Albania": "Tirana", "Cyprus": "Nicosia", "Malta": "Valletta", "Luxembourg": "Luxembourg",
+    "Georgia": "Tbilisi", "Armenia": "Yerevan", "Azerbaijan": "Baku",
+    "Kazakhstan": "Astana", "Uzbekistan": "Tashkent", "Sri Lanka": "Colombo",
+    "Myanmar": "Naypyidaw", "Cambodia": "Phnom Penh", "Laos": "Vientiane",
+    "Singapore": "Singapore", "Taiwan": "Taipei", "Libya": "Tripoli", "Sudan": "Khartoum",
+    "Tanzania": "Dodoma", "Zimbabwe": "Harare", "Zambia": "Lusaka", "Angola": "Luanda",
+    "Mali": "Bamako", "Cameroon": "Yaounde", "Rwanda": "Kigali", "Somalia": "Mogadishu",
+}  # fmt: skip
+CAPITAL_PROMPT = (
+    'What is the capital of {country}? End your reply with "The answer is X." where X is the city.'
+)
+
+
+def capital_split(country: str) -> str:
+    """A third of the countries (by a stable hash of the name) are held out."""
+    return "heldout" if zlib.crc32(country.encode()) % 3 == 0 else "train"
+
+
+@dataclass(frozen=True)
+class CapitalTask:
+    task_id: str
+    prompt: str
+    answer: str
+    task_name: str = "capital_format"
+
+
+def final_word_answer(text: str) -> str | None:
+    """The words after the reply's last "The answer is" (None if there is none)."""
+    found = _WORDS.findall(text)
+    return found[-1].strip() if found else None
+
+
+class CapitalTasks(TaskSource):
+    """Countries of :data:`CAPITALS`, in a seeded order per split."""
+
+    def num_tasks(self, split: str) -> int:
+        return sum(capital_split(c) == split for c in CAPITALS)
+
+    def task(self, index: int, *, seed: int, split: str) -> CapitalTask:
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        countries = [c for c in CAPITALS if capital_split(c) == split]
+        order = np.random.default_rng([int(seed), zlib.crc32(split.encode())]).permutation(
+            len(countries)
+        )
+        country = countries[int(order[index % len(countries)])]
+        return CapitalTask(
+            f"{split}-{seed}-{index}", CAPITAL_PROMPT.format(country=country), CAPITALS[country]
+        )
+
+    def demonstration(
+        self, task: CapitalTask, *, rng: np.random.Generator, use_tools: bool
+    ) -> list[dict[str, Any]]:
+        return [{"role": "assistant", "content": f"The answer is {task.answer}."}]
+
+
+@register_env("capital_format", tasks=CapitalTasks())
+class CapitalFormatEnv(Environment):
+    """One turn: reward 1.0 if the reply's last "The answer is X" names the capital."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._task: CapitalTask | None = None
+        self._reward = 0.0
+
+    async def reset(self, task: CapitalTask) -> str:
+        if not isinstance(task, CapitalTask):
+            raise TypeError(f"CapitalFormatEnv needs a CapitalTask, got {type(task).__name__}")
+        self._task, self._reward, self.step_rewards = task, 0.0, []
+        return task.prompt
+
+    async def step(self, action: Action) -> StepResult:
+        if self._task is None:
+            raise RuntimeError("step() called before reset()")
+        given = final_word_answer(action.text)
+        right = given is not None and given.lower() == self._task.answer.lower()
+        self._reward = 1.0 if right else 0.0
+        self.step_rewards.append(self._reward)
+        status = "answered" if given is not None else "no_answer"
+        return StepResult(observation="", reward=self._reward, done=True, info={"status": status})
+
+    async def evaluate(self) -> float:
+        return self._reward
