@@ -16,7 +16,20 @@ Two templates with one interface (``prompt_ids``, ``observation_ids``,
   turn (everything after that turn's end token), rendered and tokenised once.
   Templates that rewrite earlier turns (Qwen3 drops the ``<think>`` blocks of
   earlier assistant turns) are never re-rendered: the history keeps what the
-  model generated, which is what the engine saw.
+  model generated, which is what the engine saw (the ``as_rendered`` context rule
+  shows the model its earlier turns as a re-rendering deployment would instead:
+  :attr:`JinjaChatTemplate.generation_only_ids`).
+
+Tools: a template that renders ``tools`` lists the environment's schemas its own way.
+A template that drops them (rendering with and without ``tools`` gives the same text,
+e.g. SmolLM2's) gets them in the system prompt instead, in the documented form
+:data:`DEFAULT_TOOLS_PROMPT` (``tools_prompt`` replaces it), or is refused
+(``tools_fallback="error"``); the built-in character template leaves them out on purpose
+(its model learns its one tool from demonstrations). Demonstrations' tool calls are rendered by the template
+itself (an assistant message with ``tool_calls``: Qwen3 writes
+``<tool_call>\n{...}\n</tool_call>``); a template that drops ``tool_calls`` gets
+:func:`~tunix_agentic.agent.tool_parser.format_tool_call`'s form, the one the fallback
+prompt describes. The ``qwen3`` parser reads both.
 
 An observation is a list of messages (``{"role": "tool" | "user", "content": ...}``);
 a plain string is one user message.
@@ -31,6 +44,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from tunix_agentic.agent.tool_parser import format_tool_call
 from tunix_agentic.models.tokenizer import Tokenizer
 
 Messages = Sequence[dict[str, Any]]
@@ -96,6 +110,16 @@ class ChatTemplate:
         """An assistant turn's ids as the model should generate them (demonstrations)."""
         return self.tokenizer.encode(text) + [self.tokenizer.token_id("<|im_end|>")]
 
+    def assistant_message_ids(self, message: dict[str, Any]) -> list[int]:
+        """An assistant message (``content``, ``tool_calls``) as the model should generate
+        it: the text, then each call in :func:`format_tool_call`'s form."""
+        return self.assistant_ids(_with_calls_appended(message))
+
+    @property
+    def generation_only_ids(self) -> tuple[int, ...]:
+        """Nothing of the built-in generation prompt is dropped when a turn is re-rendered."""
+        return ()
+
     @property
     def stop_ids(self) -> tuple[int, ...]:
         return self.tokenizer.stop_ids
@@ -103,6 +127,55 @@ class ChatTemplate:
 
 class TemplateError(ValueError):
     """A chat template this framing cannot use."""
+
+
+def _call_parts(call: dict[str, Any]) -> tuple[str, Any]:
+    """``{"name", "arguments"}`` or the OpenAI form ``{"function": {"name", "arguments"}}``."""
+    fn = call.get("function", call)
+    return fn["name"], fn.get("arguments", {})
+
+
+def _openai_call(name: str, arguments: Any) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _with_calls_appended(message: dict[str, Any]) -> str:
+    text = str(message.get("content") or "")
+    for call in message.get("tool_calls") or ():
+        text += format_tool_call(*_call_parts(call))
+    return text
+
+
+# The system-prompt text that lists the tools for a template that drops ``tools``.
+# ``{tools}`` is replaced by the schemas, one JSON object a line; the call format is the
+# one :func:`format_tool_call` writes and the ``qwen3`` parser reads.
+DEFAULT_TOOLS_PROMPT = (
+    "You can use the tools below. Their JSON schemas, one per line:\n"
+    "<tools>\n{tools}\n</tools>\n\n"
+    "To call a tool, write a JSON object with its name and arguments between "
+    "<tool_call> and </tool_call>, one call per pair of tags:\n"
+    '<tool_call>{"name": "<tool name>", "arguments": {<argument name>: <value>}}</tool_call>'
+)
+TOOLS_FALLBACKS = ("auto", "system", "error", "drop")
+
+
+def tools_prompt_text(tools: list[dict[str, Any]], prompt: str | None = None) -> str:
+    """``prompt`` (default :data:`DEFAULT_TOOLS_PROMPT`) with ``{tools}`` replaced by the
+    schemas, one JSON object a line."""
+    schemas = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    return (prompt or DEFAULT_TOOLS_PROMPT).replace("{tools}", schemas)
+
+
+# A tool and a call to it, rendered once to learn whether a template shows tools and calls.
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "probe_tool",
+        "description": "Checks whether the template lists tools.",
+        "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
+    },
+}
+_PROBE_CALL = {"type": "function", "function": {"name": "probe_tool", "arguments": {"x": "y"}}}
 
 
 def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, **kw: Any) -> str:
@@ -135,6 +208,12 @@ class JinjaChatTemplate:
     """A Hugging Face chat template over a tokenizer (see the module docstring).
 
     ``kwargs`` go to every render (e.g. ``{"enable_thinking": False}`` for Qwen3).
+    ``tools_fallback`` says what happens when the template drops ``tools`` (rendering with
+    and without them gives the same text): ``"system"`` lists them in the system prompt
+    as ``tools_prompt`` (default :data:`DEFAULT_TOOLS_PROMPT`) writes them, ``"error"``
+    raises :class:`TemplateError` here, ``"drop"`` leaves them out; ``"auto"`` is
+    ``"drop"`` for the built-in character template (its model learns its tool from
+    demonstrations) and ``"system"`` for any other.
     """
 
     def __init__(
@@ -144,11 +223,20 @@ class JinjaChatTemplate:
         *,
         system: str | None = None,
         kwargs: dict[str, Any] | None = None,
+        tools_fallback: str = "auto",
+        tools_prompt: str | None = None,
     ):
+        if tools_fallback not in TOOLS_FALLBACKS:
+            raise ValueError(
+                f"tools_fallback must be one of {TOOLS_FALLBACKS}, got {tools_fallback!r}"
+            )
+        if tools_prompt is not None and "{tools}" not in tools_prompt:
+            raise ValueError("tools_prompt must contain '{tools}' (where the schemas go)")
         self.tokenizer = tokenizer
         self.source = source
         self.system = system
         self.kwargs = dict(kwargs or {})
+        self.tools_prompt = tools_prompt
         self._template = _compile(source)
         # The token that ends an assistant turn: the first stop token after its content.
         text = self.render([*self._head(), {"role": "assistant", "content": _ASSISTANT}])
@@ -161,6 +249,61 @@ class JinjaChatTemplate:
             )
         self.turn_end = min(ends)[1]
         self.turn_end_id = tokenizer.token_id(self.turn_end)
+        head = self._head()
+        bare = self.render(head, add_generation_prompt=True)
+        #: Whether the template lists ``tools`` itself (else see ``tools_fallback``).
+        self.renders_tools = self._differs(
+            lambda: self.render(head, add_generation_prompt=True, tools=[_PROBE_TOOL]),
+            lambda: bare,
+            if_refused=True,  # a template that refuses tools this way: left to its render
+        )
+        if tools_fallback == "auto":
+            tools_fallback = "drop" if source == BUILTIN_CHAT_TEMPLATE else "system"
+        if not self.renders_tools and tools_fallback == "error":
+            raise TemplateError(
+                "the chat template drops the tool schemas (it renders the same prompt with "
+                "and without `tools`), so the model would never see its tools; set "
+                "agent.tools_fallback=system to list them in the system prompt"
+            )
+        self.tools_fallback = tools_fallback
+        turn = {"role": "assistant", "content": ""}
+        #: Whether the template renders an assistant message's ``tool_calls``.
+        self.renders_tool_calls = self._differs(
+            lambda: self.render([*head, {**turn, "tool_calls": [_PROBE_CALL]}]),
+            lambda: self.render([*head, turn]),
+            if_refused=False,
+        )
+        try:
+            extra = self._generation_only_text()
+        except TemplateError:  # e.g. a template that insists on turns it was not given
+            extra = ""
+        self.generation_only_ids = tuple(tokenizer.encode(extra))
+
+    @staticmethod
+    def _differs(render_a, render_b, *, if_refused: bool) -> bool:
+        """Whether two probe renders differ (``if_refused`` when the template raises)."""
+        try:
+            return render_a() != render_b()
+        except TemplateError:
+            return if_refused
+
+    def _generation_only_text(self) -> str:
+        """What the generation prompt adds that the opening of the same assistant turn, once
+        it is an earlier turn, no longer has (Qwen3 with ``enable_thinking=False``: the
+        empty ``<think>\\n\\n</think>\\n\\n``); usually nothing."""
+        head = self._head()
+        before = self.render(head)
+        prompt = self.render(head, add_generation_prompt=True)
+        later = self.render(
+            [*head, {"role": "assistant", "content": _ASSISTANT}, {"role": "user", "content": "x"}]
+        )
+        if not (prompt.startswith(before) and later.startswith(before) and _ASSISTANT in later):
+            return ""
+        opening = prompt[len(before) :]
+        earlier = later[len(before) :].split(_ASSISTANT, 1)[0]
+        if opening.startswith(earlier) and len(opening) > len(earlier):
+            return opening[len(earlier) :]
+        return ""
 
     def _stop_strings(self) -> list[str]:
         return [self.tokenizer.decode([i]) for i in self.tokenizer.stop_ids]
@@ -185,10 +328,18 @@ class JinjaChatTemplate:
             **self.kwargs,
         )
 
+    def prompt_text(self, user: str, tools: list[dict[str, Any]] | None = None) -> str:
+        """The first prompt: the system turn (with the tools, for a template that drops
+        them and ``tools_fallback="system"``), ``user``, the assistant's opening."""
+        if tools and not self.renders_tools and self.tools_fallback == "system":
+            listed = tools_prompt_text(tools, self.tools_prompt)
+            system = f"{self.system}\n\n{listed}" if self.system else listed
+            head = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+            return self.render(head, add_generation_prompt=True)
+        return self.render(self._head(user), add_generation_prompt=True, tools=tools)
+
     def prompt_ids(self, user: str, tools: list[dict[str, Any]] | None = None) -> list[int]:
-        return self.tokenizer.encode(
-            self.render(self._head(user), add_generation_prompt=True, tools=tools)
-        )
+        return self.tokenizer.encode(self.prompt_text(user, tools))
 
     def observation_text(self, observation: str | Messages) -> str:
         """What the template appends after an assistant turn's end token for ``observation``,
@@ -207,6 +358,30 @@ class JinjaChatTemplate:
     def assistant_ids(self, text: str) -> list[int]:
         return self.tokenizer.encode(text) + [self.turn_end_id]
 
+    def assistant_message_text(self, message: dict[str, Any]) -> str:
+        """What the model generates for an assistant ``message`` (``content`` and
+        ``tool_calls``, each ``{"name", "arguments"}`` or OpenAI's ``{"function": ...}``),
+        as the template renders it as the turn after the generation prompt, up to its
+        end token (Qwen3: ``<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>``).
+        A template that drops ``tool_calls`` gets the content with each call in
+        :func:`format_tool_call`'s form after it; so does one whose turn does not begin
+        with its generation prompt."""
+        calls = [_openai_call(*_call_parts(c)) for c in message.get("tool_calls") or ()]
+        if calls and not self.renders_tool_calls:
+            return _with_calls_appended(message)
+        head = self._head()
+        prompt = self.render(head, add_generation_prompt=True)
+        turn = {"role": "assistant", "content": str(message.get("content") or "")}
+        full = self.render([*head, {**turn, "tool_calls": calls} if calls else turn])
+        end = full.find(self.turn_end, len(prompt))
+        if not full.startswith(prompt) or end < 0:
+            return _with_calls_appended(message)
+        return full[len(prompt) : end]
+
+    def assistant_message_ids(self, message: dict[str, Any]) -> list[int]:
+        """:meth:`assistant_message_text`'s ids, then the turn's end token."""
+        return self.assistant_ids(self.assistant_message_text(message))
+
     @property
     def stop_ids(self) -> tuple[int, ...]:
         return tuple(dict.fromkeys((self.turn_end_id, *self.tokenizer.stop_ids)))
@@ -216,11 +391,17 @@ ChatFormat = ChatTemplate | JinjaChatTemplate
 
 
 def make_chat_template(
-    tokenizer: Tokenizer, *, system: str | None = None, kwargs: dict[str, Any] | None = None
+    tokenizer: Tokenizer,
+    *,
+    system: str | None = None,
+    kwargs: dict[str, Any] | None = None,
+    tools_fallback: str = "auto",
+    tools_prompt: str | None = None,
 ):
     """The tokenizer's own chat template (a Hugging Face tokenizer), else the built-in
     framing (the character tokenizer, which has none). A Hugging Face tokenizer without a
-    template raises :class:`TemplateError`: the built-in markers are not its tokens."""
+    template raises :class:`TemplateError`: the built-in markers are not its tokens.
+    ``tools_fallback``/``tools_prompt``: see :class:`JinjaChatTemplate`."""
     if not hasattr(tokenizer, "chat_template"):
         return ChatTemplate(tokenizer, system=system)
     if not tokenizer.chat_template:
@@ -228,4 +409,11 @@ def make_chat_template(
             f"the tokenizer at {getattr(tokenizer, 'path', '?')} has no chat template "
             "(tokenizer_config.json chat_template or chat_template.jinja)"
         )
-    return JinjaChatTemplate(tokenizer, tokenizer.chat_template, system=system, kwargs=kwargs)
+    return JinjaChatTemplate(
+        tokenizer,
+        tokenizer.chat_template,
+        system=system,
+        kwargs=kwargs,
+        tools_fallback=tools_fallback,
+        tools_prompt=tools_prompt,
+    )

@@ -19,8 +19,8 @@ import asyncio
 import dataclasses
 import time
 
-from tunix_agentic.agent.chat import ChatFormat
-from tunix_agentic.agent.context import get_context_rule
+from tunix_agentic.agent.chat import TOOLS_FALLBACKS, ChatFormat
+from tunix_agentic.agent.context import context_rule_for, get_context_rule
 from tunix_agentic.agent.tool_parser import get_parser
 from tunix_agentic.envs.base import Action, Environment
 from tunix_agentic.envs.tools import ToolUnavailable
@@ -43,7 +43,16 @@ class AgentConfig:
     context_window: int = 2
     # Passed to a Hugging Face chat template as ``enable_thinking`` (Qwen3 reads it: false
     # renders an empty <think></think> so the model answers at once); None: not passed.
+    # With false every earlier turn keeps that 4-token empty block in the engine's context,
+    # which a serving stack re-rendering the conversation drops: context_rule="as_rendered"
+    # trains on (and samples from) the contexts as such a deployment renders them.
     enable_thinking: bool | None = None
+    # A chat template that drops the tool schemas (SmolLM2's): "system" lists them in the
+    # system prompt (tools_prompt, "" for chat.DEFAULT_TOOLS_PROMPT; "{tools}" marks where
+    # the schemas go), "error" refuses the template at start, "drop" leaves them out, "auto"
+    # is "drop" for the built-in character template and "system" otherwise.
+    tools_fallback: str = "auto"
+    tools_prompt: str = ""
     # Tool calls one turn may run; the rest are not run and the agent is told so (a turn of
     # many slow calls would otherwise outlast the episode's deadline in one step).
     max_tool_calls_per_turn: int = 8
@@ -51,6 +60,14 @@ class AgentConfig:
     def template_kwargs(self) -> dict:
         """Extra variables for a Jinja chat template."""
         return {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
+
+    def template_options(self) -> dict:
+        """Keyword arguments of :func:`~tunix_agentic.agent.chat.make_chat_template`."""
+        return {
+            "kwargs": self.template_kwargs(),
+            "tools_fallback": self.tools_fallback,
+            "tools_prompt": self.tools_prompt or None,
+        }
 
     def __post_init__(self):
         if self.max_turns < 1:
@@ -63,6 +80,12 @@ class AgentConfig:
             raise ValueError(
                 f"agent.max_tool_calls_per_turn must be >= 1, got {self.max_tool_calls_per_turn}"
             )
+        if self.tools_fallback not in TOOLS_FALLBACKS:
+            raise ValueError(
+                f"agent.tools_fallback must be one of {TOOLS_FALLBACKS}, got {self.tools_fallback!r}"
+            )
+        if self.tools_prompt and "{tools}" not in self.tools_prompt:
+            raise ValueError("agent.tools_prompt must contain '{tools}' (where the schemas go)")
         for key, lookup in (("parser", get_parser), ("context_rule", get_context_rule)):
             try:
                 lookup(getattr(self, key))
@@ -122,7 +145,7 @@ async def run_agent(
     when the step is cancelled (the episode's deadline).
     """
     parse = get_parser(config.parser)
-    context_of = get_context_rule(config.context_rule)
+    context_of = context_rule_for(config.context_rule, template)
     tokenizer = template.tokenizer
     turns = max_turns or config.max_turns
     for turn in range(turns):
@@ -185,7 +208,7 @@ async def run_agent(
         step.tool_calls = list(result.info.get("tool_calls", []))
         metrics.add_time("env_step", env_s)
         for call in step.tool_calls:
-            metrics.add_time(f"tool/{call.get('name', '?')}", float(call.get("seconds", 0.0)))
+            _record_tool_call(metrics, call)
         if result.done:
             traj.status = "ok"
             return traj
@@ -200,3 +223,18 @@ async def run_agent(
         traj.append_observation(observation)
     traj.status = "max_turns"
     return traj
+
+
+def _record_tool_call(metrics: MetricsSink, call: dict) -> None:
+    """``time/tool/<name>`` of one call and, for a failed one, ``count/tool/<name>/error``
+    and ``count/tool/<name>/<kind>`` (a call to an unknown tool, a name the model made up,
+    is only ``count/tool_calls/unknown_tool``)."""
+    name, kind = call.get("name", "?"), call.get("kind")
+    if kind == "unknown_tool":
+        metrics.count("tool_calls/unknown_tool")
+        return
+    metrics.add_time(f"tool/{name}", float(call.get("seconds", 0.0)))
+    if call.get("error"):
+        metrics.count(f"tool/{name}/error")
+        if kind:
+            metrics.count(f"tool/{name}/{kind}")

@@ -19,7 +19,13 @@ _TURN_END = ("<|im_end|>", "<|endoftext|>")
 
 
 def parse_qwen3(text: str) -> Action:
-    """Qwen3 format: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, ``<answer>..</answer>``."""
+    """Qwen3 format: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, ``<answer>..</answer>``.
+
+    Whitespace around the JSON is ignored, so this reads both what Qwen3's own chat template
+    renders for an assistant's ``tool_calls`` (``<tool_call>\n{...}\n</tool_call>``) and the
+    compact form of :func:`format_tool_call` (the built-in model's, and the one the
+    system-prompt tools fallback describes); ``arguments`` may be a JSON string.
+    """
     body = text
     for end in _TURN_END:
         body = body.replace(end, "")
@@ -73,5 +79,9 @@ def get_parser(name: str) -> Callable[[str], Action]:
 
 
 def format_tool_call(name: str, arguments: dict) -> str:
-    """The text of one call in the Qwen3 format (used for demonstrations)."""
+    """One call in the compact form ``<tool_call>{...}</tool_call>``: the built-in model's
+    demonstrations, and templates that do not render ``tool_calls`` (the form
+    :data:`~tunix_agentic.agent.chat.DEFAULT_TOOLS_PROMPT` describes). A template that
+    renders them (Qwen3's) writes demonstrations its own way:
+    :meth:`~tunix_agentic.agent.chat.JinjaChatTemplate.assistant_message_text`."""
     return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"

