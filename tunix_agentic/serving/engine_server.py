@@ -10,7 +10,14 @@ this server and to a real SGLang server alike:
   ``output_ids`` and ``meta_info`` (finish reason, token counts, logprobs as
   ``[logprob, token_id, null]`` triples, and our extension
   ``output_token_versions``: the policy version of every token).
-- ``GET /health``, ``GET /get_model_info``, ``POST /abort_request``,
+- Stopping as SGLang does: at the model's end-of-sequence ids (read from its
+  Hugging Face directory: ``generation_config.json`` / ``tokenizer_config.json``)
+  unless ``ignore_eos`` is true; at ``stop`` strings; ``text`` decoded with or
+  without special tokens (``skip_special_tokens``) when the tokenizer is known
+  (:mod:`tunix_agentic.serving.stops`).
+- ``GET /health``, ``GET /get_model_info``, ``GET /get_server_info`` (what
+  sglang-router reads when it registers a worker; also under SGLang's newer names
+  ``/model_info`` and ``/server_info``), ``POST /abort_request``,
   ``POST /update_weights_from_disk`` (a directory written by
   :func:`tunix_agentic.checkpoint.save_params`).
 
@@ -59,6 +66,7 @@ from tunix_agentic.serving.http import (
     serve_until_signal,
     url,
 )
+from tunix_agentic.serving.stops import ModelText, cut_at_stop_string, output_text
 
 if TYPE_CHECKING:
     from tunix_agentic.config import RunConfig
@@ -80,6 +88,8 @@ class GenerateRequest:
     rid: str
     session_id: str | None
     return_logprob: bool
+    stop: tuple[str, ...] = ()
+    skip_special_tokens: bool = True
 
 
 def _integer(value: Any, name: str) -> int:
@@ -99,15 +109,18 @@ def _number(value: Any, name: str) -> float:
         raise ValueError(f"{name} must be a finite number, got {value!r}") from None
 
 
-def parse_sampling_params(raw: Any, *, max_seq_len: int, vocab_size: int) -> SamplingParams:
+def parse_sampling_params(
+    raw: Any, *, max_seq_len: int, vocab_size: int, eos_ids: tuple[int, ...] = ()
+) -> SamplingParams:
     """SGLang ``sampling_params`` -> :class:`SamplingParams`.
 
     Missing keys keep the defaults (SGLang's: temperature 1, top_p 1, top_k off,
     128 new tokens); ``top_k`` -1 or 0 is off; ``max_new_tokens: null`` runs to
     the context window; ``sampling_seed`` (or ``seed``) seeds the request.
-    Keys we do not implement (``stop`` strings, ``ignore_eos``, ...) are ignored.
-    Bad values (out of range, or beyond what a ``vocab_size`` model can do) raise
-    ValueError naming the field.
+    The model's ``eos_ids`` join ``stop_token_ids`` unless ``ignore_eos`` is true.
+    ``stop`` and ``skip_special_tokens`` are read by :func:`parse_text_options`;
+    other keys we do not implement are ignored. Bad values (out of range, or beyond
+    what a ``vocab_size`` model can do) raise ValueError naming the field.
     """
     if raw is None:
         raw = {}
@@ -131,9 +144,38 @@ def parse_sampling_params(raw: Any, *, max_seq_len: int, vocab_size: int) -> Sam
     seed = raw.get("sampling_seed", raw.get("seed"))
     if seed is not None:
         kw["seed"] = _integer(seed, "sampling_seed")
+    ignore_eos = raw.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise ValueError(f"ignore_eos must be true or false, got {ignore_eos!r}")
+    if eos_ids and not ignore_eos:
+        kw["stop_token_ids"] = tuple(dict.fromkeys((*kw.get("stop_token_ids", ()), *eos_ids)))
     params = SamplingParams(**kw)
     params.check_vocab(vocab_size)
     return params
+
+
+def parse_text_options(raw: Any, *, can_decode: bool) -> tuple[tuple[str, ...], bool]:
+    """``(stop strings, skip_special_tokens)`` of SGLang ``sampling_params``: ``stop`` is a
+    string or a list of them; ``skip_special_tokens`` defaults to true. Stop strings need
+    the model's tokenizer (``can_decode``); ValueError naming the field otherwise."""
+    if not isinstance(raw, dict):
+        return (), True
+    stop = raw.get("stop")
+    stops: tuple[str, ...] = ()
+    if stop is not None:
+        stops = (stop,) if isinstance(stop, str) else stop
+        if not isinstance(stops, list | tuple) or not all(isinstance(s, str) and s for s in stops):
+            raise ValueError(f"stop must be a non-empty string or a list of them, got {stop!r}")
+        stops = tuple(stops)
+        if stops and not can_decode:
+            raise ValueError(
+                "stop strings need the model's tokenizer; this server has none (serve a "
+                "Hugging Face model directory, or use stop_token_ids)"
+            )
+    skip = raw.get("skip_special_tokens", True)
+    if not isinstance(skip, bool):
+        raise ValueError(f"skip_special_tokens must be true or false, got {skip!r}")
+    return stops, skip
 
 
 def _prompt(raw: Any, *, vocab_size: int, max_seq_len: int, where: str) -> list[int]:
@@ -167,6 +209,8 @@ def parse_generate(
     new_rid: Callable[[], str],
     max_prompts: int = MAX_PROMPTS_PER_REQUEST,
     max_tokens: int = MAX_TOKENS_PER_REQUEST,
+    eos_ids: tuple[int, ...] = (),
+    can_decode: bool = False,
 ) -> tuple[list[GenerateRequest], bool]:
     """Validate a ``/generate`` body; returns ``(requests, batched)``.
 
@@ -207,17 +251,20 @@ def parse_generate(
             raise ValueError(f"rid must be a string, got {rid!r}")
         if session is not None and not isinstance(session, str):
             raise ValueError(f"session_id must be a string, got {session!r}")
+        stops, skip_special = parse_text_options(sampling[i], can_decode=can_decode)
         out.append(
             GenerateRequest(
                 input_ids=_prompt(
                     prompts[i], vocab_size=vocab_size, max_seq_len=max_seq_len, where=where
                 ),
                 sampling=parse_sampling_params(
-                    sampling[i], max_seq_len=max_seq_len, vocab_size=vocab_size
+                    sampling[i], max_seq_len=max_seq_len, vocab_size=vocab_size, eos_ids=eos_ids
                 ),
                 rid=rid if rid is not None else new_rid(),
                 session_id=session,
                 return_logprob=logprob_flags[i],
+                stop=stops,
+                skip_special_tokens=skip_special,
             )
         )
     return out, batched
@@ -250,9 +297,11 @@ class _ServerState:
         *,
         api_key: str | None = None,
         weight_dirs: tuple[Path, ...] = (),
+        text: ModelText | None = None,
     ):
         self.engine = engine
         self.model_info = model_info
+        self.text = text or ModelText()
         self.api_key = api_key
         self.weight_dirs = weight_dirs
         self.weights_lock = asyncio.Lock()
@@ -303,11 +352,15 @@ def format_output(
     return_logprob: bool,
     weight_version: int,
     e2e_latency: float,
+    text: str | None = None,
+    matched_string: str | None = None,
 ) -> dict[str, Any]:
-    """One ``/generate`` result in SGLang's shape (plus ``output_token_versions``)."""
+    """One ``/generate`` result in SGLang's shape (plus ``output_token_versions``);
+    ``text`` when the server knows the tokenizer, ``matched_string`` a stop string's."""
     n = len(out.token_ids)
     if out.finish_reason == "stop":
-        finish: dict[str, Any] = {"type": "stop", "matched": out.matched_stop}
+        matched = matched_string if matched_string is not None else out.matched_stop
+        finish: dict[str, Any] = {"type": "stop", "matched": matched}
     elif out.finish_reason == "length":
         finish = {"type": "length", "length": n}
     else:
@@ -326,29 +379,46 @@ def format_output(
         meta["output_token_logprobs"] = [
             [lp, tok, None] for lp, tok in zip(out.logprobs, out.token_ids, strict=True)
         ]
-    return {"output_ids": list(out.token_ids), "meta_info": meta}
+    body: dict[str, Any] = {"output_ids": list(out.token_ids), "meta_info": meta}
+    if text is not None:
+        body = {"text": text, **body}
+    return body
 
 
-async def _generate_one(engine: JaxEngine, req: GenerateRequest, t0: float) -> dict[str, Any]:
+async def _generate_one(
+    engine: JaxEngine, req: GenerateRequest, t0: float, model_text: ModelText | None = None
+) -> dict[str, Any]:
+    model_text = model_text or ModelText()
     out = await engine.generate(
         req.input_ids, req.sampling, session_id=req.session_id, request_id=req.rid
     )
+    match = cut_at_stop_string(out, req.stop, model_text)
+    if match is not None:
+        out = match.output
+    matched = None if match is None else match.matched
     return format_output(
         out,
         rid=req.rid,
         return_logprob=req.return_logprob,
         weight_version=engine.version,
         e2e_latency=time.perf_counter() - t0,
+        text=output_text(
+            out, model_text, skip_special_tokens=req.skip_special_tokens, matched=matched
+        ),
+        matched_string=matched,
     )
 
 
 async def _generate_all(
-    engine: JaxEngine, reqs: list[GenerateRequest], t0: float
+    engine: JaxEngine,
+    reqs: list[GenerateRequest],
+    t0: float,
+    model_text: ModelText | None = None,
 ) -> list[dict[str, Any]]:
     """Run a batch concurrently; the first failure cancels (aborts) the rest."""
     try:
         async with asyncio.TaskGroup() as tg:
-            tasks = [tg.create_task(_generate_one(engine, r, t0)) for r in reqs]
+            tasks = [tg.create_task(_generate_one(engine, r, t0, model_text)) for r in reqs]
     except BaseExceptionGroup as group:
         raise group.exceptions[0] from None
     return [t.result() for t in tasks]
@@ -367,12 +437,14 @@ async def handle_generate(request: web.Request) -> web.Response:
                 vocab_size=engine.model_config.vocab_size,
                 max_seq_len=engine.config.max_seq_len,
                 new_rid=state.new_rid,
+                eos_ids=state.text.eos_ids,
+                can_decode=state.text.tokenizer is not None,
             ),
         )
         if batched:
-            result: Any = await _generate_all(engine, reqs, t0)
+            result: Any = await _generate_all(engine, reqs, t0, state.text)
         else:
-            result = await _generate_one(engine, reqs[0], t0)
+            result = await _generate_one(engine, reqs[0], t0, state.text)
     except ValueError as exc:  # PromptTooLongError and a duplicate rid included
         return _error(400, str(exc))
     except EngineError as exc:
@@ -393,6 +465,34 @@ async def handle_health(request: web.Request) -> web.Response:
 async def handle_model_info(request: web.Request) -> web.Response:
     state = request.app[_STATE]
     return web.json_response({**state.model_info, "weight_version": str(state.engine.version)})
+
+
+async def handle_server_info(request: web.Request) -> web.Response:
+    """SGLang's ``/get_server_info`` (and its newer name ``/server_info``): the server's
+    settings under SGLang's names. sglang-router reads a worker's model, tokenizer and
+    data-parallel size here when it registers the worker."""
+    from tunix_agentic import __version__
+
+    state = request.app[_STATE]
+    engine, info = state.engine, state.model_info
+    tokenizer = info.get("tokenizer_path") or None
+    return web.json_response(
+        {
+            # Without a tokenizer no model_path: the router would fetch one by that name.
+            **({"model_path": info["model_path"]} if tokenizer else {}),
+            "served_model_name": info["model_path"],
+            "tokenizer_path": tokenizer,
+            "skip_tokenizer_init": tokenizer is None,
+            "is_generation": True,
+            "context_length": info["max_seq_len"],
+            "max_running_requests": engine.config.max_slots,
+            "max_total_num_tokens": engine.config.max_slots * engine.config.max_seq_len,
+            "dp_size": 1,
+            "weight_version": str(engine.version),
+            "internal_states": [{"in_flight": engine.in_flight, **engine.stats}],
+            "version": f"tunix-agentic {__version__}",
+        }
+    )
 
 
 async def handle_abort(request: web.Request) -> web.Response:
@@ -537,7 +637,10 @@ def build_app(
     ``weight_version`` is always the engine's current one. ``api_key``: every
     route but ``/health`` requires ``Authorization: Bearer KEY``.
     ``weight_dirs``: the only directories ``/update_weights_from_disk`` loads
-    from (none: it loads nothing).
+    from (none: it loads nothing). ``model_info["tokenizer_path"]`` (a Hugging Face
+    model directory) gives the model's end-of-sequence ids, at which every request
+    stops unless it sets ``ignore_eos``, and its tokenizer (``stop`` strings and the
+    answers' ``text``); ``model_info["eos_token_ids"]`` overrides the ids.
     """
     if api_key is not None and not api_key:
         raise ValueError("api_key must not be empty")
@@ -550,10 +653,15 @@ def build_app(
     }
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_guard])
     roots = tuple(Path(os.path.realpath(d)) for d in weight_dirs)
-    app[_STATE] = _ServerState(engine, info, api_key=api_key, weight_dirs=roots)
+    text = ModelText.from_model_info(info)
+    info["eos_token_ids"] = list(text.eos_ids)
+    app[_STATE] = _ServerState(engine, info, api_key=api_key, weight_dirs=roots, text=text)
     app.router.add_post("/generate", handle_generate)
     app.router.add_get("/health", handle_health)
     app.router.add_get("/get_model_info", handle_model_info)
+    app.router.add_get("/model_info", handle_model_info)
+    app.router.add_get("/get_server_info", handle_server_info)
+    app.router.add_get("/server_info", handle_server_info)
     app.router.add_post("/abort_request", handle_abort)
     app.router.add_post("/update_weights_from_disk", handle_update_weights)
     return app
@@ -656,9 +764,16 @@ def engine_from_config(
             nnx.update(model, load_params(path, nnx.state(model, nnx.Param)))
     if path is not None:
         model_path = str(path.absolute())
+    # The model's tokenizer directory: its end-of-sequence ids stop every request.
+    tokenizer_path = ""
+    if path is not None and (path / "tokenizer.json").is_file():
+        tokenizer_path = str(path.absolute())
+    elif cfg.model.source == "hf":
+        tokenizer_path = str(Path(cfg.model.path).absolute())
     engine = JaxEngine(model, cfg.engine, version=version)
     info = {
         "model_path": model_path,
+        "tokenizer_path": tokenizer_path,
         "vocab_size": cfg.model.vocab_size,
         "max_seq_len": cfg.engine.max_seq_len,
         "max_slots": cfg.engine.max_slots,
