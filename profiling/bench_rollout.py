@@ -20,14 +20,23 @@ latency, slow verifier).
 Both modes hand the learner the same number of trajectories from the same
 task stream; both walls include the learner's train steps.
 
+* service (``--service N``): the async workload again, but the groups run on
+  ``tunix-agentic serve-rollout`` nodes (real processes on loopback, the same slow
+  environment through ``profiling/bench_env.py``) generating with this process's
+  engine served over HTTP, as ``tunix-agentic train rollout.service.urls=...``
+  runs: once through one node, and through N nodes when N >= 2. Printed as ratios
+  to the in-process async run (goal: one node >= 90 %). Nodes cannot INIT ahead
+  of admission, so compare with ``--prefetch-groups 0`` for the same pipeline.
+
     python profiling/bench_rollout.py
     BENCH_TRAJECTORIES=512 BENCH_TRAIN_S=1.0 python profiling/bench_rollout.py
     python profiling/bench_rollout.py --set engine.max_slots=32   # any config override
+    python profiling/bench_rollout.py --service 2 --prefetch-groups 0   # + 1 and 2 nodes
 
 Environment: BENCH_TRAJECTORIES (256), BENCH_GROUP_SIZE (8), BENCH_GROUPS_PER_BATCH (8),
 BENCH_SFT_STEPS (250), BENCH_SFT_BATCH (16), BENCH_TRAIN_S (0.5), BENCH_POOL (64),
 BENCH_MAX_STALENESS (1), BENCH_PREFETCH_GROUPS (8), BENCH_RESET_S (0.3), BENCH_TOOL_MEAN_S (0.2),
-BENCH_TOOL_SIGMA (0.5), BENCH_EVAL_S (0.5), BENCH_SEED (0).
+BENCH_TOOL_SIGMA (0.5), BENCH_EVAL_S (0.5), BENCH_SEED (0), BENCH_SERVICE (0).
 """
 
 from __future__ import annotations
@@ -37,6 +46,10 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import os
+import signal
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,6 +83,8 @@ from tunix_agentic.models.char_tokenizer import CharTokenizer
 from tunix_agentic.models.transformer import Transformer, count_params
 from tunix_agentic.rl_loop import StepReport, run_rl_steps
 from tunix_agentic.rollout import RolloutConfig, RolloutOrchestrator, Step, Trajectory
+from tunix_agentic.rollout.service.runner import ServiceEpisodeRunner
+from tunix_agentic.serving.engine_server import start_server
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "calculator_tiny.yaml"
 AGENT = AgentConfig(max_turns=3, max_new_tokens=48, temperature=1.0)
@@ -92,6 +107,7 @@ class BenchParams:
     warmup: bool = True
     seed: int = 0
     waits: Waits = Waits()
+    service: int = 0  # rollout nodes of the service mode (0: off; 1: one node; N: 1 and N)
 
     @property
     def batch_size(self) -> int:
@@ -379,7 +395,12 @@ async def run_async(
     params: Any,
     version: int,
     max_staleness: int,
+    *,
+    nodes: list[str] | None = None,
+    engine_url: str | None = None,
 ) -> ModeResult:
+    """The async mode in process, or with ``nodes`` (rollout node URLs) running the groups
+    against ``engine`` served at ``engine_url``."""
     config = RolloutConfig(
         group_size=p.group_size,
         groups_per_batch=p.groups_per_batch,
@@ -387,7 +408,7 @@ async def run_async(
         run_workers=p.pool,
         eval_workers=p.pool,
         max_staleness=max_staleness,
-        prefetch_groups=p.prefetch_groups,
+        prefetch_groups=0 if nodes else p.prefetch_groups,
         filter_uniform_groups=False,
         seed=p.seed,
     )
@@ -400,6 +421,12 @@ async def run_async(
         tasks=task_iterator(ARITHMETIC, seed=p.seed, split="train"),
     )
     orch.set_version(version)
+    runner = None
+    if nodes:
+        runner = ServiceEpisodeRunner(
+            nodes, agent_config=AGENT, config=config, engine_urls=[engine_url], own_engines=True
+        ).attach(orch)
+        await runner.connect()
     trajs: list[Trajectory] = []
     lags: list[int] = []
     waits: list[float] = []
@@ -445,10 +472,12 @@ async def run_async(
         steady_busy = steady["busy_s"] / max(sum(steady.values()), 1e-9)
     finally:
         handoff = probe.stop()
+        if runner is not None:
+            await runner.close()
     in_flight = await sampler.stop()
     first = p.groups_per_batch * p.group_size
     return _summarise(
-        f"async s={max_staleness}",
+        f"async s={max_staleness}" if not nodes else f"svc n={len(nodes)}",
         trajs,
         [t.timings["episode_s"] for t in trajs],
         wall,
@@ -532,6 +561,9 @@ async def run(p: BenchParams) -> dict[str, Any]:
             f"{100 * asyn.engine_busy:.1f}%, steady state {100 * asyn.extra['steady_engine_busy']:.1f}% "
             f"(goal >= 90%)"
         )
+    service = []
+    if p.service:
+        service = await run_service(engine, template, p, params, runs[0])
     print(f"compiles during the runs: {_diff(engine.compiles, compiles0)}")
     asyn = runs[0]
     ratio = asyn.traj_per_s / sync.traj_per_s
@@ -540,10 +572,92 @@ async def run(p: BenchParams) -> dict[str, Any]:
         "sync": dataclasses.asdict(sync),
         "async": dataclasses.asdict(asyn),
         "sweep": [dataclasses.asdict(r) for r in runs],
+        "service": [dataclasses.asdict(r) for r in service],
         "ratio": ratio,
         "tool_use_after_sft": tool_use,
         "sft_steps": steps,
     }
+
+
+# ------------------------------------------------------------------ service
+async def run_service(
+    engine: JaxEngine, template: ChatTemplate, p: BenchParams, params: Any, local: ModeResult
+) -> list[ModeResult]:
+    """The async workload (first staleness bound) through one rollout node, then through
+    ``p.service`` nodes; prints each and its ratio to the in-process run ``local``."""
+    server, port = await start_server(engine)
+    procs: list[subprocess.Popen] = []
+    results = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-nodes-") as tmp:
+            for count in sorted({1, p.service}):
+                while len(procs) < count:
+                    procs.append(_spawn_node(p, Path(tmp) / f"node-{len(procs)}"))
+                urls = [_url_of(proc) for proc in procs[:count]]
+                res = await run_async(
+                    engine,
+                    template,
+                    p,
+                    params,
+                    engine.version,
+                    p.max_staleness[0],
+                    nodes=urls,
+                    engine_url=f"http://127.0.0.1:{port}",
+                )
+                results.append(res)
+                print(res.line())
+                print(
+                    f"RATIO service ({count} node{'s' if count > 1 else ''}) / in-process async "
+                    f"throughput {res.traj_per_s / local.traj_per_s:.2f}x (goal >= 0.90 for one "
+                    f"node), steady state "
+                    f"{res.extra['steady_traj_per_s'] / local.extra['steady_traj_per_s']:.2f}x; "
+                    f"engine busy {100 * local.engine_busy:.1f}% -> {100 * res.engine_busy:.1f}%"
+                )
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        await server.cleanup()
+    return results
+
+
+def _spawn_node(p: BenchParams, state_dir: Path) -> subprocess.Popen:
+    """A ``serve-rollout`` process with the benchmark's environment, pools and config."""
+    w = p.waits
+    source = (
+        "tasks=[{name: arithmetic, env: bench_slow_arithmetic, tasks_from: arithmetic, "
+        f"env_kwargs: {{reset_s: {w.reset_s}, tool_mean_s: {w.tool_mean_s}, "
+        f"tool_sigma: {w.tool_sigma}, eval_s: {w.eval_s}, seed: {p.seed}}}}}]"
+    )
+    overrides = [
+        *p.overrides,
+        f"env.import={Path(__file__).with_name('bench_env.py')}",
+        source,
+        f"rollout.group_size={p.group_size}",
+        *(f"rollout.{k}_workers={p.pool}" for k in ("init", "run", "eval")),
+        f"rollout.seed={p.seed}",
+    ]
+    argv = [sys.executable, "-m", "tunix_agentic.cli.main", "serve-rollout"]
+    argv += ["--config", str(CONFIG), "--port", "0", "--state-dir", str(state_dir), *overrides]
+    env = {k: v for k, v in os.environ.items() if k != "TUNIX_AGENTIC_API_KEY"}
+    return subprocess.Popen(
+        argv, stdout=subprocess.PIPE, text=True, env={**env, "JAX_PLATFORMS": "cpu"}
+    )
+
+
+def _url_of(proc: subprocess.Popen) -> str:
+    """The URL a node prints once it listens (remembered: asked again, the same)."""
+    url = getattr(proc, "bench_url", None)
+    if url is None:
+        line = proc.stdout.readline()
+        if not line.startswith("serving rollout node on "):
+            raise SystemExit(f"serve-rollout did not start: {line!r} (exit {proc.poll()})")
+        url = proc.bench_url = line.split()[-1]
+    return url
 
 
 def _engine_other(
@@ -606,6 +720,13 @@ def parse_args(argv: list[str] | None) -> BenchParams:
     ap.add_argument("--tool-mean-s", type=float, default=w.tool_mean_s)
     ap.add_argument("--tool-sigma", type=float, default=w.tool_sigma)
     ap.add_argument("--eval-s", type=float, default=w.eval_s)
+    ap.add_argument(
+        "--service",
+        type=int,
+        default=env_int("BENCH_SERVICE", d.service),
+        metavar="N",
+        help="also run the async workload through 1 rollout node and through N (0: off)",
+    )
     a = ap.parse_args(argv)
     return BenchParams(
         trajectories=a.trajectories,
@@ -622,6 +743,7 @@ def parse_args(argv: list[str] | None) -> BenchParams:
         warmup=not a.no_warmup,
         seed=a.seed,
         waits=Waits(a.reset_s, a.tool_mean_s, a.tool_sigma, a.eval_s),
+        service=a.service,
     )
 
 

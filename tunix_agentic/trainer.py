@@ -35,10 +35,12 @@ from tunix_agentic.config import (
 )
 from tunix_agentic.data.demos import demonstration_batches
 from tunix_agentic.data.sources import RunSources
+from tunix_agentic.env_checks import check_sources
 from tunix_agentic.evaluation import EvalResult, evaluate, log_eval
 from tunix_agentic.inference.base import InferenceEngine
 from tunix_agentic.inference.cross_policy import CrossPolicyEngine
 from tunix_agentic.inference.engine import JaxEngine
+from tunix_agentic.inference.pool import EnginePool
 from tunix_agentic.learners.batching import grpo_batch, sft_batch
 from tunix_agentic.learners.grpo import GRPOLearner
 from tunix_agentic.learners.sft import SFTTrainer
@@ -51,6 +53,10 @@ from tunix_agentic.resume import logged_after, restore_newest
 from tunix_agentic.rl_loop import StepReport, run_rl_steps
 from tunix_agentic.rollout.episode import Group
 from tunix_agentic.rollout.orchestrator import RolloutOrchestrator
+from tunix_agentic.rollout.service.connect import connect_service, service_api_key
+from tunix_agentic.rollout.service.runner import ServiceEpisodeRunner
+from tunix_agentic.serving.client import SGLangEngine
+from tunix_agentic.serving.http import is_loopback
 from tunix_agentic.sharding import make_mesh
 from tunix_agentic.signals import RunInterrupted, Stopped, StopSignals
 
@@ -115,9 +121,7 @@ class Trainer:
         model = config.model
         self.tokenizer = load_tokenizer(model.source, model.path, model.vocab_size)
         try:
-            self.template = make_chat_template(
-                self.tokenizer, kwargs=config.agent.template_kwargs()
-            )
+            self.template = make_chat_template(self.tokenizer, **config.agent.template_options())
         except TemplateError as exc:
             raise ConfigError(f"model.path={model.path!r}: {exc}") from None
         try:
@@ -129,6 +133,7 @@ class Trainer:
                 env_kwargs=config.env.kwargs,
             )
             self.sources.train_stream(config.seed)  # seeds and splits checked before any work
+            check_sources(self.sources, self.template, config)  # reset vs demos, lengths
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         if config.sft.steps and not any(
@@ -147,9 +152,23 @@ class Trainer:
                     make_mesh(mesh)
                 except ValueError as exc:
                     raise ConfigError(f"{name}: {exc}") from None
+        service = config.rollout.service
+        if service.enabled and not service.engine_urls and config.cross_policy.stale_engines:
+            raise ConfigError(
+                "cross_policy.stale_engines must be 0 with rollout.service.urls (the nodes are "
+                "served the trainer's one engine; name more in rollout.service.engine_urls)"
+            )
+        if service.enabled and not service.engine_urls and not service_api_key(service):
+            if not is_loopback(service.engine_host):
+                raise ConfigError(
+                    f"rollout.service.engine_host={service.engine_host} is beyond loopback: "
+                    "set rollout.service.api_key (or $TUNIX_AGENTIC_API_KEY) to guard the engine"
+                )
         self.env_factory = self.sources.make_env
         # The run's engine once built (closed when the run ends).
         self.engine: InferenceEngine | None = None
+        # The rollout nodes' client once built (rollout.service.urls): its outcomes and counts.
+        self.rollout_service: ServiceEpisodeRunner | None = None
         self._signals: StopSignals | None = None
         self._done_step: int | None = None  # the last finished RL step (0: warm start done)
         self._saved_step: int | None = None
@@ -187,7 +206,20 @@ class Trainer:
         return trainer.state.model()
 
     def build_engine(self, model: Transformer, version: int) -> InferenceEngine:
-        """One JAX engine, or a cross-policy pool of them when configured."""
+        """One JAX engine, or a cross-policy pool of them when configured; with
+        ``rollout.service.engine_urls``, a pool of those servers (the weights reach them
+        through ``rollout.service.weights_dir``)."""
+        service = self.cfg.rollout.service
+        if service.engine_urls:
+            return EnginePool(
+                [
+                    SGLangEngine(
+                        url, api_key=service_api_key(service), weights_dir=service.weights_dir
+                    )
+                    for url in service.engine_urls
+                ],
+                names=list(service.engine_urls),
+            )
         engines = [
             JaxEngine(model, self.cfg.engine, version=version)
             for _ in range(1 + self.cfg.cross_policy.stale_engines)
@@ -217,6 +249,10 @@ class Trainer:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
+            in_loop = False
+        else:
+            in_loop = True
+        if not in_loop:  # outside the except: a run's error is not chained to "no loop"
             return asyncio.run(self._run())
         pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tunix-run")
         future = pool.submit(asyncio.run, self._run())
@@ -282,7 +318,8 @@ class Trainer:
         tasks = self.sources.train_stream(cfg.seed)
         engine = self.engine = self.build_engine(model, start_step)
         stack.push_async_callback(engine.close)
-        members = getattr(engine, "engines", [engine])  # a cross-policy pool, or the engine
+        external = bool(cfg.rollout.service.engine_urls)  # engine servers: nothing to compile
+        members = [] if external else getattr(engine, "engines", [engine])  # cross-policy pool?
         # The engine compiles its shapes on another thread, beside SFT on a fresh run; it
         # gets the SFT weights afterwards (shapes do not depend on the values).
         warm = asyncio.get_running_loop().run_in_executor(
@@ -294,8 +331,10 @@ class Trainer:
                 model = self.warm_start(model, metrics)
             learner = GRPOLearner(model, cfg.learner, seed=cfg.seed)
             params = learner.params_for_engine()
-            for member in members:
+            for member in members or [engine]:
                 member.update_weights(params, start_step)
+        elif external:  # the servers hold whatever they were started with
+            engine.update_weights(learner.params_for_engine(), start_step)
         with metrics.span("engine_warmup_wait"):
             warmed = await self._signals.race(asyncio.shield(warm))
         if warmed:
@@ -315,6 +354,16 @@ class Trainer:
         orch.set_version(start_step)
         if restored:
             orch.restore_state(meta["rollout"])
+        if cfg.rollout.service.enabled:  # groups run on rollout nodes from here on
+            self.rollout_service = await connect_service(
+                stack,
+                orch,
+                engine,
+                cfg.rollout,
+                cfg.agent,
+                state=meta["rollout"].get("service") if restored else None,
+                model_info={"model_path": f"tunix-agentic run {self.run_dir.name}"},
+            )
         ctx = _RunContext(learner, orch, engine, ckpt, metrics, t_start, start_step)
         return ctx, meta
 
@@ -400,17 +449,19 @@ class Trainer:
                 "throughput/generated_tokens_per_s": stats.get("rollout/generated_tokens", 0.0)
                 / report.wall_s,
                 "throughput/step_s": report.wall_s,
-                "engine/busy_s_total": engine.stats["busy_s"],
+                "engine/busy_s_total": engine.stats.get("busy_s", 0.0),
                 # Where the engine's wall clock went since RL started: device calls,
                 # host-side gaps while work waited, and idle (nothing to generate).
                 **engine_fractions(engine.clock(), engine_at_start, rl_start),
             }
             history.append(metrics.write_step(step, extra))
+            if isinstance(ctx.orch.episodes, ServiceEpisodeRunner):
+                ctx.orch.episodes.set_version(step)  # the nodes learn the published version
             self._done_step = step
             # What a checkpoint of this step holds, as it is now: the next batch may be taken
             # (and its groups leave the task stream's pending list) before a later save.
             ctx.trained_at_done = steps.started
-            ctx.rollout_at_done = json.loads(json.dumps(ctx.orch.checkpoint_state()))
+            ctx.rollout_at_done = json.loads(json.dumps(_rollout_state(ctx.orch)))
             bar.update(1)
             bar.set_postfix(
                 reward=f"{stats.get('rollout/reward_mean', 0):.2f}", loss=f"{out['loss']:.3f}"
@@ -446,7 +497,7 @@ class Trainer:
         meta = {
             "success_before": ctx.before,
             "success_before_by_task": ctx.by_task_before,
-            "rollout": ctx.rollout_at_done if at_done else ctx.orch.checkpoint_state(),
+            "rollout": ctx.rollout_at_done if at_done else _rollout_state(ctx.orch),
             "version": step,
             "elapsed_s": time.perf_counter() - ctx.t_start,
             "wall_time": time.time(),  # for people: a resume decides what to redo by step
@@ -538,6 +589,15 @@ class _RunContext:
     steps: _GRPOSteps | None = None  # the RL loop's learner, once RL began
     trained_at_done: int = 0  # its train steps begun when the last RL step finished
     rollout_at_done: dict[str, Any] | None = None  # the task stream's state then
+
+
+def _rollout_state(orch: RolloutOrchestrator) -> dict[str, Any]:
+    """The orchestrator's checkpoint state; on rollout nodes, with the ``service`` part too
+    (the run id and the finished groups not yet trained on, kept instead of regenerated)."""
+    state = orch.checkpoint_state()
+    if isinstance(orch.episodes, ServiceEpisodeRunner):
+        state["service"] = orch.episodes.checkpoint_state(i for i, _ in state["pending"])
+    return state
 
 
 async def _settle(fut: asyncio.Future) -> None:

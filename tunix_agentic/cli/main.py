@@ -2,11 +2,14 @@
 
 ``tunix-agentic train [--config PATH] [--resume RUN_DIR] [key.path=value ...]``
 ``tunix-agentic export RUN_DIR --to OUT_DIR [--dtype bfloat16]``
+``tunix-agentic convert --gguf FILE --to OUT_DIR [--dtype bfloat16]``
 ``tunix-agentic serve-engine [--config PATH] [--params DIR] [--host H] [--port P]
 [--api-key KEY] [--weights-dir DIR ...] [--header-timeout S] [--body-timeout S] [key.path=value ...]``
 ``tunix-agentic sandbox [--config PATH] [--backend auto|bwrap|process] [--timeout S] -- CMD ...``
 ``tunix-agentic serve-env --env NAME [--config PATH] [--sandbox-backend B] [--import MODULE ...]
 [--host H] [--port P] [--api-key KEY] [--header-timeout S] [--body-timeout S]``
+``tunix-agentic serve-rollout [--config PATH] [--engine-url URL ...] [--state-dir DIR]
+[--host H] [--port P] [--api-key KEY] [--header-timeout S] [--body-timeout S] [key.path=value ...]``
 
 Give the servers' API key in ``$TUNIX_AGENTIC_API_KEY``: ``--api-key`` works, but a
 command line is readable by every user of the machine (``/proc/PID/cmdline``, ``ps``).
@@ -92,7 +95,15 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tunix-agentic", description="RL post-training for tool-using agents"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_train, _add_serve_engine, _add_serve_env, _add_export, _add_sandbox):
+    for add in (
+        _add_train,
+        _add_serve_engine,
+        _add_serve_env,
+        _add_serve_rollout,
+        _add_export,
+        _add_sandbox,
+        _add_convert,
+    ):
         add(sub)
     return parser
 
@@ -193,6 +204,50 @@ def _add_serve_env(sub) -> None:
     sv.set_defaults(handler=_serve_env)
 
 
+def _add_serve_rollout(sub) -> None:
+    sr = sub.add_parser(
+        "serve-rollout",
+        help="a rollout node: run groups submitted over HTTP against engines by URL (no JAX)",
+    )
+    sr.add_argument(
+        "--config",
+        default=None,
+        metavar="PATH",
+        help=f"YAML run config: its tasks, env (sandbox included), model tokenizer, agent and "
+        f"rollout settings are fixed at start (default: {DEFAULT_CONFIG} if present)",
+    )
+    sr.add_argument(
+        "--engine-url",
+        dest="engine_urls",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="an SGLang-compatible engine server (serve-engine, SGLang, sglang-router); "
+        "repeatable; more can be added at run time with POST /v1/engines",
+    )
+    sr.add_argument(
+        "--state-dir",
+        default="runs/rollout_node",
+        metavar="DIR",
+        help="where the write-ahead log of finished groups lives (restart on the same DIR "
+        "to serve them again); default runs/rollout_node",
+    )
+    sr.add_argument(
+        "--host", default="127.0.0.1", help="address (beyond loopback an API key is required)"
+    )
+    sr.add_argument("--port", type=int, default=8200, help="port to listen on (0: a free one)")
+    sr.add_argument("--api-key", default=None, metavar="KEY", help=API_KEY_HELP)
+    sr.add_argument(
+        "--engine-api-key",
+        default=None,
+        metavar="KEY",
+        help="the engines' API key (default: the node's)",
+    )
+    _add_timeouts(sr)
+    sr.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.run_workers=32")
+    sr.set_defaults(handler=_serve_rollout)
+
+
 def _add_export(sub) -> None:
     ex = sub.add_parser(
         "export", help="write a run's latest checkpoint as a Hugging Face model directory"
@@ -206,6 +261,37 @@ def _add_export(sub) -> None:
         help="cast the weights (default: the run's model.dtype)",
     )
     ex.set_defaults(handler=_export)
+
+
+def _add_convert(sub) -> None:
+    cv = sub.add_parser(
+        "convert", help="turn a GGUF file into a Hugging Face model directory (model.source: hf)"
+    )
+    cv.add_argument("--gguf", required=True, metavar="FILE", help="the GGUF file (llama, qwen3)")
+    cv.add_argument("--to", required=True, metavar="OUT_DIR", help="where to write it")
+    cv.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="the weights' dtype (default float32: the dequantised values exactly)",
+    )
+    cv.set_defaults(handler=_convert)
+
+
+def _convert(args: argparse.Namespace) -> int:
+    try:
+        from tunix_agentic.models.gguf import convert_gguf
+
+        cfg = convert_gguf(args.gguf, args.to, dtype=args.dtype)
+    except (ImportError, ValueError, FileNotFoundError) as exc:
+        print(f"tunix-agentic: error: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"converted {args.gguf} to {args.to} ({cfg.num_layers} layers, d_model {cfg.d_model}, "
+        f"vocab {cfg.vocab_size}, {args.dtype}); train it with model.source=hf "
+        f"model.path={args.to}"
+    )
+    return 0
 
 
 def _add_sandbox(sub) -> None:
@@ -256,6 +342,28 @@ def _serve_env(args: argparse.Namespace) -> int:
         idle_timeout_s=args.idle_timeout,
         config=args.config,
         sandbox_backend=args.sandbox_backend,
+        timeouts=timeouts,
+    )
+
+
+def _serve_rollout(args: argparse.Namespace) -> int:
+    from tunix_agentic.rollout.service.node_http import serve_rollout_main
+
+    _warn_api_key_flag(args)
+    try:
+        timeouts = _timeouts(args)
+    except ValueError as exc:
+        print(f"tunix-agentic: error: {exc}", file=sys.stderr)
+        return 2
+    return serve_rollout_main(
+        args.config if args.config is not None else _default_config(),
+        overrides=list(args.overrides),
+        engine_urls=list(args.engine_urls),
+        state_dir=args.state_dir,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        engine_api_key=args.engine_api_key,
         timeouts=timeouts,
     )
 

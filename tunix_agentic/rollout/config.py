@@ -8,6 +8,73 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from urllib.parse import urlsplit
+
+
+def _check_urls(urls: tuple[str, ...], key: str) -> None:
+    for i, url in enumerate(urls):
+        parts = urlsplit(url) if isinstance(url, str) else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{key}[{i}] must be an http(s)://HOST:PORT URL, got {url!r}")
+    if len(set(urls)) != len(urls):
+        raise ValueError(f"{key} names a URL twice: {list(urls)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceConfig:
+    """Rollout on ``tunix-agentic serve-rollout`` nodes instead of in this process.
+
+    ``urls``: the nodes (empty: episodes run in the trainer's process). ``api_key``: the
+    nodes' key (``Authorization: Bearer``), and the key the trainer's engine server asks of
+    the nodes when it listens beyond loopback (default ``$TUNIX_AGENTIC_API_KEY``, which
+    stays out of the run's saved ``config.yaml``). ``engine_urls``: engines the nodes generate
+    with (``serve-engine`` or SGLang servers); empty: the trainer serves its own engine to
+    the nodes on ``engine_host``:``engine_port`` (0: a free port) and the nodes are told
+    its URL (``engine_advertise``: the address nodes reach it by, when it is not
+    ``engine_host``). With ``engine_urls`` the trainer publishes each version's weights
+    by writing them under ``weights_dir`` (default: a temporary directory, so the same
+    machine) and asking each server to load them (``serve-engine --weights-dir DIR``
+    must allow it). ``poll_s``: one long poll's wait; ``health_every_s``: how often a
+    node taken out is asked for ``/health``.
+    """
+
+    urls: tuple[str, ...] = ()
+    api_key: str | None = None
+    engine_urls: tuple[str, ...] = ()
+    engine_host: str = "127.0.0.1"
+    engine_port: int = 0
+    engine_advertise: str | None = None
+    weights_dir: str | None = None
+    poll_s: float = 10.0
+    health_every_s: float = 1.0
+
+    def __post_init__(self):
+        for name in ("urls", "engine_urls"):
+            value = getattr(self, name)
+            value = (value,) if isinstance(value, str) else tuple(value)
+            object.__setattr__(self, name, value)
+            _check_urls(value, f"rollout.service.{name}")
+        if self.api_key is not None and not (isinstance(self.api_key, str) and self.api_key):
+            raise ValueError("rollout.service.api_key must be a non-empty string or null")
+        if self.engine_urls and not self.urls:
+            raise ValueError("rollout.service.engine_urls needs rollout.service.urls (the nodes)")
+        if not 0 <= self.engine_port < 65536:
+            raise ValueError(
+                f"rollout.service.engine_port must be in [0, 65535], got {self.engine_port}"
+            )
+        if self.engine_advertise is not None:
+            _check_urls((self.engine_advertise,), "rollout.service.engine_advertise")
+        for name in ("poll_s", "health_every_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ValueError(
+                    f"rollout.service.{name} must be a finite number > 0, got {value!r}"
+                )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether episodes run on rollout nodes."""
+        return bool(self.urls)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +114,8 @@ class RolloutConfig:
     # sandboxes; continuous production only). 0: INIT starts when the group is admitted.
     prefetch_groups: int = 0
     seed: int = 0
+    # Rollout nodes (``tunix-agentic serve-rollout``); empty urls: in this process.
+    service: ServiceConfig = ServiceConfig()
 
     def __post_init__(self):
         if self.group_size < 1:
@@ -80,6 +149,10 @@ class RolloutConfig:
             )
         if self.prefetch_groups < 0:
             raise ValueError(f"rollout.prefetch_groups must be >= 0, got {self.prefetch_groups}")
+        if self.prefetch_groups and self.service.enabled:
+            raise ValueError(
+                "rollout.prefetch_groups must be 0 with rollout.service.urls (the nodes run INIT)"
+            )
         if self.max_filtered_in_a_row < 1 or self.max_infra_failures_in_a_row < 1:
             raise ValueError(
                 "rollout.max_filtered_in_a_row and rollout.max_infra_failures_in_a_row must be >= 1"

@@ -133,9 +133,20 @@ class EpisodeRunner:
             backend_health, wait_s=config.backend_wait_s, spawn=spawn, metrics=metrics
         )
         self._jitter = random.Random(config.seed)  # back-off delays only: no episode's seed
-        self._init_sem = asyncio.Semaphore(config.init_workers)
-        self._run_sem = asyncio.Semaphore(config.run_workers)
-        self._eval_sem = asyncio.Semaphore(config.eval_workers)
+        self._init_sem = StageSlots(config.init_workers)
+        self._run_sem = StageSlots(config.run_workers)
+        self._eval_sem = StageSlots(config.eval_workers)
+
+    def stage_load(self) -> dict[str, dict[str, int]]:
+        """Per stage (``init``, ``run``, ``eval``): episodes in it now and waiting for a slot."""
+        return {
+            name: {"in_flight": slots.in_flight, "queued": slots.waiting}
+            for name, slots in (
+                ("init", self._init_sem),
+                ("run", self._run_sem),
+                ("eval", self._eval_sem),
+            )
+        }
 
     async def run_group(
         self,
@@ -147,11 +158,17 @@ class EpisodeRunner:
         agent_config: AgentConfig | None = None,
         prepared: list[InitResult] | None = None,
         stream: int = PRODUCTION_STREAM,
+        run_seed: int | None = None,
+        min_usable: int | None = None,
     ) -> Group:
         """Run group ``index`` of seed ``stream`` on ``task``, admitted under ``version``.
 
         ``prepared`` holds its members' environments already INIT'ed; without an
         ``agent_config`` the interaction budget follows ``rollout.max_turns_schedule``.
+        ``run_seed`` (default ``rollout.seed``) seeds the members' sampling. With
+        ``min_usable``, once that many members ended without an infrastructure fault the
+        others are cancelled (their environments closed); they count in ``lost``.
+        Cancelling the call cancels every member the same way.
         """
         g = len(prepared) if prepared is not None else (group_size or self.config.group_size)
         prefix = "g" if stream == PRODUCTION_STREAM else f"s{stream}g"
@@ -160,19 +177,24 @@ class EpisodeRunner:
             turns = self.config.max_turns_at(version, self.agent_config.max_turns)
             agent_config = dataclasses.replace(self.agent_config, max_turns=turns)
             self.metrics.gauge("rollout/max_turns", turns)
-        results = await asyncio.gather(
-            *(
+        seed = self.config.seed if run_seed is None else run_seed
+        members = [
+            asyncio.ensure_future(
                 self._member(
                     task,
                     group_id,
-                    episode_seed(self.config.seed, stream, index, member, 0),
+                    episode_seed(seed, stream, index, member, 0),
                     member,
                     agent_config,
                     None if prepared is None else prepared[member],
                 )
-                for member in range(g)
             )
-        )
+            for member in range(g)
+        ]
+        if min_usable is None:
+            results = await asyncio.gather(*members)
+        else:
+            results = await _until_usable(members, min_usable)
         good = [traj for traj, _ in results if not traj.is_infra_failure]
         bad = [failure for _, failures in results for failure in failures]
         if bad:
@@ -362,6 +384,45 @@ class EpisodeRunner:
             await asyncio.shield(env.close())
         except Exception:  # closing must never mask the episode's own outcome
             self.metrics.count("rollout/env_close_errors")
+
+
+class StageSlots:
+    """A stage's worker slots (``async with``): a semaphore that counts its holders and
+    waiters, for status pages."""
+
+    def __init__(self, n: int):
+        self._sem = asyncio.Semaphore(n)
+        self.in_flight = 0
+        self.waiting = 0
+
+    async def __aenter__(self) -> None:
+        self.waiting += 1
+        try:
+            await self._sem.acquire()
+        finally:
+            self.waiting -= 1
+        self.in_flight += 1
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.in_flight -= 1
+        self._sem.release()
+
+
+async def _until_usable(
+    members: list[asyncio.Future], min_usable: int
+) -> list[tuple[Trajectory, list[Trajectory]]]:
+    """Await ``members`` until ``min_usable`` of them ended usable, then cancel the rest;
+    the results of those that ended, in member order (cancelling this cancels them all)."""
+    pending, usable = set(members), 0
+    try:
+        while pending and usable < min_usable:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            usable += sum(not m.result()[0].is_infra_failure for m in done)
+    finally:
+        for m in pending:
+            m.cancel()
+        await asyncio.gather(*members, return_exceptions=True)
+    return [m.result() for m in members if not m.cancelled()]
 
 
 def _takes_one_argument(factory: Callable[..., Any]) -> bool:

@@ -1,0 +1,453 @@
+"""The OpenAI-compatible endpoint: an agent written against the official ``openai`` client
+runs calculator episodes through it; what it records is, token for token, the chat
+template's rendering of the conversation, and a closed episode becomes the learner's
+trajectory (one row, the loss mask on the completions). Bad requests get a 4xx naming the
+field; open episodes are bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+
+import aiohttp
+import numpy as np
+import pytest
+from aiohttp import web
+
+from tunix_agentic.agent.chat import ChatTemplate, make_chat_template
+from tunix_agentic.envs.calculator import (
+    ArithmeticEnv,
+    CalculatorTool,
+    answers_match,
+    make_arithmetic_task,
+)
+from tunix_agentic.inference.config import EngineConfig
+from tunix_agentic.inference.engine import JaxEngine
+from tunix_agentic.models.char_tokenizer import CharTokenizer
+from tunix_agentic.models.hf_tokenizer import HFTokenizer, save_char_tokenizer
+from tunix_agentic.rollout.service.openai_api import (
+    ChatCompletions,
+    OpenAIConfig,
+    add_openai_routes,
+)
+from tunix_agentic.rollout.service.openai_episodes import (
+    EpisodeLimits,
+    ExternalEpisodes,
+    episode_trajectory,
+)
+from tunix_agentic.rollout.service.openai_schema import parse_chat_request
+from tunix_agentic.rollout.service.wire import trajectory_from_json
+from tunix_agentic.serving.http import api_key_guard, serve_app
+from tunix_agentic.serving.timeouts import ServerTimeouts
+from tunix_agentic.testing import arithmetic_demonstration as demonstration
+from tunix_agentic.testing import memorize, tiny_model
+
+openai = pytest.importorskip("openai")
+
+CHAR = CharTokenizer(128)
+BUILTIN = ChatTemplate(CHAR)
+TASK = make_arithmetic_task(0, seed=0, split="train")
+TOOLS = ArithmeticEnv().tool_schemas()  # OpenAI function schemas
+ENGINE = EngineConfig(max_slots=4, max_seq_len=128, decode_steps=8, warmup=False)
+
+# The built-in framing written as a Hugging Face template would write it, assistant tool
+# calls Qwen-style after the content: the tests' own rendering of a conversation.
+TEMPLATE = """
+{%- for m in messages %}
+{%- if m.role == 'tool' %}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user
+{% endif %}<tool_response>{{ m.content }}</tool_response>
+{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>
+{% endif %}
+{%- else %}<|im_start|>{{ m.role }}
+{{ m.content }}
+{%- for call in m.tool_calls or [] %}<tool_call>{"name": "{{ call.function.name }}", \
+"arguments": {{ call.function.arguments }}}</tool_call>{% endfor %}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+async def calculator_agent(client, task, episode_id, **sampling):
+    """A tool-calling agent that knows nothing of this project but the endpoint's URL."""
+    messages = [{"role": "user", "content": task.prompt}]
+    headers = {"X-Episode-Id": episode_id}
+    for _ in range(3):
+        reply = await client.chat.completions.create(
+            model="policy", messages=messages, tools=TOOLS, extra_headers=headers, **sampling
+        )
+        message = reply.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            break
+        for call in message.tool_calls:
+            try:
+                result = await CalculatorTool().run(**json.loads(call.function.arguments))
+            except (TypeError, ValueError) as exc:
+                result = f"error: {exc}"
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+    answer = re.search(r"<answer>(.*?)</answer>", message.content or "")
+    reward = float(answer is not None and answers_match(answer.group(1), task.answer))
+    await client.post(
+        f"/episodes/{episode_id}/reward",
+        body={"reward": reward, "task_id": task.task_id},
+        cast_to=object,
+    )
+    return messages, reward
+
+
+@pytest.fixture(scope="module")
+def char_tokenizer(tmp_path_factory):
+    """The built-in characters exported as a Hugging Face tokenizer with TEMPLATE."""
+    path = save_char_tokenizer(CHAR, tmp_path_factory.mktemp("char"), chat_template=TEMPLATE)
+    return HFTokenizer.from_dir(path)
+
+
+@pytest.fixture(scope="module")
+def char_template(char_tokenizer):
+    """TEMPLATE, which drops tool schemas, left without them (as the memorised policy saw)."""
+    return make_chat_template(char_tokenizer, tools_fallback="drop")
+
+
+@pytest.fixture(scope="module")
+def tool_user():
+    """A real policy that memorised one calculator episode framed by the built-in template,
+    served by one engine for the module (an engine compiles once)."""
+    demo = demonstration(TASK, BUILTIN, use_tool=True, rng=np.random.default_rng(0))
+    model = memorize(tiny_model(seed=1), [(demo["input_ids"], demo["loss_mask"])], steps=150)
+    engine = JaxEngine(model, ENGINE)
+    yield engine, demo
+    asyncio.run(engine.close())
+
+
+@pytest.fixture
+async def serve():
+    """``serve(engine, chat_format, **config) -> (api, url)``: the endpoint on a real server
+    on a free port (stopped when the test ends)."""
+    runners = []
+
+    async def start(engine, chat_format, **config):
+        app = web.Application(middlewares=[api_key_guard(lambda app: None)])
+        api = add_openai_routes(
+            app,
+            engine=engine,
+            chat_format=chat_format,
+            version_of=lambda: 7,
+            config=OpenAIConfig(**config),
+        )
+        runner, port = await serve_app(
+            app, "127.0.0.1", 0, timeouts=ServerTimeouts(), shutdown_timeout_s=1.0
+        )
+        runners.append(runner)
+        return api, f"http://127.0.0.1:{port}"
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+def client_of(url):
+    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+
+async def test_a_tool_calling_agent_records_the_template_rendering_of_its_conversation(
+    serve, tool_user, char_template
+):
+    engine, demo = tool_user
+    api, url = await serve(engine, char_template)
+    client = client_of(url)
+    messages, reward = await calculator_agent(client, TASK, "ep-1", temperature=0, max_tokens=40)
+    assert reward == 1.0
+    call = messages[1]["tool_calls"][0]
+    assert call["function"]["name"] == "calculator"
+    assert json.loads(call["function"]["arguments"]) == {"expression": TASK.expression}
+    assert (
+        "content" not in messages[1] and messages[3]["content"] == f"<answer>{TASK.answer}</answer>"
+    )
+
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{url}/v1/episodes/ep-1") as resp:
+            recorded = await resp.json()
+    assert recorded["status"] == "closed" and recorded["reward"] == 1.0
+    assert recorded["task_id"] == TASK.task_id
+    calls = recorded["calls"]
+    assert len(calls) == 2 and all(c["policy_version"] == 7 for c in calls)
+
+    def rendering(conversation, **kw):
+        return char_template.tokenizer.encode(char_template.render(conversation, **kw))
+
+    # Each prompt is the template's rendering of the conversation sent (the second built
+    # from the first call's ids plus the tool turn's, never re-tokenised), ...
+    assert calls[0]["prompt_ids"] == rendering(messages[:1], add_generation_prompt=True)
+    assert calls[1]["prompt_ids"] == rendering(messages[:3], add_generation_prompt=True)
+    for c in calls:
+        (choice,) = c["choices"]
+        # Per-token versions are the engine's (its weights' version 0); the call's is 7.
+        assert choice["versions"] == [0] * len(choice["completion_ids"])
+        assert all(lp <= 0 for lp in choice["logprobs"])
+    # ... and the episode is one learner row: the whole conversation, mask on the replies.
+    traj = episode_trajectory(api.store.get("ep-1"))
+    assert traj.whole_history and traj.reward == 1.0
+    (row,) = traj.learner_rows()
+    whole = rendering(messages)
+    assert whole == traj.token_ids + CHAR.encode("\n")  # the template's newline after a turn
+    np.testing.assert_array_equal(row["input_ids"], demo["input_ids"])
+    np.testing.assert_array_equal(row["loss_mask"], demo["loss_mask"])
+    assert np.all(row["old_logprobs"][row["loss_mask"] == 0] == 0)
+    wired = trajectory_from_json(recorded["trajectory"])
+    assert wired.token_ids == traj.token_ids and wired.steps == traj.steps
+    await client.close()
+
+
+@pytest.mark.parametrize("fallback", ["builtin", "drop", "system"], ids=str)
+def test_a_conversation_renders_as_the_agent_loop_frames_it(char_tokenizer, fallback):
+    """Whatever the template does with tools, the first prompt is the agent loop's (tools
+    in the system prompt for a template that drops them and falls back to listing them)."""
+    if fallback == "builtin":
+        template = BUILTIN
+    else:
+        template = make_chat_template(char_tokenizer, tools_fallback=fallback)
+    api = ChatCompletions(engine=None, chat_format=template)
+    body = {"messages": [{"role": "user", "content": TASK.prompt}], "tools": TOOLS}
+    ids = api.render_ids(parse_chat_request(body, max_n=1, max_messages=8))
+    assert ids == template.prompt_ids(TASK.prompt, TOOLS)
+    assert ("<tools>" in CHAR.decode(ids)) == (fallback == "system")
+
+
+def test_a_tool_call_the_template_drops_renders_as_the_model_learned_it():
+    """The built-in template drops ``tool_calls``: a conversation sent whole (no episode to
+    continue) still renders the call as the policy's demonstrations wrote it."""
+    api = ChatCompletions(engine=None, chat_format=BUILTIN)
+    args = json.dumps({"expression": TASK.expression})
+    call = {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": args}}
+    messages = [
+        {"role": "user", "content": TASK.prompt},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": TASK.answer},
+    ]
+    ids = api.render_ids(parse_chat_request({"messages": messages}, max_n=1, max_messages=8))
+    demo = demonstration(TASK, BUILTIN, use_tool=True, rng=np.random.default_rng(0))
+    assert ids == demo["input_ids"][: len(ids)].tolist()
+    assert demo["loss_mask"][len(ids) - 1] == 0 and demo["loss_mask"][len(ids)] == 1
+
+
+async def test_random_policy_episodes_in_the_built_in_framing(serve, make_engine):
+    """A random policy through the run's built-in template: prompts as the agent loop frames
+    them, every completion recorded, the trajectory's mask exactly on the completions."""
+    api, url = await serve(make_engine(tiny_model(seed=3), ENGINE), BUILTIN)
+    client = client_of(url)
+    tasks = [make_arithmetic_task(i, seed=0, split="train") for i in range(3)]
+    for i, task in enumerate(tasks):
+        await calculator_agent(client, task, f"rand-{i}", temperature=1.0, max_tokens=24, seed=i)
+    for i, task in enumerate(tasks):
+        episode = api.store.get(f"rand-{i}")
+        assert episode.closed and episode.task_id == task.task_id
+        assert episode.calls[0].prompt_ids == BUILTIN.prompt_ids(task.prompt)
+        traj = episode_trajectory(episode)
+        # The agent's calls continue each other: one row, the mask exactly on the replies.
+        assert traj.whole_history and len(traj.steps) == len(episode.calls)
+        arrays = traj.learner_arrays()
+        expected = np.zeros(len(traj.token_ids), np.float32)
+        for step, start, call in zip(traj.steps, traj.action_starts(), episode.calls, strict=True):
+            assert traj.token_ids[:start] == call.prompt_ids
+            expected[start : start + len(step.action_ids)] = 1
+        np.testing.assert_array_equal(arrays["loss_mask"], expected)
+    await client.close()
+
+
+async def test_choices_and_rewritten_histories_give_one_row_per_call(serve, tool_user):
+    engine, _ = tool_user
+    api, url = await serve(engine, BUILTIN)
+    client = client_of(url)
+    head = {"X-Episode-Id": "branchy"}
+    first = [{"role": "user", "content": TASK.prompt}]
+    reply = await client.chat.completions.create(
+        model="m",
+        messages=first,
+        tools=TOOLS,
+        n=2,
+        temperature=0,
+        max_tokens=40,
+        extra_headers=head,
+    )
+    recorded = api.store.get("branchy").calls[0].completions
+    assert len(reply.choices) == 2 and len(recorded) == 2
+    assert reply.usage.completion_tokens == sum(len(c.token_ids) for c in recorded)
+    assert reply.choices[0].finish_reason == "tool_calls"
+    # The client rewrites history: the next prompt is rendered anew, not chained.
+    rewritten = [*first, {"role": "assistant", "content": "I will compute it."}]
+    rewritten.append({"role": "user", "content": "go on"})
+    await client.chat.completions.create(
+        model="m", messages=rewritten, max_tokens=8, temperature=0, extra_headers=head
+    )
+    await client.post("/episodes/branchy/reward", body={"reward": 0.5}, cast_to=object)
+    episode = api.store.get("branchy")
+    assert [len(c.completions) for c in episode.calls] == [2, 1]
+    traj = episode_trajectory(episode)
+    rows = traj.learner_rows()
+    assert not traj.whole_history and len(rows) == 3
+    for row, (call, c) in zip(
+        rows,
+        [(episode.calls[0], x) for x in episode.calls[0].completions]
+        + [(episode.calls[1], episode.calls[1].completions[0])],
+        strict=True,
+    ):
+        k = len(call.prompt_ids)
+        assert row["input_ids"].tolist() == call.prompt_ids + c.token_ids
+        assert row["loss_mask"].tolist() == [0.0] * k + [1.0] * len(c.token_ids)
+    assert episode.calls[1].prompt_ids == BUILTIN.tokenizer.encode(
+        "<|im_start|>user\n" + TASK.prompt + "<|im_end|>\n<|im_start|>assistant\nI will compute it."
+        "<|im_end|>\n<|im_start|>user\ngo on<|im_end|>\n<|im_start|>assistant\n"
+    )
+    # tool_choice="none": the reply's text is left whole.
+    reply = await client.chat.completions.create(
+        model="m", messages=first, tools=TOOLS, tool_choice="none", temperature=0, max_tokens=40
+    )
+    assert reply.choices[0].message.tool_calls is None
+    assert reply.choices[0].message.content.startswith("<tool_call>")
+    await client.close()
+
+
+BAD = [
+    ({}, 400, "messages"),
+    ({"messages": []}, 400, "messages"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0].role"),
+    ({"messages": [{"role": "user"}]}, 400, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "content[0]"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, 400, "tool_calls"),
+    (
+        {
+            "messages": [
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {"type": "function", "function": {"name": "c", "arguments": "{"}}
+                    ],
+                }
+            ]
+        },
+        400,
+        "messages[0].tool_calls[0].function.arguments",
+    ),
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": 3}, 400, "temperature"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_p": 0}, 400, "top_p"),
+    ({"messages": [{"role": "user", "content": "x"}], "n": 0}, 400, "n"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": "9"}, 400, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "stream": True}, 400, "stream"),
+    ({"messages": [{"role": "user", "content": "x"}], "stop": ["\n"]}, 400, "stop"),
+    ({"messages": [{"role": "user", "content": "x"}], "best_of": 2}, 400, "best_of"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "x"}]}, 400, "tools[0]"),
+    (
+        {"messages": [{"role": "user", "content": "x"}], "tool_choice": "sometimes"},
+        400,
+        "tool_choice",
+    ),
+    (
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "tool_choice": {"type": "function", "function": {"name": "nope"}},
+        },
+        400,
+        "tool_choice.function.name",
+    ),
+    ([1, 2], 400, "JSON object"),
+]
+
+
+@pytest.mark.parametrize("body, status, field", BAD, ids=[f"{i}-{b[2]}" for i, b in enumerate(BAD)])
+async def test_a_bad_request_is_a_4xx_naming_the_field(serve, body, status, field):
+    _, url = await serve(None, BUILTIN)
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{url}/v1/chat/completions", json=body) as resp:
+            assert resp.status == status
+            assert field in (await resp.json())["error"]["message"]
+
+
+async def test_episodes_are_bounded_and_closed_once(serve, tool_user):
+    engine, _ = tool_user
+    api, url = await serve(
+        engine, BUILTIN, episodes=EpisodeLimits(max_open=1, max_calls=1, idle_timeout_s=60)
+    )
+    body = {"messages": [{"role": "user", "content": TASK.prompt}], "max_tokens": 4}
+
+    async def post(path, payload, episode=None):
+        headers = {"X-Episode-Id": episode} if episode else {}
+        async with http.post(f"{url}{path}", json=payload, headers=headers) as resp:
+            return resp.status, await resp.json()
+
+    async with aiohttp.ClientSession() as http:
+        assert (await post("/v1/chat/completions", body, "a"))[0] == 200
+        status, out = await post("/v1/chat/completions", body, "b")  # one open at most
+        assert status == 429 and "X-Episode-Id" in out["error"]["message"]
+        status, out = await post("/v1/chat/completions", body, "a")  # one call each
+        assert status == 413 and "calls" in out["error"]["message"]
+        status, out = await post("/v1/chat/completions", body, "bad id!")
+        assert status == 400 and "X-Episode-Id" in out["error"]["message"]
+        assert (await post("/v1/episodes/a/reward", {"reward": "1"}))[0] == 400
+        assert (await post("/v1/episodes/a/reward", {"reward": 1, "x": 1}))[0] == 400
+        assert (await post("/v1/episodes/zz/reward", {"reward": 1}))[0] == 404
+        assert (await post("/v1/episodes/a/reward", {"reward": 1}))[0] == 200
+        assert (await post("/v1/episodes/a/reward", {"reward": 1}))[0] == 200  # idempotent
+        assert (await post("/v1/episodes/a/reward", {"reward": 0}))[0] == 409
+        assert (await post("/v1/chat/completions", body, "a"))[0] == 409  # closed
+        # Without the header a call is answered and not recorded.
+        status, out = await post("/v1/chat/completions", body)
+        assert status == 200 and out["usage"]["prompt_tokens"] == len(
+            BUILTIN.prompt_ids(TASK.prompt)
+        )
+        # An idle open episode expires (its clock moved back instead of waiting).
+        assert (await post("/v1/chat/completions", body, "b"))[0] == 200
+        api.store.open["b"].touched -= 61
+        async with http.get(f"{url}/v1/episodes/b") as resp:
+            assert resp.status == 404
+        assert api.store.expired == 1
+
+
+@pytest.mark.parametrize(
+    "extra, field",
+    [({"content": "x" * 200}, "messages"), ({"top_k": 1000}, "top_k")],
+    ids=["prompt-over-the-context", "top_k-over-the-vocabulary"],
+)
+async def test_what_the_engine_refuses_is_a_4xx_naming_the_field(serve, tool_user, extra, field):
+    engine, _ = tool_user
+    api, url = await serve(engine, BUILTIN)
+    message = {"role": "user", "content": extra.get("content", "hi")}
+    body = {
+        "messages": [message],
+        "max_tokens": 4,
+        **{k: extra[k] for k in extra.keys() - {"content"}},
+    }
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            f"{url}/v1/chat/completions", json=body, headers={"X-Episode-Id": "e"}
+        ) as resp:
+            assert resp.status == 400
+            assert (await resp.json())["error"]["message"].startswith(field)
+    assert api.store.get("e").calls == [] and api.store.get("e").in_flight == 0
+
+
+async def test_external_episodes_make_a_group_of_one_task(serve, tool_user):
+    engine, _ = tool_user
+    api, url = await serve(engine, BUILTIN)
+    client = client_of(url)
+    source = ExternalEpisodes(api.store, group_size=2, timeout_s=60)
+    for i in range(2):
+        await calculator_agent(client, TASK, f"g-{i}", temperature=1.0, max_tokens=40, seed=i)
+    group = await source.run_group(TASK, index=3, version=7)
+    assert group.task.task_id == TASK.task_id and len(group.trajectories) == 2
+    assert {t.episode_id for t in group.trajectories} == {"g-0", "g-1"}
+    assert api.store.take_closed() == []
+    await client.close()
+
+
+def test_the_endpoint_imports_no_jax():
+    code = (
+        "import sys, tunix_agentic.rollout.service.openai_api; "
+        "assert 'jax' not in sys.modules, 'jax imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

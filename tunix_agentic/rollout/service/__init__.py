@@ -1,0 +1,29 @@
+"""Rollout as a service: rollout nodes run groups submitted over HTTP (``serve-rollout``).
+
+:mod:`~tunix_agentic.rollout.service.wire` is the JSON of tasks, trajectories, groups
+and group requests; :mod:`~tunix_agentic.rollout.service.node` the node (groups run by the
+:class:`~tunix_agentic.rollout.episode.EpisodeRunner`), :mod:`.node_http` its HTTP API
+(``serve-rollout``), :mod:`.engines` its engines by URL;
+:mod:`~tunix_agentic.rollout.service.wal` its write-ahead log of finished groups;
+:mod:`~tunix_agentic.rollout.service.node_client` the client of one node. Nothing here
+imports JAX: a rollout node runs on CPU machines.
+"""
+
+from tunix_agentic.lazy import lazy_exports
+
+_API = {
+    "GroupRequest": "tunix_agentic.rollout.service.wire",
+    "group_from_json": "tunix_agentic.rollout.service.wire",
+    "group_to_json": "tunix_agentic.rollout.service.wire",
+    "trajectory_from_json": "tunix_agentic.rollout.service.wire",
+    "trajectory_to_json": "tunix_agentic.rollout.service.wire",
+    "NodeClient": "tunix_agentic.rollout.service.node_client",
+    "NodeUnavailable": "tunix_agentic.rollout.service.node_client",
+    "RolloutNode": "tunix_agentic.rollout.service.node",
+    "EngineSet": "tunix_agentic.rollout.service.engines",
+    "build_node_app": "tunix_agentic.rollout.service.node_http",
+    "start_node_server": "tunix_agentic.rollout.service.node_http",
+    "GroupLog": "tunix_agentic.rollout.service.wal",
+}
+__all__ = sorted(_API)
+__getattr__, __dir__ = lazy_exports(__name__, _API, globals())

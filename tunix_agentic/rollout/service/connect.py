@@ -1,0 +1,81 @@
+"""Switch a run's orchestrator to rollout nodes (``rollout.service.urls``).
+
+:func:`connect_service` serves the trainer's engine over HTTP on its own event loop
+(unless ``rollout.service.engine_urls`` names engines the nodes use instead), hands the
+engine's URL to every node, and makes a
+:class:`~tunix_agentic.rollout.service.runner.ServiceEpisodeRunner` the orchestrator's
+episode runner. Everything it starts is closed by the caller's exit stack. Weights keep
+flowing as in process: the served engine is the trainer's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from typing import Any
+
+from tunix_agentic.agent.loop import AgentConfig
+from tunix_agentic.rollout.config import RolloutConfig, ServiceConfig
+from tunix_agentic.rollout.service.runner import ServiceEpisodeRunner
+from tunix_agentic.serving.http import API_KEY_ENV
+
+_log = logging.getLogger(__name__)
+
+
+def service_api_key(service: ServiceConfig) -> str | None:
+    """``rollout.service.api_key``, else ``$TUNIX_AGENTIC_API_KEY`` (kept out of the run's
+    saved config), else None."""
+    return service.api_key or os.environ.get(API_KEY_ENV) or None
+
+
+async def connect_service(
+    stack: contextlib.AsyncExitStack,
+    orchestrator: Any,
+    engine: Any,
+    rollout: RolloutConfig,
+    agent: AgentConfig,
+    *,
+    state: dict[str, Any] | None = None,
+    model_info: dict[str, Any] | None = None,
+) -> ServiceEpisodeRunner:
+    """Run ``orchestrator``'s groups on the nodes of ``rollout.service``; returns the runner.
+
+    ``engine``: the trainer's (a :class:`~tunix_agentic.inference.engine.JaxEngine`),
+    served on ``service.engine_host:engine_port`` (an API key, ``service.api_key``, is
+    required beyond loopback) and named to the nodes as ``service.engine_advertise`` or
+    its own URL. ``state``: the ``"service"`` part of a checkpoint's rollout state (the
+    run id and the finished groups a resumed run trains on instead of generating them).
+    """
+    service = rollout.service
+    engine_urls = list(service.engine_urls)
+    served = not engine_urls
+    if served:
+        from tunix_agentic.serving.engine_server import start_server
+        from tunix_agentic.serving.http import is_loopback, url
+
+        key = None if is_loopback(service.engine_host) else service_api_key(service)
+        server, port = await start_server(
+            engine,
+            host=service.engine_host,
+            port=service.engine_port,
+            model_info=model_info or {},
+            api_key=key,
+        )
+        stack.push_async_callback(server.cleanup)  # before the engine closes (LIFO)
+        engine_urls = [service.engine_advertise or url(service.engine_host, port)]
+        _log.info("serving the trainer's engine to the rollout nodes on %s", engine_urls[0])
+    runner = ServiceEpisodeRunner(
+        service.urls,
+        agent_config=agent,
+        config=rollout,
+        api_key=service_api_key(service),
+        engine_urls=engine_urls,
+        own_engines=served,
+    )
+    if state:
+        runner.restore_state(state)
+    runner.attach(orchestrator)
+    stack.push_async_callback(runner.close)
+    await runner.connect()
+    return runner

@@ -1,0 +1,139 @@
+"""The rollout node's engines: SGLang-compatible servers by URL, added and removed while
+it serves, behind an :class:`~tunix_agentic.inference.pool.EnginePool`. Nothing here
+imports JAX."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from tunix_agentic.inference.base import EngineError, TokenOutput
+from tunix_agentic.inference.params import SamplingParams
+from tunix_agentic.inference.pool import EnginePool
+from tunix_agentic.serving.client import SGLangEngine
+
+
+class EngineSet:
+    """The node's engines by URL, behind an :class:`EnginePool` rebuilt when the set
+    changes (requests already sent finish on the pool that sent them). Implements the
+    ``generate`` the agent loop needs; an empty set answers ``EngineError``."""
+
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        api_key: str | None = None,
+        request_timeout_s: float = 300.0,
+    ):
+        self.api_key = api_key
+        self.request_timeout_s = request_timeout_s
+        self._clients: dict[str, SGLangEngine] = {}
+        self._pool: EnginePool | None = None
+        self._retired: set[asyncio.Task] = set()
+        for u in urls:
+            self.add(u)
+
+    @property
+    def urls(self) -> list[str]:
+        return list(self._clients)
+
+    def add(self, url: str) -> bool:
+        """Add the engine at ``url``; False if it is already in the set."""
+        url = check_url(url)
+        if url in self._clients:
+            return False
+        self._clients[url] = SGLangEngine(
+            url, api_key=self.api_key, request_timeout_s=self.request_timeout_s
+        )
+        self._rebuild()
+        return True
+
+    def remove(self, url: str) -> bool:
+        """Take the engine at ``url`` out (no new requests; closed once its requests end);
+        False if it is not in the set."""
+        client = self._clients.pop(url.rstrip("/"), None)
+        if client is None:
+            return False
+        self._rebuild()
+        self._spawn(self._close_when_idle(client))
+        return True
+
+    def _rebuild(self) -> None:
+        old, urls = self._pool, list(self._clients)
+        self._pool = (
+            EnginePool([self._clients[u] for u in urls], names=urls, close_backends=False)
+            if urls
+            else None
+        )
+        if old is not None:
+            self._spawn(self._close_when_idle(old))
+
+    def _spawn(self, coro) -> None:
+        try:
+            task = asyncio.get_running_loop().create_task(coro)
+        except RuntimeError:  # no loop yet (built before serving): nothing is in flight
+            coro.close()
+            return
+        self._retired.add(task)
+        task.add_done_callback(self._retired.discard)
+
+    @staticmethod
+    async def _close_when_idle(engine: Any, limit_s: float = 600.0) -> None:
+        deadline = time.monotonic() + limit_s
+        while engine.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+        await engine.close()
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams = SamplingParams(),
+        *,
+        session_id: str | None = None,
+        request_id: str | None = None,
+    ) -> TokenOutput:
+        if self._pool is None:
+            raise EngineError("the rollout node has no engine (POST /v1/engines {url})")
+        return await self._pool.generate(
+            prompt_ids, sampling, session_id=session_id, request_id=request_id
+        )
+
+    @property
+    def in_flight(self) -> int:
+        return sum(c.in_flight for c in self._clients.values())
+
+    def health(self) -> list[dict[str, Any]]:
+        """Each engine: url, in-flight requests, health as the pool sees it."""
+        seen = {}
+        if self._pool is not None:
+            seen = {b["name"]: b for b in self._pool.health().get("backends", [])}
+        out = []
+        for u, client in self._clients.items():
+            b = seen.get(u, {})
+            out.append(
+                {
+                    "url": u,
+                    "in_flight": client.in_flight,
+                    "healthy": bool(b.get("healthy", client.health().get("ok", False))),
+                    "status": client.health().get("status"),
+                    "served": b.get("served", 0),
+                }
+            )
+        return out
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+        for t in list(self._retired):
+            t.cancel()
+        await asyncio.gather(*self._retired, return_exceptions=True)
+        clients, self._clients = list(self._clients.values()), {}
+        await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
+
+
+def check_url(url: Any) -> str:
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ValueError(f"url must be an http:// or https:// URL, got {url!r:.200}")
+    return url.rstrip("/")

@@ -1,0 +1,328 @@
+"""The rollout node's HTTP API (``tunix-agentic serve-rollout``) over a
+:class:`~tunix_agentic.rollout.service.node.RolloutNode`.
+
+Routes (JSON; every route but ``/health`` behind the API key when one is set; a bad field
+answers 400 naming it): ``POST /v1/groups`` (202 ``{group_id, status}``; the same id and
+body again answers the same, another body 409), ``GET /v1/groups/{id}?wait_s=N`` (long
+poll), ``GET /v1/groups?done_since=C`` (final groups in completion order),
+``GET /v1/events`` (server-sent events of the same, resumable with ``?cursor=C`` or
+``Last-Event-ID``), ``DELETE /v1/groups/{id}`` (cancel, idempotent), ``POST /v1/policy
+{version}``, ``GET /v1/status``, ``POST`` / ``DELETE /v1/engines {url}``, ``GET
+/health``, and the OpenAI-compatible endpoint of
+:mod:`~tunix_agentic.rollout.service.openai_api`. Nothing here imports JAX.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from tunix_agentic.rollout.service.engines import EngineSet, check_url
+from tunix_agentic.rollout.service.node import NodeSetup, RolloutNode, setup_from_config
+from tunix_agentic.rollout.service.wire import (
+    FINAL_STATUSES,
+    GroupRequest,
+)
+from tunix_agentic.serving.http import api_key_guard, json_error, serve_app
+from tunix_agentic.serving.timeouts import ServerTimeouts
+
+MAX_BODY_BYTES = 8 * 1024 * 1024  # the OpenAI endpoint's bodies (whole conversations) too
+MAX_WAIT_S = 300.0  # the longest a long poll holds a request
+_SSE_HEARTBEAT_S = 15.0
+_SHUTDOWN_TIMEOUT_S = 5.0
+
+
+NODE = web.AppKey("rollout_node", RolloutNode)
+API_KEY = web.AppKey("rollout_api_key", str)
+
+
+async def _json_body(request: web.Request) -> Any:
+    raw = await request.read()
+    try:
+        return json.loads(raw) if raw.strip() else {}
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"request body is not valid JSON: {exc}") from None
+
+
+def _number_param(request: web.Request, name: str, default: float, hi: float) -> float:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {raw!r:.80}") from None
+    if not (math.isfinite(value) and 0 <= value):
+        raise ValueError(f"{name} must be a finite number >= 0, got {raw!r:.80}")
+    return min(value, hi)
+
+
+def _int_param(request: web.Request, name: str, default: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {raw!r:.80}") from None
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+def _bad_request(handler):
+    """A handler whose ValueError is the client's: a 400 naming the field."""
+
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ValueError as exc:
+            return json_error(400, str(exc), "BadRequest")
+
+    wrapped.__name__ = handler.__name__
+    return wrapped
+
+
+@_bad_request
+async def handle_submit(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    req = GroupRequest.from_json(await _json_body(request), task_types=node.task_types)
+    # Shielded: a client hanging up must not leave a group half accepted.
+    status, answer = await asyncio.shield(node.submit(req))
+    return web.json_response(answer, status=status)
+
+
+@_bad_request
+async def handle_get(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    gid = request.match_info["group_id"]
+    wait_s = _number_param(request, "wait_s", 0.0, MAX_WAIT_S)
+    st = node.groups.get(gid)
+    if st is None:
+        return json_error(404, f"no group {gid!r} on this node", "NotFound")
+    if st.status not in FINAL_STATUSES and wait_s > 0:
+        try:
+            await asyncio.wait_for(st.finished.wait(), wait_s)
+        except TimeoutError:
+            pass
+        st = node.groups[gid]
+    return web.json_response(await node.answer(st))
+
+
+@_bad_request
+async def handle_list(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    cursor = _int_param(request, "done_since", 0)
+    limit = max(1, min(_int_param(request, "limit", 1000), 10_000))
+    return web.json_response(node.done_since(cursor, limit))
+
+
+@_bad_request
+async def handle_events(request: web.Request) -> web.StreamResponse:
+    """Server-sent events: one ``group`` event per final group (``id``: its cursor) from
+    ``?cursor=C`` or ``Last-Event-ID`` on; a comment line every 15 s keeps it open."""
+    node = request.app[NODE]
+    cursor = _int_param(request, "cursor", 0)
+    last = request.headers.get("Last-Event-ID")
+    if last is not None:
+        try:
+            cursor = max(cursor, int(last))
+        except ValueError:
+            raise ValueError(f"Last-Event-ID must be an integer cursor, got {last!r:.80}") from None
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await resp.prepare(request)
+    while True:
+        changed = node.changed.event()  # before reading: a group ending after is not missed
+        page = node.done_since(cursor, 1000)
+        for g in page["groups"]:
+            data = json.dumps(g, separators=(",", ":"))
+            await resp.write(f"id: {g['cursor']}\nevent: group\ndata: {data}\n\n".encode())
+        cursor = page["cursor"]
+        if page["groups"]:
+            continue
+        try:
+            await asyncio.wait_for(changed.wait(), _SSE_HEARTBEAT_S)
+        except TimeoutError:
+            await resp.write(b": keep-alive\n\n")
+
+
+async def handle_delete(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    gid = request.match_info["group_id"]
+    answer = await asyncio.shield(node.cancel(gid))
+    if answer is None:
+        return json_error(404, f"no group {gid!r} on this node", "NotFound")
+    return web.json_response(answer)
+
+
+@_bad_request
+async def handle_policy(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    body = await _json_body(request)
+    if not isinstance(body, dict) or "version" not in body:
+        raise ValueError('version is required (a JSON object {"version": N})')
+    version = body["version"]
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ValueError(f"version must be an integer >= 0, got {version!r:.80}")
+    node.policy_version = version
+    return web.json_response({"version": node.policy_version})
+
+
+async def handle_status(request: web.Request) -> web.Response:
+    return web.json_response(request.app[NODE].status())
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    return web.json_response({"ok": True, "engines": len(node.engines.urls)})
+
+
+@_bad_request
+async def handle_engines(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    body = await _json_body(request)
+    if not isinstance(body, dict) or "url" not in body:
+        raise ValueError('url is required (a JSON object {"url": "http://host:port"})')
+    url = check_url(body["url"])
+    if request.method == "POST":
+        changed = node.engines.add(url)
+    else:
+        changed = node.engines.remove(url)
+        if not changed:
+            return json_error(404, f"url: no engine {url!r} on this node", "NotFound")
+    return web.json_response({"changed": changed, "engines": node.engines.urls})
+
+
+def build_node_app(node: RolloutNode, *, api_key: str | None = None) -> web.Application:
+    """The aiohttp application of ``node`` (its routes in the module docstring)."""
+    app = web.Application(
+        client_max_size=MAX_BODY_BYTES, middlewares=[api_key_guard(lambda a: a.get(API_KEY))]
+    )
+    app[NODE] = node
+    if api_key:
+        app[API_KEY] = api_key
+    app.router.add_get("/health", handle_health)
+    app.router.add_post("/v1/groups", handle_submit)
+    app.router.add_get("/v1/groups", handle_list)
+    app.router.add_get("/v1/groups/{group_id}", handle_get)
+    app.router.add_delete("/v1/groups/{group_id}", handle_delete)
+    app.router.add_get("/v1/events", handle_events)
+    app.router.add_post("/v1/policy", handle_policy)
+    app.router.add_get("/v1/status", handle_status)
+    app.router.add_post("/v1/engines", handle_engines)
+    app.router.add_delete("/v1/engines", handle_engines)
+    _mount_openai(app, node)
+    return app
+
+
+def _mount_openai(app: web.Application, node: RolloutNode) -> None:
+    """The OpenAI-compatible endpoint in front of the node's engines (``POST
+    /v1/chat/completions``, ``/v1/episodes/...``: see :mod:`.openai_api`), rendering with
+    the node's chat template and parsing tool calls with its agent's parser."""
+    from tunix_agentic.rollout.service.openai_api import OpenAIConfig, add_openai_routes
+
+    node.openai = add_openai_routes(
+        app,
+        engine=node.engines,
+        chat_format=node.setup.template,
+        version_of=lambda: node.policy_version,
+        config=OpenAIConfig(
+            parser=node.setup.agent.parser, default_max_tokens=node.setup.agent.max_new_tokens
+        ),
+    )
+
+
+async def start_node_server(
+    node: RolloutNode,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    api_key: str | None = None,
+    timeouts: ServerTimeouts | None = None,
+) -> tuple[web.AppRunner, int]:
+    """Replay the node's log, then serve it on the running loop: ``(runner, port)``."""
+    await node.start()
+    return await serve_app(
+        build_node_app(node, api_key=api_key),
+        host,
+        port,
+        timeouts=timeouts or ServerTimeouts(),
+        shutdown_timeout_s=_SHUTDOWN_TIMEOUT_S,
+    )
+
+
+async def _serve(
+    setup: NodeSetup,
+    engine_urls: list[str],
+    state_dir: str | Path,
+    *,
+    host: str,
+    port: int,
+    api_key: str | None,
+    engine_api_key: str | None,
+    timeouts: ServerTimeouts,
+) -> None:
+    from tunix_agentic.serving.http import serve_until_signal, url
+
+    node = RolloutNode(setup, EngineSet(engine_urls, api_key=engine_api_key), state_dir)
+    await serve_until_signal(
+        lambda: start_node_server(node, host=host, port=port, api_key=api_key, timeouts=timeouts),
+        lambda real_port: f"serving rollout node on {url(host, real_port)}",
+        before_cleanup=node.close,
+    )
+
+
+def serve_rollout_main(
+    config: str | None,
+    *,
+    overrides: list[str] | tuple[str, ...] = (),
+    engine_urls: list[str] | tuple[str, ...] = (),
+    state_dir: str | Path = "runs/rollout_node",
+    host: str = "127.0.0.1",
+    port: int = 8200,
+    api_key: str | None = None,
+    engine_api_key: str | None = None,
+    timeouts: ServerTimeouts | None = None,
+) -> int:
+    """``tunix-agentic serve-rollout``: load the run config, then serve a node until
+    SIGINT or SIGTERM. Prints ``serving rollout node on http://HOST:PORT`` once
+    listening. Returns the exit status (2 for a bad argument or config, 1 when the address
+    cannot be bound). ``api_key`` defaults to ``$TUNIX_AGENTIC_API_KEY``; the engines get
+    ``engine_api_key`` (default: the same key)."""
+    from tunix_agentic.config import load_config
+    from tunix_agentic.serving.http import API_KEY_ENV, check_exposure
+
+    api_key = api_key or os.environ.get(API_KEY_ENV) or None
+    try:
+        check_exposure(host, api_key)
+        urls = [check_url(u) for u in engine_urls]
+        setup = setup_from_config(load_config(config, list(overrides)))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"tunix-agentic: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(
+            _serve(
+                setup,
+                urls,
+                state_dir,
+                host=host,
+                port=port,
+                api_key=api_key,
+                engine_api_key=engine_api_key or api_key,
+                timeouts=timeouts or ServerTimeouts(),
+            )
+        )
+    except OSError as exc:
+        print(f"tunix-agentic: error: cannot serve on {host}:{port}: {exc}", file=sys.stderr)
+        return 1
+    return 0

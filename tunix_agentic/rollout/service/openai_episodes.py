@@ -1,0 +1,325 @@
+"""Episodes recorded by the OpenAI endpoint: what each call saw and sampled, token for token.
+
+An episode is opened by the first chat call carrying its ``X-Episode-Id`` and closed by
+``POST /v1/episodes/{id}/reward``. :class:`EpisodeStore` bounds what it holds: at most
+``max_open`` open episodes (a new one beyond that is refused with 429), each at most
+``max_calls`` calls and ``max_tokens`` recorded ids (413 beyond), an open episode idle
+for ``idle_timeout_s`` is dropped, and closed episodes wait to be taken
+(:meth:`EpisodeStore.take_closed`) for at most ``closed_ttl_s`` seconds and
+``max_closed`` episodes (the oldest go first).
+
+:func:`episode_trajectory` turns a closed episode into the learner's
+:class:`~tunix_agentic.trajectory.Trajectory`: when every call's prompt extends the
+previous call's prompt + completion, one whole-history trajectory (one learner row, the
+loss mask on the completions only); otherwise every call is a step with its own context
+(one learner row per call). :class:`ExternalEpisodes` groups closed episodes of one task
+into a :class:`~tunix_agentic.rollout.episode.Group` with ``run_group``'s signature.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections import OrderedDict
+from typing import Any
+
+from tunix_agentic.envs.base import Task
+from tunix_agentic.rollout.episode import Group
+from tunix_agentic.rollout.service.openai_schema import RequestError
+from tunix_agentic.trajectory import Step, Trajectory
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeLimits:
+    """Bounds of :class:`EpisodeStore` (see the module docstring)."""
+
+    max_open: int = 4096
+    max_calls: int = 256
+    max_tokens: int = 1 << 20
+    idle_timeout_s: float = 900.0
+    max_closed: int = 4096
+    closed_ttl_s: float = 3600.0
+
+    def __post_init__(self):
+        for name in ("max_open", "max_calls", "max_tokens", "max_closed"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"episodes.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("idle_timeout_s", "closed_ttl_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"episodes.{name} must be > 0, got {getattr(self, name)}")
+
+
+@dataclasses.dataclass
+class Completion:
+    """One sampled choice of a call: its ids (the stop token kept), the engine's logprobs
+    and per-token policy versions, and the key of the assistant message it was returned as
+    (:func:`~tunix_agentic.rollout.service.openai_schema.message_key`)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str
+    message_key: str
+    ended_turn: bool  # whether the last id ends the assistant's turn (a stop token)
+
+
+@dataclasses.dataclass
+class Call:
+    """One recorded chat call: the prompt ids the engine saw and its choices."""
+
+    message_keys: list[str]  # of the request's messages, to find the call a later one extends
+    prompt_ids: list[int]
+    completions: list[Completion]
+    policy_version: int | None
+    model_s: float = 0.0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + sum(len(c.token_ids) for c in self.completions)
+
+
+@dataclasses.dataclass
+class Episode:
+    episode_id: str
+    calls: list[Call] = dataclasses.field(default_factory=list)
+    closed: bool = False
+    reward: float | None = None
+    task_id: str | None = None
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    touched: float = dataclasses.field(default_factory=time.monotonic)
+    in_flight: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.calls)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "episode_id": self.episode_id,
+            "status": "closed" if self.closed else "open",
+            "reward": self.reward,
+            "task_id": self.task_id,
+            "info": self.info,
+            "calls": [
+                {
+                    "prompt_ids": c.prompt_ids,
+                    "policy_version": c.policy_version,
+                    "choices": [
+                        {
+                            "completion_ids": x.token_ids,
+                            "logprobs": x.logprobs,
+                            "versions": x.versions,
+                            "finish_reason": x.finish_reason,
+                        }
+                        for x in c.completions
+                    ],
+                }
+                for c in self.calls
+            ],
+        }
+
+
+class EpisodeStore:
+    """Open and closed episodes by id, within :class:`EpisodeLimits` (single event loop)."""
+
+    def __init__(self, limits: EpisodeLimits = EpisodeLimits()):
+        self.limits = limits
+        self.open: dict[str, Episode] = {}
+        self.closed: OrderedDict[str, tuple[Episode, float]] = OrderedDict()
+        self.expired = 0
+        self._closed_event = asyncio.Event()
+
+    def sweep(self) -> None:
+        """Drop idle open episodes and closed ones past their time (called on each access)."""
+        now = time.monotonic()
+        for eid in [
+            eid
+            for eid, ep in self.open.items()
+            if not ep.in_flight and now - ep.touched > self.limits.idle_timeout_s
+        ]:
+            del self.open[eid]
+            self.expired += 1
+        while self.closed and (
+            len(self.closed) > self.limits.max_closed
+            or now - next(iter(self.closed.values()))[1] > self.limits.closed_ttl_s
+        ):
+            self.closed.popitem(last=False)
+
+    def get(self, episode_id: str) -> Episode | None:
+        self.sweep()
+        if episode_id in self.open:
+            return self.open[episode_id]
+        found = self.closed.get(episode_id)
+        return found[0] if found else None
+
+    def begin_call(self, episode_id: str) -> Episode:
+        """The open episode a call records into (opened now if new); 409 if it is closed,
+        429 if ``max_open`` are open, 413 if it holds ``max_calls`` calls."""
+        episode = self.get(episode_id)
+        if episode is None:
+            if len(self.open) >= self.limits.max_open:
+                raise RequestError(
+                    f"X-Episode-Id: {len(self.open)} episodes are open, the limit; close "
+                    "some with POST /v1/episodes/{id}/reward",
+                    429,
+                )
+            episode = self.open[episode_id] = Episode(episode_id)
+        if episode.closed:
+            raise RequestError(f"X-Episode-Id: episode {episode_id!r} is closed", 409)
+        if len(episode.calls) >= self.limits.max_calls:
+            raise RequestError(
+                f"X-Episode-Id: episode {episode_id!r} holds {len(episode.calls)} calls, "
+                f"the limit (close it with a reward)",
+                413,
+            )
+        episode.touched = time.monotonic()
+        episode.in_flight += 1
+        return episode
+
+    def end_call(self, episode: Episode, call: Call | None) -> None:
+        """Record ``call`` (None: the call failed); 409 if the episode closed meanwhile,
+        413 if the call would take it past ``max_tokens``."""
+        episode.in_flight -= 1
+        episode.touched = time.monotonic()
+        if call is None:
+            return
+        if episode.closed:
+            raise RequestError(
+                f"X-Episode-Id: episode {episode.episode_id!r} was closed while this call ran "
+                "(not recorded)",
+                409,
+            )
+        if episode.num_tokens + call.num_tokens > self.limits.max_tokens:
+            raise RequestError(
+                f"X-Episode-Id: episode {episode.episode_id!r} would hold more than "
+                f"{self.limits.max_tokens} token ids (not recorded; close it with a reward)",
+                413,
+            )
+        episode.calls.append(call)
+
+    def close(
+        self, episode_id: str, reward: float, *, task_id: str | None, info: dict[str, Any]
+    ) -> Episode:
+        """Close an episode with its reward; again with the same reward answers the same,
+        another reward is 409; 404 for an unknown (or expired) episode."""
+        episode = self.get(episode_id)
+        if episode is None:
+            raise RequestError(f"episode {episode_id!r} is not known (or expired)", 404)
+        if episode.closed:
+            if episode.reward != reward:
+                raise RequestError(
+                    f"reward: episode {episode_id!r} was closed with reward {episode.reward}",
+                    409,
+                )
+            return episode
+        if not episode.calls:
+            raise RequestError(f"episode {episode_id!r} has no recorded call", 409)
+        episode.closed, episode.reward = True, reward
+        episode.task_id, episode.info = task_id, info
+        del self.open[episode_id]
+        self.closed[episode_id] = (episode, time.monotonic())
+        self._closed_event.set()
+        self.sweep()
+        return episode
+
+    def take_closed(self, task_id: str | None = None, limit: int | None = None) -> list[Episode]:
+        """Remove and return closed episodes (of ``task_id`` if given), oldest first."""
+        self.sweep()
+        taken = []
+        for eid, (episode, _) in list(self.closed.items()):
+            if limit is not None and len(taken) >= limit:
+                break
+            if task_id is None or episode.task_id == task_id:
+                taken.append(episode)
+                del self.closed[eid]
+        return taken
+
+    def count_closed(self, task_id: str) -> int:
+        return sum(1 for ep, _ in self.closed.values() if ep.task_id == task_id)
+
+    async def wait_closed(self) -> None:
+        """Until another episode closes."""
+        self._closed_event.clear()
+        await self._closed_event.wait()
+
+
+def _turns(episode: Episode) -> list[tuple[Call, Completion]]:
+    return [(call, c) for call in episode.calls for c in call.completions]
+
+
+def episode_trajectory(episode: Episode) -> Trajectory:
+    """The learner's trajectory of a closed episode (see the module docstring).
+
+    Chained: ``token_ids`` is the first prompt, then per call its completion and the ids
+    the next prompt added (the observation: not trained). Not chained: every step carries
+    its call's prompt as ``context_ids``. ``reward`` is the episode's; ``task_id`` the one
+    given with the reward (else the episode id).
+    """
+    if not episode.closed or not episode.calls:
+        raise ValueError(f"episode {episode.episode_id!r} is not closed with calls")
+    turns = _turns(episode)
+    history: list[int] = []
+    chained = True
+    for i, (call, c) in enumerate(turns):
+        if i and call.prompt_ids[: len(history)] != history:
+            chained = False
+            break
+        history = call.prompt_ids + c.token_ids
+    traj = Trajectory(
+        task_id=episode.task_id or episode.episode_id,
+        episode_id=episode.episode_id,
+        reward=float(episode.reward or 0.0),
+        info={"source": "openai", "calls": len(episode.calls), **episode.info},
+    )
+    traj.append_prompt(turns[0][0].prompt_ids)
+    for i, (call, c) in enumerate(turns):
+        if chained and i:
+            traj.append_observation(call.prompt_ids[len(traj.token_ids) :])
+        traj.append_action(
+            Step(
+                context_len=len(call.prompt_ids),
+                action_ids=list(c.token_ids),
+                logprobs=list(c.logprobs),
+                versions=list(c.versions),
+                finish_reason=c.finish_reason,
+                timings={"model_s": call.model_s},
+                context_ids=None if chained else list(call.prompt_ids),
+            )
+        )
+    traj.timings["model_s"] = sum(call.model_s for call in episode.calls)
+    return traj
+
+
+class ExternalEpisodes:
+    """Closed episodes of an outside agent as groups, in place of an ``EpisodeRunner``.
+
+    ``run_group(task, *, index, version, group_size, ...)`` waits until ``group_size``
+    episodes closed with ``task_id == task.task_id`` and returns them as one
+    :class:`Group` (the agent must run the trainer's tasks and name them in its reward
+    call). ``timeout_s``: give up waiting with ``TimeoutError``.
+    """
+
+    def __init__(self, store: EpisodeStore, *, group_size: int, timeout_s: float | None = None):
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        self.store, self.group_size, self.timeout_s = store, group_size, timeout_s
+
+    async def run_group(
+        self, task: Any, *, index: int, version: int, group_size: int | None = None, **_: Any
+    ) -> Group:
+        g = group_size or self.group_size
+        task_id = str(getattr(task, "task_id", task))
+        async with asyncio.timeout(self.timeout_s):
+            while self.store.count_closed(task_id) < g:
+                await self.store.wait_closed()
+        episodes = self.store.take_closed(task_id, limit=g)
+        if not isinstance(task, Task):
+            task = Task(task_id=task_id, prompt="")
+        return Group(
+            group_id=f"openai{index}-{task_id}",
+            index=index,
+            task=task,
+            admitted_version=version,
+            trajectories=[episode_trajectory(ep) for ep in episodes],
+        )

@@ -1,0 +1,277 @@
+"""The OpenAI chat-completions request, checked field by field (host-side, no JAX).
+
+:func:`parse_chat_request` turns a request body into a :class:`ChatRequest` or raises
+:class:`RequestError` naming the field (``messages[2].tool_calls[0].function.arguments``)
+and the HTTP status to answer. Messages come out normalised for the chat template:
+``content`` a string (text parts joined, ``None`` -> ``""``), assistant ``tool_calls`` in
+OpenAI's shape with ``arguments`` a JSON string, ``reasoning_content`` kept for
+templates that read it. :func:`message_key` is what two messages must share to count as
+the same turn (role, content and the tool calls' names and arguments; ids ignored).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping
+from typing import Any, Literal
+
+ROLES = ("system", "user", "assistant", "tool")
+ToolChoice = Literal["none", "auto", "required"]
+
+# Fields a client may send with a value that changes nothing here (null, false, 0, ...).
+_INERT = {
+    "stream": (None, False),
+    "stop": (None, [], ""),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "frequency_penalty": (None, 0, 0.0),
+    "presence_penalty": (None, 0, 0.0),
+    "logit_bias": (None, {}),
+    "stream_options": (None,),
+    "response_format": (None, {"type": "text"}),
+}
+_WHY = {
+    "stream": "streaming is not supported (send stream=false)",
+    "stop": "stop strings are not supported (the chat template's end-of-turn tokens stop)",
+    "logprobs": "logprobs are not returned here (GET /v1/episodes/{id} has the recorded ones)",
+}
+_IGNORED = {"model", "user", "parallel_tool_calls", "metadata", "store", "service_tier"}
+_KNOWN = {
+    "messages",
+    "tools",
+    "tool_choice",
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_tokens",
+    "max_completion_tokens",
+    "n",
+    "seed",
+    *_INERT,
+    *_IGNORED,
+}
+# Message keys the official client may echo back from a reply (dropped when empty).
+_ECHOED = {"refusal", "annotations", "audio", "function_call"}
+
+
+class RequestError(ValueError):
+    """A request this endpoint refuses: ``status`` (4xx) and a message naming the field."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatRequest:
+    """A checked chat-completions request. ``max_tokens`` None: the server's default."""
+
+    messages: tuple[dict[str, Any], ...]
+    tools: tuple[dict[str, Any], ...] = ()
+    tool_choice: ToolChoice | str = "auto"  # or the name of one function
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int | None = None
+    n: int = 1
+    seed: int | None = None
+    model: str | None = None
+
+    @property
+    def parse_tools(self) -> bool:
+        """Whether tool calls are parsed out of the reply (not with ``tool_choice="none"``)."""
+        return self.tool_choice != "none"
+
+    @property
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tool schemas the template lists (none with ``tool_choice="none"``)."""
+        return list(self.tools) if self.tools and self.parse_tools else None
+
+
+def _fail(where: str, message: str) -> RequestError:
+    return RequestError(f"{where}: {message}")
+
+
+def _number(body: Mapping[str, Any], key: str, default: float, lo: float, hi: float) -> float:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise _fail(key, f"must be a finite number, got {value!r:.50}")
+    if not lo <= value <= hi:
+        raise _fail(key, f"must be in [{lo:g}, {hi:g}], got {value}")
+    return float(value)
+
+
+def _integer(body: Mapping[str, Any], key: str, lo: int, hi: int) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(key, f"must be an integer, got {value!r:.50}")
+    if not lo <= value <= hi:
+        raise _fail(key, f"must be in [{lo}, {hi}], got {value}")
+    return value
+
+
+def _content(raw: Any, where: str, *, nullable: bool) -> str:
+    if raw is None and nullable:
+        return ""
+    if isinstance(raw, str):
+        return raw
+    if isinstance(raw, list):
+        texts = []
+        for j, part in enumerate(raw):
+            if not isinstance(part, Mapping) or part.get("type") != "text":
+                raise _fail(f"{where}[{j}]", "only parts of type 'text' are supported")
+            if not isinstance(part.get("text"), str):
+                raise _fail(f"{where}[{j}].text", "must be a string")
+            texts.append(part["text"])
+        return "".join(texts)
+    kinds = "a string or a list of text parts" + (" or null" if nullable else "")
+    raise _fail(where, f"must be {kinds}, got {type(raw).__name__}")
+
+
+def _tool_calls(raw: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(raw, list):
+        raise _fail(where, f"must be a list, got {type(raw).__name__}")
+    calls = []
+    for j, call in enumerate(raw):
+        at = f"{where}[{j}]"
+        if not isinstance(call, Mapping):
+            raise _fail(at, "must be an object")
+        if call.get("type", "function") != "function":
+            raise _fail(f"{at}.type", f"must be 'function', got {call.get('type')!r:.50}")
+        fn = call.get("function")
+        if not isinstance(fn, Mapping):
+            raise _fail(f"{at}.function", "must be an object with 'name' and 'arguments'")
+        name = fn.get("name")
+        if not isinstance(name, str) or not name:
+            raise _fail(f"{at}.function.name", "must be a non-empty string")
+        args = fn.get("arguments", "{}")
+        try:
+            parsed = json.loads(args) if isinstance(args, str) else None
+        except json.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise _fail(f"{at}.function.arguments", "must be a string holding a JSON object")
+        call_id = call.get("id")
+        if call_id is not None and not isinstance(call_id, str):
+            raise _fail(f"{at}.id", "must be a string")
+        calls.append(
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+        )
+    return calls
+
+
+def _message(raw: Any, i: int) -> dict[str, Any]:
+    where = f"messages[{i}]"
+    if not isinstance(raw, Mapping):
+        raise _fail(where, f"must be an object, got {type(raw).__name__}")
+    role = raw.get("role")
+    if role not in ROLES:
+        raise _fail(f"{where}.role", f"must be one of {', '.join(ROLES)}, got {role!r:.50}")
+    out: dict[str, Any] = {"role": role}
+    out["content"] = _content(raw.get("content"), f"{where}.content", nullable=role == "assistant")
+    for key, value in raw.items():
+        where_key = f"{where}.{key}"
+        if key in ("role", "content"):
+            continue
+        if key in _ECHOED:
+            if value:
+                raise _fail(where_key, "is not supported")
+        elif key == "tool_calls" and role == "assistant":
+            if value:
+                out["tool_calls"] = _tool_calls(value, where_key)
+        elif key in ("name", "reasoning_content") or (key == "tool_call_id" and role == "tool"):
+            if value is not None and not isinstance(value, str):
+                raise _fail(where_key, "must be a string")
+            if value is not None:
+                out[key] = value
+        else:
+            raise _fail(where_key, f"is not a field of a {role} message")
+    return out
+
+
+def _tools(raw: Any) -> tuple[dict[str, Any], ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise _fail("tools", f"must be a list, got {type(raw).__name__}")
+    for j, tool in enumerate(raw):
+        at = f"tools[{j}]"
+        if not isinstance(tool, Mapping) or tool.get("type") != "function":
+            raise _fail(f"{at}.type", "must be 'function'")
+        fn = tool.get("function")
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise _fail(f"{at}.function.name", "must be a non-empty string")
+        if not isinstance(fn.get("parameters", {}), Mapping):
+            raise _fail(f"{at}.function.parameters", "must be a JSON schema object")
+    return tuple(dict(t) for t in raw)
+
+
+def _tool_choice(raw: Any, tools: tuple[dict[str, Any], ...]) -> str:
+    if raw is None:
+        return "auto"
+    if raw in ("none", "auto", "required"):
+        return raw
+    if isinstance(raw, Mapping) and raw.get("type") == "function":
+        name = (raw.get("function") or {}).get("name")
+        known = [t["function"]["name"] for t in tools]
+        if name not in known:
+            raise _fail("tool_choice.function.name", f"{name!r:.50} is not in tools ({known})")
+        return str(name)
+    raise _fail("tool_choice", "must be 'none', 'auto', 'required' or {'type': 'function', ...}")
+
+
+def parse_chat_request(body: Any, *, max_n: int, max_messages: int) -> ChatRequest:
+    """A :class:`ChatRequest` from a JSON body, or :class:`RequestError` naming the field.
+
+    ``tool_choice`` "required" or a named function is accepted but not enforced: sampling
+    is not constrained, so the reply may still come without (or with other) tool calls.
+    """
+    if not isinstance(body, Mapping):
+        raise RequestError(f"the body must be a JSON object, got {type(body).__name__}")
+    unknown = sorted(set(body) - _KNOWN)
+    if unknown:
+        raise _fail(unknown[0], "is not a supported field of /v1/chat/completions")
+    for key, allowed in _INERT.items():
+        if key in body and body[key] not in allowed:
+            raise _fail(key, _WHY.get(key, f"only {allowed[0]!r} is supported"))
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise _fail("messages", "must be a non-empty list of messages")
+    if len(raw) > max_messages:
+        raise _fail("messages", f"holds {len(raw)} messages, over the limit of {max_messages}")
+    messages = tuple(_message(m, i) for i, m in enumerate(raw))
+    tools = _tools(body.get("tools"))
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _fail("model", "must be a string")
+    max_tokens = _integer(body, "max_completion_tokens", 1, 2**31 - 1)
+    if max_tokens is None:
+        max_tokens = _integer(body, "max_tokens", 1, 2**31 - 1)
+    return ChatRequest(
+        messages=messages,
+        tools=tools,
+        tool_choice=_tool_choice(body.get("tool_choice"), tools),
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(body, "top_p", 1.0, 1e-9, 1.0),
+        top_k=_integer(body, "top_k", 0, 2**31 - 1) or 0,
+        max_tokens=max_tokens,
+        n=_integer(body, "n", 1, max_n) or 1,
+        seed=_integer(body, "seed", -(2**63), 2**63 - 1 - max_n),
+        model=model,
+    )
+
+
+def message_key(message: Mapping[str, Any]) -> str:
+    """What makes two messages the same turn: role, content, tool calls' names and
+    arguments (ids and whitespace inside the arguments' JSON ignored)."""
+    calls = [
+        [c["function"]["name"], json.loads(c["function"]["arguments"])]
+        for c in message.get("tool_calls") or ()
+    ]
+    return json.dumps([message["role"], message.get("content") or "", calls], sort_keys=True)
