@@ -77,33 +77,59 @@ class SumTasks(TaskSource):
         return [{"role": "assistant", "content": f"The answer is {task.answer}."}]
 
 
-@register_env("arithmetic_format", tasks=SumTasks())
-class AnswerFormatEnv(Environment):
-    """One turn: reward 1.0 if the reply's last "The answer is N" has the right N."""
+class _OneSentenceEnv(Environment):
+    """One turn: reward 1.0 if the reply's last "The answer is ..." holds the right answer.
+
+    A subclass names its task type and reads the answer out of the reply (``given``, None
+    when the reply has no such sentence) and says whether it is right (``is_right``).
+    """
+
+    task_type: type
 
     def __init__(self) -> None:
         super().__init__()
-        self._task: SumTask | None = None
+        self._task: Any = None
         self._reward = 0.0
 
-    async def reset(self, task: SumTask) -> str:
-        if not isinstance(task, SumTask):
-            raise TypeError(f"AnswerFormatEnv needs a SumTask, got {type(task).__name__}")
+    def given(self, text: str) -> str | None:
+        raise NotImplementedError
+
+    def is_right(self, given: str, answer: Any) -> bool:
+        raise NotImplementedError
+
+    async def reset(self, task: Any) -> str:
+        if not isinstance(task, self.task_type):
+            raise TypeError(
+                f"{type(self).__name__} needs a {self.task_type.__name__}, "
+                f"got {type(task).__name__}"
+            )
         self._task, self._reward, self.step_rewards = task, 0.0, []
         return task.prompt
 
     async def step(self, action: Action) -> StepResult:
         if self._task is None:
             raise RuntimeError("step() called before reset()")
-        given = final_answer(action.text)
-        right = given is not None and float(given) == self._task.answer
-        self._reward = 1.0 if right else 0.0
+        given = self.given(action.text)
+        self._reward = 1.0 if given is not None and self.is_right(given, self._task.answer) else 0.0
         self.step_rewards.append(self._reward)
         status = "answered" if given is not None else "no_answer"
         return StepResult(observation="", reward=self._reward, done=True, info={"status": status})
 
     async def evaluate(self) -> float:
         return self._reward
+
+
+@register_env("arithmetic_format", tasks=SumTasks())
+class AnswerFormatEnv(_OneSentenceEnv):
+    """``What is 37 + 48?``, answered ``The answer is 85.``"""
+
+    task_type = SumTask
+
+    def given(self, text: str) -> str | None:
+        return final_answer(text)
+
+    def is_right(self, given: str, answer: Any) -> bool:
+        return float(given) == answer
 
 
 # ------------------------------------------------------------------ capitals
@@ -189,29 +215,13 @@ class CapitalTasks(TaskSource):
 
 
 @register_env("capital_format", tasks=CapitalTasks())
-class CapitalFormatEnv(Environment):
-    """One turn: reward 1.0 if the reply's last "The answer is X" names the capital."""
+class CapitalFormatEnv(_OneSentenceEnv):
+    """A country's capital, answered ``The answer is Paris.``"""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._task: CapitalTask | None = None
-        self._reward = 0.0
+    task_type = CapitalTask
 
-    async def reset(self, task: CapitalTask) -> str:
-        if not isinstance(task, CapitalTask):
-            raise TypeError(f"CapitalFormatEnv needs a CapitalTask, got {type(task).__name__}")
-        self._task, self._reward, self.step_rewards = task, 0.0, []
-        return task.prompt
+    def given(self, text: str) -> str | None:
+        return final_word_answer(text)
 
-    async def step(self, action: Action) -> StepResult:
-        if self._task is None:
-            raise RuntimeError("step() called before reset()")
-        given = final_word_answer(action.text)
-        right = given is not None and given.lower() == self._task.answer.lower()
-        self._reward = 1.0 if right else 0.0
-        self.step_rewards.append(self._reward)
-        status = "answered" if given is not None else "no_answer"
-        return StepResult(observation="", reward=self._reward, done=True, info={"status": status})
-
-    async def evaluate(self) -> float:
-        return self._reward
+    def is_right(self, given: str, answer: Any) -> bool:
+        return given.lower() == answer.lower()
