@@ -35,7 +35,10 @@ class ServiceConfig:
     by writing them under ``weights_dir`` (default: a temporary directory, so the same
     machine) and asking each server to load them (``serve-engine --weights-dir DIR``
     must allow it). ``poll_s``: one long poll's wait; ``health_every_s``: how often a
-    node taken out is asked for ``/health``.
+    node taken out is asked for ``/health``. ``agent``: ``builtin`` (the nodes run the
+    run's agent loop) or ``external`` (groups are submitted with ``"agent": "external"``:
+    agents running elsewhere claim their members from the nodes and call the nodes'
+    OpenAI-compatible endpoint; see ``profiling/openai_agent.py``).
     """
 
     urls: tuple[str, ...] = ()
@@ -47,8 +50,17 @@ class ServiceConfig:
     weights_dir: str | None = None
     poll_s: float = 10.0
     health_every_s: float = 1.0
+    agent: str = "builtin"
 
     def __post_init__(self):
+        if self.agent not in ("builtin", "external"):
+            raise ValueError(
+                f"rollout.service.agent must be 'builtin' or 'external', got {self.agent!r}"
+            )
+        if self.agent == "external" and not self.urls:
+            raise ValueError(
+                "rollout.service.agent=external needs rollout.service.urls (the nodes)"
+            )
         for name in ("urls", "engine_urls"):
             value = getattr(self, name)
             value = (value,) if isinstance(value, str) else tuple(value)

@@ -47,10 +47,11 @@ from tunix_agentic.envs.base import (
     make_env,
 )
 from tunix_agentic.envs.remote import type_name
+from tunix_agentic.envs.sandbox import SandboxError, sweep_orphans
 from tunix_agentic.metrics.sink import NullMetrics
 from tunix_agentic.models.tokenizers import load_tokenizer
 from tunix_agentic.rollout.config import RolloutConfig
-from tunix_agentic.rollout.episode import EpisodeRunner, Group
+from tunix_agentic.rollout.episode import EpisodeRunner, Group, episode_seed
 from tunix_agentic.rollout.service.engines import EngineSet
 from tunix_agentic.rollout.service.wal import FinalRecord, GroupLog
 from tunix_agentic.rollout.service.wire import (
@@ -59,6 +60,7 @@ from tunix_agentic.rollout.service.wire import (
     STATUSES,
     GroupRequest,
     group_to_json,
+    task_to_json,
     trajectory_from_json,
 )
 from tunix_agentic.trajectory import Trajectory
@@ -244,13 +246,23 @@ class RolloutNode:
         self._final_lock = asyncio.Lock()
         self.changed = _Broadcast()
         self.openai: Any = None  # the OpenAI-compatible endpoint, once mounted on an app
+        self.external: Any = None  # its EpisodeOffers: members of "agent": "external" groups
         self.started_at = time.time()
         self._closing = False
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         """Replay the log: finished groups are served again; unfinished ones become
-        ``lost`` (logged as such, so they are final with a cursor like any other)."""
+        ``lost`` (logged as such, so they are final with a cursor like any other).
+        Sandbox directories a killed node left on this host are removed first (otherwise
+        they stay until some process next starts a sandbox)."""
+        try:
+            swept = await asyncio.to_thread(sweep_orphans)
+        except (SandboxError, OSError) as exc:  # not ours to fix: the next sandbox says so
+            logger.warning("could not sweep orphaned sandboxes: %s", exc)
+        else:
+            if swept:
+                logger.warning("removed %d sandboxes a dead process left", len(swept))
         replay = await asyncio.to_thread(self.log.open)
         if replay.torn_bytes:
             logger.warning(
@@ -317,6 +329,8 @@ class RolloutNode:
                 )
             if known.status != "lost":
                 return 202, self.summary(known)
+        if req.agent == "external" and self.external is None:
+            raise ValueError("agent: 'external' needs the node's OpenAI endpoint (serve-rollout)")
         st = _GroupState(req, body, next(self._seq))
         st.task = self._resolve_task(req)
         st.factory = self._factory(req)
@@ -435,16 +449,19 @@ class RolloutNode:
         status, error = "failed", None
         try:
             async with asyncio.timeout(req.timeout_s):
-                group = await self.runner.run_group(
-                    st.task,
-                    index=req.seed.index,
-                    version=req.policy_version,
-                    group_size=req.num_samples,
-                    agent_config=st.agent,
-                    stream=req.seed.stream,
-                    run_seed=req.seed.run_seed,
-                    min_usable=req.min_usable,
-                )
+                if req.agent == "external":
+                    group = await self._run_external(st)
+                else:
+                    group = await self.runner.run_group(
+                        st.task,
+                        index=req.seed.index,
+                        version=req.policy_version,
+                        group_size=req.num_samples,
+                        agent_config=st.agent,
+                        stream=req.seed.stream,
+                        run_seed=req.seed.run_seed,
+                        min_usable=req.min_usable,
+                    )
             status = "done"
         except TimeoutError:
             error = f"the group ran past its timeout_s={req.timeout_s:g}"
@@ -456,6 +473,39 @@ class RolloutNode:
             error = f"{type(exc).__name__}: {exc}"
             logger.exception("group %s failed", req.group_id)
         await asyncio.shield(self._finish(st, status, group=group, error=error))
+
+    async def _run_external(self, st: _GroupState) -> Group:
+        """Offer the group's members to outside agents (``POST /v1/episodes/claim``) and
+        wait until each is closed with a reward or lost (see ``EpisodeOffers``)."""
+        req, agent = st.request, st.agent
+        task = st.task
+        claim = {
+            "task": task_to_json(task),
+            "task_id": str(getattr(task, "task_id", req.group_id)),
+            "prompt": str(getattr(task, "prompt", "")),
+            "sampling": req.sampling.to_json(),
+            "max_turns": agent.max_turns,
+            "policy_version": req.policy_version,
+        }
+        defaults = {
+            "temperature": agent.temperature,
+            "top_p": agent.top_p,
+            "top_k": agent.top_k,
+            "max_tokens": agent.max_new_tokens,
+        }
+        seed = req.seed
+        return await self.external.run_group(
+            req.group_id,
+            task,
+            index=seed.index,
+            version=req.policy_version,
+            num_samples=req.num_samples,
+            claim=claim,
+            defaults=defaults,
+            seed_of=lambda m, a: episode_seed(seed.run_seed, seed.stream, seed.index, m, a),
+            retries=self.setup.rollout.infra_retries,
+            min_usable=req.min_usable,
+        )
 
     async def _finish(
         self, st: _GroupState, status: str, *, group: Group | None = None, error: str | None = None
@@ -561,6 +611,7 @@ class RolloutNode:
             "infra_failures": self.stats.get("infra_failures", 0),
             "infra_retries": self.stats.get("infra_retries", 0),
             "fatal": self.fatal,
+            "external": None if self.external is None else self.external.counts(),
             "cursor": self._next_cursor - 1,
             "uptime_s": time.time() - self.started_at,
             "pid": os.getpid(),

@@ -10,6 +10,16 @@ poll), ``GET /v1/groups?done_since=C`` (final groups in completion order),
 {version}``, ``GET /v1/status``, ``POST`` / ``DELETE /v1/engines {url}``, ``GET
 /health``, and the OpenAI-compatible endpoint of
 :mod:`~tunix_agentic.rollout.service.openai_api`. Nothing here imports JAX.
+
+Outside agents: a group submitted with ``"agent": "external"`` runs no agent loop; its
+members are offered on ``POST /v1/episodes/claim`` (``{"wait_s": N}`` long-polls; 200
+``{episode_id, group_id, task, task_id, prompt, sampling, max_turns, policy_version,
+lease_s}`` or 204 when none is offered). The agent makes its chat calls with
+``X-Episode-Id: <episode_id>`` (the group's sampling and a per-call seed apply where a
+call omits them) and closes the member with ``POST /v1/episodes/{id}/reward``; the group
+ends when every member is closed, its trajectories recorded token for token. A claimed
+member silent for ``lease_s`` (300 s; :func:`start_node_server`'s ``external_lease_s``)
+is offered again (see :class:`~tunix_agentic.rollout.service.openai_episodes.EpisodeOffers`).
 """
 
 from __future__ import annotations
@@ -177,6 +187,27 @@ async def handle_policy(request: web.Request) -> web.Response:
     return web.json_response({"version": node.policy_version})
 
 
+@_bad_request
+async def handle_claim(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    body = await _json_body(request)
+    if not isinstance(body, dict):
+        raise ValueError('the body must be a JSON object {"wait_s"?: N}')
+    unknown = sorted(set(body) - {"wait_s"})
+    if unknown:
+        raise ValueError(f"{unknown[0]} is not a field of a claim (known: ['wait_s'])")
+    wait_s = body.get("wait_s", 0)
+    if isinstance(wait_s, bool) or not isinstance(wait_s, int | float):
+        raise ValueError(f"wait_s must be a number, got {wait_s!r:.80}")
+    if not (math.isfinite(wait_s) and wait_s >= 0):
+        raise ValueError(f"wait_s must be a finite number >= 0, got {wait_s}")
+    offer = await node.external.claim(min(float(wait_s), MAX_WAIT_S))
+    if offer is None:
+        return web.Response(status=204)
+    answer = {"episode_id": offer.episode_id, "group_id": offer.group_id, **offer.claim}
+    return web.json_response({**answer, "lease_s": node.external.lease_s})
+
+
 async def handle_status(request: web.Request) -> web.Response:
     return web.json_response(request.app[NODE].status())
 
@@ -202,8 +233,11 @@ async def handle_engines(request: web.Request) -> web.Response:
     return web.json_response({"changed": changed, "engines": node.engines.urls})
 
 
-def build_node_app(node: RolloutNode, *, api_key: str | None = None) -> web.Application:
-    """The aiohttp application of ``node`` (its routes in the module docstring)."""
+def build_node_app(
+    node: RolloutNode, *, api_key: str | None = None, external_lease_s: float = 300.0
+) -> web.Application:
+    """The aiohttp application of ``node`` (its routes in the module docstring).
+    ``external_lease_s``: how long a claimed external member may stay silent."""
     app = web.Application(
         client_max_size=MAX_BODY_BYTES, middlewares=[api_key_guard(lambda a: a.get(API_KEY))]
     )
@@ -220,15 +254,16 @@ def build_node_app(node: RolloutNode, *, api_key: str | None = None) -> web.Appl
     app.router.add_get("/v1/status", handle_status)
     app.router.add_post("/v1/engines", handle_engines)
     app.router.add_delete("/v1/engines", handle_engines)
-    _mount_openai(app, node)
+    _mount_openai(app, node, external_lease_s)
     return app
 
 
-def _mount_openai(app: web.Application, node: RolloutNode) -> None:
+def _mount_openai(app: web.Application, node: RolloutNode, lease_s: float) -> None:
     """The OpenAI-compatible endpoint in front of the node's engines (``POST
     /v1/chat/completions``, ``/v1/episodes/...``: see :mod:`.openai_api`), rendering with
     the node's chat template and parsing tool calls with its agent's parser."""
     from tunix_agentic.rollout.service.openai_api import OpenAIConfig, add_openai_routes
+    from tunix_agentic.rollout.service.openai_episodes import EpisodeOffers
 
     node.openai = add_openai_routes(
         app,
@@ -239,6 +274,10 @@ def _mount_openai(app: web.Application, node: RolloutNode) -> None:
             parser=node.setup.agent.parser, default_max_tokens=node.setup.agent.max_new_tokens
         ),
     )
+    node.external = EpisodeOffers(node.openai.store, lease_s=lease_s)
+    node.openai.call_defaults = node.external.call_defaults
+    # Before the OpenAI routes' /v1/episodes/{episode_id}: a static route wins anyway.
+    app.router.add_post("/v1/episodes/claim", handle_claim)
 
 
 async def start_node_server(
@@ -248,11 +287,12 @@ async def start_node_server(
     port: int = 0,
     api_key: str | None = None,
     timeouts: ServerTimeouts | None = None,
+    external_lease_s: float = 300.0,
 ) -> tuple[web.AppRunner, int]:
     """Replay the node's log, then serve it on the running loop: ``(runner, port)``."""
     await node.start()
     return await serve_app(
-        build_node_app(node, api_key=api_key),
+        build_node_app(node, api_key=api_key, external_lease_s=external_lease_s),
         host,
         port,
         timeouts=timeouts or ServerTimeouts(),

@@ -19,7 +19,10 @@ Routes (JSON; errors ``{"error": {"message", "type"}}`` with a 4xx naming the fi
   chain into one learner row. Otherwise the whole conversation is rendered. Episodes are
   bounded (:class:`~tunix_agentic.rollout.service.openai_episodes.EpisodeLimits`: 429 when
   too many are open, 413 past an episode's calls or tokens, 409 on a closed one; an
-  idle one expires).
+  idle one expires). ``call_defaults(episode_id, calls)`` may supply sampling values
+  (``temperature``, ``top_p``, ``top_k``, ``max_tokens``, ``seed``) for the fields a
+  recorded call omits: a rollout node sets it to the group's sampling for the members of
+  its ``"agent": "external"`` groups.
 * ``POST /v1/episodes/{id}/reward`` ``{"reward": r, "task_id"?: str, "info"?: {...}}``
   closes the episode; ``GET /v1/episodes/{id}`` returns what was recorded (and, once
   closed, ``trajectory``: the learner's trajectory in the rollout wire format).
@@ -175,6 +178,9 @@ class ChatCompletions:
         self.config = config
         self.parse = get_parser(config.parser)
         self.store = EpisodeStore(config.episodes)
+        # Sampling values for a recorded call that omits them: (episode id, calls so far)
+        # -> {temperature, top_p, top_k, max_tokens, seed} (a rollout node's external groups).
+        self.call_defaults: Callable[[str, int], dict[str, Any]] = lambda eid, calls: {}
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -294,6 +300,8 @@ class ChatCompletions:
         episode = self.store.begin_call(eid) if eid is not None else None
         call = None
         try:
+            if episode is not None:
+                chat = self._with_defaults(chat, body, self.call_defaults(eid, len(episode.calls)))
             try:
                 prompt = self.prompt(chat, episode)
             except (TemplateError, ValueError) as exc:
@@ -311,6 +319,17 @@ class ChatCompletions:
             if episode is not None:
                 self.store.end_call(episode, call)
         return self._response(chat, prompt, outs, messages)
+
+    @staticmethod
+    def _with_defaults(
+        chat: ChatRequest, body: dict[str, Any], defaults: dict[str, Any]
+    ) -> ChatRequest:
+        """``chat`` with ``defaults`` for the sampling fields its body omitted."""
+        given = set(body)
+        if "max_completion_tokens" in given:
+            given.add("max_tokens")
+        changes = {k: v for k, v in defaults.items() if k not in given and v is not None}
+        return dataclasses.replace(chat, **changes) if changes else chat
 
     async def _generate(
         self, chat: ChatRequest, prompt_ids: list[int], eid: str | None

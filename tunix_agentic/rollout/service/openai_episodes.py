@@ -13,15 +13,21 @@ for ``idle_timeout_s`` is dropped, and closed episodes wait to be taken
 previous call's prompt + completion, one whole-history trajectory (one learner row, the
 loss mask on the completions only); otherwise every call is a step with its own context
 (one learner row per call). :class:`ExternalEpisodes` groups closed episodes of one task
-into a :class:`~tunix_agentic.rollout.episode.Group` with ``run_group``'s signature.
+into a :class:`~tunix_agentic.rollout.episode.Group` with ``run_group``'s signature;
+:class:`EpisodeOffers` runs a node's ``"agent": "external"`` groups: their members are
+claimed by outside agents, which close them with a reward.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
+import re
 import time
+import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from tunix_agentic.envs.base import Task
@@ -166,7 +172,12 @@ class EpisodeStore:
                 )
             episode = self.open[episode_id] = Episode(episode_id)
         if episode.closed:
-            raise RequestError(f"X-Episode-Id: episode {episode_id!r} is closed", 409)
+            why = episode.info.get("withdrawn")
+            raise RequestError(
+                f"X-Episode-Id: episode {episode_id!r} is "
+                + (f"withdrawn: {why}" if why else "closed"),
+                409,
+            )
         if len(episode.calls) >= self.limits.max_calls:
             raise RequestError(
                 f"X-Episode-Id: episode {episode_id!r} holds {len(episode.calls)} calls, "
@@ -185,9 +196,11 @@ class EpisodeStore:
         if call is None:
             return
         if episode.closed:
+            why = episode.info.get("withdrawn")
             raise RequestError(
-                f"X-Episode-Id: episode {episode.episode_id!r} was closed while this call ran "
-                "(not recorded)",
+                f"X-Episode-Id: episode {episode.episode_id!r} was "
+                + (f"withdrawn ({why})" if why else "closed")
+                + " while this call ran (not recorded)",
                 409,
             )
         if episode.num_tokens + call.num_tokens > self.limits.max_tokens:
@@ -207,6 +220,10 @@ class EpisodeStore:
         if episode is None:
             raise RequestError(f"episode {episode_id!r} is not known (or expired)", 404)
         if episode.closed:
+            if episode.info.get("withdrawn"):
+                raise RequestError(
+                    f"episode {episode_id!r} is withdrawn: {episode.info['withdrawn']}", 409
+                )
             if episode.reward != reward:
                 raise RequestError(
                     f"reward: episode {episode_id!r} was closed with reward {episode.reward}",
@@ -223,6 +240,16 @@ class EpisodeStore:
         self.sweep()
         return episode
 
+    def withdraw(self, episode_id: str, why: str) -> None:
+        """Close an episode without a reward (made if unknown): later calls and rewards for
+        it are refused with a 409 saying ``why``; nobody takes it as a result."""
+        episode = self.open.pop(episode_id, None) or Episode(episode_id)
+        if episode.closed:
+            return
+        episode.closed, episode.info = True, {"withdrawn": why}
+        self.closed[episode_id] = (episode, time.monotonic())
+        self.sweep()
+
     def take_closed(self, task_id: str | None = None, limit: int | None = None) -> list[Episode]:
         """Remove and return closed episodes (of ``task_id`` if given), oldest first."""
         self.sweep()
@@ -230,13 +257,17 @@ class EpisodeStore:
         for eid, (episode, _) in list(self.closed.items()):
             if limit is not None and len(taken) >= limit:
                 break
+            if episode.reward is None:  # withdrawn
+                continue
             if task_id is None or episode.task_id == task_id:
                 taken.append(episode)
                 del self.closed[eid]
         return taken
 
     def count_closed(self, task_id: str) -> int:
-        return sum(1 for ep, _ in self.closed.values() if ep.task_id == task_id)
+        return sum(
+            1 for ep, _ in self.closed.values() if ep.task_id == task_id and ep.reward is not None
+        )
 
     async def wait_closed(self) -> None:
         """Until another episode closes."""
@@ -323,3 +354,184 @@ class ExternalEpisodes:
             admitted_version=version,
             trajectories=[episode_trajectory(ep) for ep in episodes],
         )
+
+
+# ------------------------------------------------------------- outside agents
+_SEED_MOD = 1 << 63
+
+
+@dataclasses.dataclass
+class Offer:
+    """One member attempt of an external group, as an outside agent claims it: ``claim``
+    is what the agent is told besides the ids (task, sampling, turn budget), ``defaults``
+    the chat-call values applied where a call omits them, ``seed`` its sampling seed."""
+
+    episode_id: str
+    group_id: str
+    member: int
+    attempt: int
+    claim: dict[str, Any]
+    defaults: dict[str, Any]
+    seed: int
+    claimed_at: float | None = None
+
+
+class EpisodeOffers:
+    """Members of ``"agent": "external"`` groups, offered to agents running elsewhere.
+
+    :meth:`run_group` offers a group's members; an agent :meth:`claim`\\ s one (oldest
+    first), makes its chat calls with ``X-Episode-Id`` (:meth:`call_defaults` fills in the
+    group's sampling and a per-call seed where a call omits them) and closes it with
+    ``POST /v1/episodes/{id}/reward``. The group ends when every member is closed, each as
+    :func:`episode_trajectory` (task id, task name and group id the group's). A claimed
+    member with no call in flight and none for ``lease_s`` (checked at least every
+    ``lease_s``) is withdrawn (its agent's next call or reward gets a 409) and counted as an
+    infrastructure fault (``dropped``, status ``timeout``): offered again under a fresh id
+    up to ``retries`` times, then ``lost``; never scored. Single event loop.
+    """
+
+    def __init__(self, store: EpisodeStore, *, lease_s: float = 300.0):
+        if not lease_s > 0:
+            raise ValueError(f"lease_s must be > 0, got {lease_s}")
+        self.store, self.lease_s = store, lease_s
+        self.offers: dict[str, Offer] = {}  # offered or claimed, by episode id
+        self._queue: collections.deque[Offer] = collections.deque()
+        self._offered = asyncio.Event()
+        self.expired = 0
+
+    def counts(self) -> dict[str, int]:
+        """Members ``offered`` (waiting for an agent) and ``claimed``; leases ``expired``."""
+        claimed = sum(1 for o in self.offers.values() if o.claimed_at is not None)
+        return {
+            "offered": len(self.offers) - claimed,
+            "claimed": claimed,
+            "expired": self.expired,
+        }
+
+    async def claim(self, wait_s: float = 0.0) -> Offer | None:
+        """The oldest offered member, now claimed; None when none is offered within
+        ``wait_s`` seconds."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            while self._queue:
+                offer = self._queue.popleft()
+                if self.offers.get(offer.episode_id) is offer:  # not withdrawn meanwhile
+                    offer.claimed_at = time.monotonic()
+                    return offer
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            self._offered.clear()
+            try:
+                async with asyncio.timeout(left):
+                    await self._offered.wait()
+            except TimeoutError:
+                return None
+
+    def call_defaults(self, episode_id: str, calls: int) -> dict[str, Any]:
+        """Chat-call values for call number ``calls`` of an offered episode ({} for any
+        other episode): the group's sampling and a seed of this member and call."""
+        offer = self.offers.get(episode_id)
+        if offer is None:
+            return {}
+        return {**offer.defaults, "seed": (offer.seed + 1024 * calls) % _SEED_MOD}
+
+    async def run_group(
+        self,
+        group_id: str,
+        task: Any,
+        *,
+        index: int,
+        version: int,
+        num_samples: int,
+        claim: dict[str, Any],
+        defaults: dict[str, Any],
+        seed_of: Callable[[int, int], int],
+        retries: int = 1,
+        min_usable: int | None = None,
+    ) -> Group:
+        """Offer ``num_samples`` members of ``task`` and wait until each is closed (or lost,
+        see the class docstring); ``seed_of(member, attempt)`` seeds a member's calls.
+        Cancelled (the group's timeout, a DELETE): its open members are withdrawn."""
+        pending: dict[str, Offer] = {}
+        done: list[Trajectory] = []
+        dropped: list[Trajectory] = []
+        lost = 0
+
+        def offer(member: int, attempt: int) -> None:
+            eid = f"{_SAFE.sub('_', group_id)[:120]}.m{member}.a{attempt}.{uuid.uuid4().hex[:8]}"
+            o = Offer(eid, group_id, member, attempt, claim, defaults, seed_of(member, attempt))
+            pending[eid] = self.offers[eid] = o
+            self._queue.append(o)
+            self._offered.set()
+
+        for member in range(num_samples):
+            offer(member, 0)
+        try:
+            while pending and not (min_usable and len(done) >= min_usable):
+                now, wake = time.monotonic(), self.lease_s
+                for eid, o in list(pending.items()):
+                    episode = self.store.get(eid)
+                    if episode is not None and episode.closed and episode.reward is not None:
+                        del pending[eid], self.offers[eid]
+                        done.append(_member_trajectory(episode, task, group_id, o))
+                        continue
+                    if o.claimed_at is None or (episode is not None and episode.in_flight):
+                        continue
+                    quiet = now - max(o.claimed_at, episode.touched if episode else 0.0)
+                    if quiet < self.lease_s:
+                        wake = min(wake, self.lease_s - quiet)
+                        continue
+                    del pending[eid]
+                    why = f"no call for lease_s={self.lease_s:g}s after its claim"
+                    self._withdraw(o, why)
+                    self.expired += 1
+                    dropped.append(_lost_trajectory(task, group_id, o, why))
+                    if o.attempt < retries:
+                        offer(o.member, o.attempt + 1)
+                    else:
+                        lost += 1
+                if pending:
+                    try:
+                        async with asyncio.timeout(wake):
+                            await self.store.wait_closed()
+                    except TimeoutError:
+                        pass
+        finally:
+            for o in pending.values():
+                self._withdraw(o, "its group ended")
+        if not isinstance(task, Task) and not dataclasses.is_dataclass(task):
+            task = Task(task_id=str(task), prompt="")
+        return Group(group_id, index, task, version, done, dropped, lost)
+
+    def _withdraw(self, offer: Offer, why: str) -> None:
+        self.offers.pop(offer.episode_id, None)
+        self.store.withdraw(offer.episode_id, why)
+        if len(self._queue) > 2 * len(self.offers) + 64:  # withdrawn before any claim
+            self._queue = collections.deque(
+                o for o in self._queue if self.offers.get(o.episode_id) is o
+            )
+
+
+_SAFE = re.compile(r"[^A-Za-z0-9._:@+=-]")
+
+
+def _member_trajectory(episode: Episode, task: Any, group_id: str, offer: Offer) -> Trajectory:
+    traj = episode_trajectory(episode)
+    traj.task_id = str(getattr(task, "task_id", traj.task_id))
+    traj.task_name = str(getattr(task, "task_name", "default"))
+    traj.group_id = group_id
+    traj.info.update(member=offer.member, attempt=offer.attempt)
+    return traj
+
+
+def _lost_trajectory(task: Any, group_id: str, offer: Offer, why: str) -> Trajectory:
+    traj = Trajectory(
+        task_id=str(getattr(task, "task_id", group_id)),
+        episode_id=offer.episode_id,
+        task_name=str(getattr(task, "task_name", "default")),
+        group_id=group_id,
+        info={"source": "openai", "member": offer.member, "attempt": offer.attempt},
+    )
+    traj.status, traj.error = "timeout", why
+    return traj

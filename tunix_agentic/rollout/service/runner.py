@@ -307,6 +307,7 @@ class ServiceEpisodeRunner:
             ),
             max_turns=agent_config.max_turns,
             seed=SeedSpec(run_seed=self.config.seed, stream=stream, index=index),
+            agent=self.config.service.agent,
         )
         group = await self._run_request(request)
         # The orchestrator's bookkeeping is by its own index and version.

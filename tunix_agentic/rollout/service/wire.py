@@ -374,7 +374,13 @@ _REQUEST_FIELDS = {
     "timeout_s",
     "min_usable",
     "seed",
+    "agent",
 }
+
+# Who runs a group's episodes: the node's own agent loop, or outside agents that claim them
+# (``POST /v1/episodes/claim``) and call the node's OpenAI-compatible endpoint.
+AgentKind = Literal["builtin", "external"]
+AGENT_KINDS: tuple[str, ...] = get_args(AgentKind)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -387,7 +393,10 @@ class GroupRequest:
     node config's environment; ``env_kwargs``: only keywords the environment accepts from
     clients. ``min_usable``: once that many members ended usable (not an infrastructure
     failure), the rest are cancelled. ``timeout_s``: the group fails after it.
-    ``priority``: higher runs first when groups wait for a slot.
+    ``priority``: higher runs first when groups wait for a slot. ``agent``: ``"builtin"``
+    (the node's agent loop) or ``"external"`` (its members are offered to outside agents:
+    see :mod:`~tunix_agentic.rollout.service.node_http`); the canonical body names it only
+    when external, so groups logged before the field existed keep their bodies.
     """
 
     group_id: str
@@ -403,8 +412,11 @@ class GroupRequest:
     timeout_s: float | None = None
     min_usable: int | None = None
     seed: SeedSpec = SeedSpec()
+    agent: AgentKind = "builtin"
 
     def __post_init__(self):
+        if self.agent not in AGENT_KINDS:
+            raise ValueError(f"agent must be one of {AGENT_KINDS}, got {self.agent!r:.80}")
         if not self.group_id or len(self.group_id) > MAX_GROUP_ID_CHARS:
             raise ValueError(f"group_id must be 1 to {MAX_GROUP_ID_CHARS} characters")
         if any(c in self.group_id for c in "/?#") or not self.group_id.isprintable():
@@ -458,11 +470,12 @@ class GroupRequest:
             timeout_s=None if timeout is None else _float(timeout, "timeout_s"),
             min_usable=None if usable is None else _int(usable, "min_usable"),
             seed=SeedSpec.from_json(obj.get("seed") or {}),
+            agent=_str(obj.get("agent", "builtin"), "agent"),
         )
 
     def to_json(self) -> dict[str, Any]:
         """The canonical body (defaults filled in): equal requests give equal dicts."""
-        return {
+        body = {
             "group_id": self.group_id,
             "env": self.env,
             "env_kwargs": dict(self.env_kwargs),
@@ -477,3 +490,6 @@ class GroupRequest:
             "min_usable": self.min_usable,
             "seed": self.seed.to_json(),
         }
+        if self.agent != "builtin":
+            body["agent"] = self.agent
+        return body

@@ -1,0 +1,108 @@
+"""A tool-calling agent written against the official ``openai`` client, trained through a
+rollout node.
+
+``calculator_agent`` (30 lines) knows the node only as an OpenAI-compatible URL: it sends
+the task's prompt with the calculator tool, runs the tool calls the model makes, scores
+the final ``<answer>`` and closes the episode with its reward. The loop around it claims
+the members of the node's ``"agent": "external"`` groups (a trainer run with
+``rollout.service.agent=external``) and runs ``--concurrency`` of them at a time::
+
+    tunix-agentic serve-rollout --config configs/calculator_tiny.yaml --port 8200
+    tunix-agentic train --config configs/calculator_tiny.yaml \\
+        rollout.service.urls=[http://127.0.0.1:8200] rollout.service.agent=external
+    python profiling/openai_agent.py --url http://127.0.0.1:8200
+
+Sampling (temperature, max tokens, seed) is the group's: the node applies it to the calls
+of a claimed episode, which therefore pass none. Prints one line per episode
+(``episode ID reward R tool_calls K``) and runs until killed, or until it has claimed ``--max-episodes``
+(episodes claimed meanwhile by other workers still run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+
+import openai
+
+from tunix_agentic.envs.calculator import ArithmeticEnv, CalculatorTool, answers_match
+
+TOOLS = ArithmeticEnv().tool_schemas()  # OpenAI function schemas
+
+
+async def calculator_agent(client: openai.AsyncOpenAI, claim: dict) -> tuple[float, int]:
+    """One claimed episode: ``(reward, tool calls made)``."""
+    messages = [{"role": "user", "content": claim["prompt"]}]
+    headers = {"X-Episode-Id": claim["episode_id"]}
+    calls = 0
+    for _ in range(claim["max_turns"]):
+        reply = await client.chat.completions.create(
+            model="policy", messages=messages, tools=TOOLS, extra_headers=headers
+        )
+        message = reply.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            break
+        for call in message.tool_calls:
+            calls += 1
+            try:
+                result = await CalculatorTool().run(**json.loads(call.function.arguments))
+            except (TypeError, ValueError) as exc:
+                result = f"error: {exc}"
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+    answer = re.search(r"<answer>(.*?)</answer>", message.content or "")
+    expected = claim["task"]["fields"]["answer"]
+    reward = float(answer is not None and answers_match(answer.group(1), expected))
+    await client.post(
+        f"/episodes/{claim['episode_id']}/reward", body={"reward": reward}, cast_to=object
+    )
+    return reward, calls
+
+
+async def claim_episode(client: openai.AsyncOpenAI, wait_s: float) -> dict | None:
+    """The next member offered by the node (``POST /v1/episodes/claim``), or None."""
+    got = await client.post("/episodes/claim", body={"wait_s": wait_s}, cast_to=object)
+    return got if isinstance(got, dict) else None  # 204: none offered
+
+
+async def worker(client: openai.AsyncOpenAI, budget: list[int | None]) -> None:
+    """Claim and run episodes until ``budget[0]`` (shared; None: no end) claims are made."""
+    while budget[0] is None or budget[0] > 0:
+        try:
+            claim = await claim_episode(client, wait_s=10.0)
+        except openai.APIError as exc:  # the node is away: try again
+            print(f"claim failed: {exc}", file=sys.stderr, flush=True)
+            await asyncio.sleep(1.0)
+            continue
+        if claim is None:
+            continue
+        if budget[0] is not None:
+            budget[0] -= 1
+        try:
+            reward, calls = await calculator_agent(client, claim)
+        except openai.APIError as exc:  # its lease runs out on the node
+            print(f"episode {claim['episode_id']} failed: {exc}", file=sys.stderr, flush=True)
+            continue
+        print(f"episode {claim['episode_id']} reward {reward:g} tool_calls {calls}", flush=True)
+
+
+async def main(url: str, concurrency: int, max_episodes: int, api_key: str) -> None:
+    client = openai.AsyncOpenAI(base_url=f"{url.rstrip('/')}/v1", api_key=api_key, max_retries=0)
+    budget: list[int | None] = [max_episodes if max_episodes > 0 else None]
+    try:
+        await asyncio.gather(*(worker(client, budget) for _ in range(concurrency)))
+    finally:
+        await client.close()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", required=True, help="the rollout node, http://HOST:PORT")
+    parser.add_argument("--concurrency", type=int, default=8, help="episodes run at once")
+    parser.add_argument("--max-episodes", type=int, default=0, help="stop after N (0: never)")
+    parser.add_argument("--api-key", default="unused", help="the node's key, if it has one")
+    args = parser.parse_args()
+    asyncio.run(main(args.url, args.concurrency, args.max_episodes, args.api_key))

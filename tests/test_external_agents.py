@@ -1,0 +1,248 @@
+"""Groups run by agents outside the node (``"agent": "external"``): the 30-line agent of
+profiling/openai_agent.py, written against the official ``openai`` client, claims their
+members from a rollout node and trains the tiny calculator policy through it."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tunix_agentic.config import ConfigError, load_config
+from tunix_agentic.envs.calculator import make_arithmetic_task
+from tunix_agentic.rollout.service.engines import EngineSet
+from tunix_agentic.rollout.service.node import RolloutNode, setup_from_config
+from tunix_agentic.rollout.service.node_client import NodeClient
+from tunix_agentic.rollout.service.node_http import start_node_server
+from tunix_agentic.rollout.service.wire import (
+    GroupRequest,
+    SamplingSpec,
+    SeedSpec,
+    group_from_json,
+)
+from tunix_agentic.testing import TINY_MODEL_OVERRIDES, TINY_RUN_OVERRIDES, cli
+
+openai = pytest.importorskip("openai")
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = str(REPO / "configs" / "calculator_tiny.yaml")
+SHARED = [*TINY_RUN_OVERRIDES, "engine.max_seq_len=128"]
+AGENT_SCRIPT = REPO / "profiling" / "openai_agent.py"
+TASK = make_arithmetic_task(0, seed=0, split="train")
+BOUND_S = 120  # a bound against hangs, never a timing assertion
+
+_spec = importlib.util.spec_from_file_location("openai_agent", AGENT_SCRIPT)
+agent_script = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(agent_script)
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "TUNIX_AGENTIC_API_KEY"}
+    return {**env, "JAX_PLATFORMS": "cpu"}
+
+
+def _spawn(argv: list[str], banner: str, log: Path) -> tuple[subprocess.Popen, str]:
+    """A server process and the URL it prints once listening (stderr to ``log``)."""
+    with open(log, "a") as err:
+        proc = subprocess.Popen(
+            argv, cwd=REPO, stdout=subprocess.PIPE, stderr=err, text=True, env=_env()
+        )
+    ready, _, _ = select.select([proc.stdout], [], [], BOUND_S)
+    line = proc.stdout.readline() if ready else ""
+    if not line.startswith(banner):
+        proc.kill()
+        raise AssertionError(f"no {banner!r}: {line!r} {log.read_text()[-3000:]}")
+    return proc, line.split()[-1]
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def engine_url(tmp_path_factory):
+    """A tiny random model behind ``serve-engine`` for the module."""
+    overrides = [*TINY_MODEL_OVERRIDES, "engine.max_seq_len=128", "engine.decode_steps=2"]
+    argv = cli("serve-engine", "--config", CONFIG, "--port", "0", *overrides)
+    log = tmp_path_factory.mktemp("engine") / "engine.log"
+    proc, url = _spawn(argv, "serving on ", log)
+    yield url
+    _stop(proc)
+
+
+@pytest.fixture
+async def node(engine_url, tmp_path):
+    """A rollout node served here, over the module's engine."""
+    setup = setup_from_config(load_config(CONFIG, SHARED))
+    node = RolloutNode(setup, EngineSet([engine_url]), tmp_path / "node")
+    runner, port = await start_node_server(node, external_lease_s=BOUND_S)
+    yield node, f"http://127.0.0.1:{port}"
+    await runner.cleanup()
+    await node.close()
+
+
+def _request(group_id: str, num_samples: int, **fields) -> GroupRequest:
+    return GroupRequest(
+        group_id=group_id,
+        num_samples=num_samples,
+        task=TASK,
+        sampling=SamplingSpec(temperature=1.0, max_tokens=6),
+        max_turns=2,
+        seed=SeedSpec(run_seed=7, index=3),
+        agent="external",
+        **fields,
+    )
+
+
+async def test_an_external_group_is_its_agents_recorded_episodes(node):
+    _, url = node
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    async with NodeClient(url) as nodes:
+        await nodes.submit(_request("ext-a", 2))
+        claims = [await agent_script.claim_episode(client, wait_s=BOUND_S) for _ in range(2)]
+        assert await agent_script.claim_episode(client, wait_s=0) is None  # both claimed
+        assert {c["group_id"] for c in claims} == {"ext-a"} and claims[0]["max_turns"] == 2
+        assert claims[0]["task"]["fields"]["answer"] == TASK.answer
+        assert claims[0]["prompt"] == TASK.prompt
+        for claim in claims:  # the calls give no sampling: the group's applies
+            await agent_script.calculator_agent(client, claim)
+        got = await nodes.get("ext-a", wait_s=BOUND_S)
+    assert got["status"] == "done", got
+    group = group_from_json(got["group"])
+    ids = [c["episode_id"] for c in claims]
+    assert sorted(t.episode_id for t in group.trajectories) == sorted(ids)
+    assert group.dropped == [] and group.lost == 0
+    members = {m["episode_id"]: m for m in got["members"]}
+    async with aiohttp.ClientSession() as http:
+        for traj in group.trajectories:
+            assert traj.task_id == TASK.task_id and traj.group_id == "ext-a"
+            async with http.get(f"{url}/v1/episodes/{traj.episode_id}") as resp:
+                calls = (await resp.json())["calls"]
+            # The learner's row is the recorded ids; the mask is 1 on the completions only.
+            assert traj.token_ids[: len(calls[0]["prompt_ids"])] == calls[0]["prompt_ids"]
+            mask = traj.learner_arrays()["loss_mask"]
+            expected = [0] * len(traj.token_ids)
+            for call, start in zip(calls, traj.action_starts(), strict=True):
+                (choice,) = call["choices"]
+                completion = choice["completion_ids"]
+                assert 1 <= len(completion) <= 6  # the group's max_tokens
+                assert traj.token_ids[start : start + len(completion)] == completion
+                expected[start : start + len(completion)] = [1] * len(completion)
+            assert mask.tolist() == expected
+            member = members[traj.episode_id]
+            assert member["prompt_ids"] + member["response_ids"] == traj.token_ids
+            assert member["loss_mask"] == expected[traj.prompt_len :]
+    await client.close()
+
+
+async def test_a_claim_left_silent_is_offered_again_and_its_agent_refused(node):
+    rollout_node, url = node
+    rollout_node.external.lease_s = 0.5  # an idle claim expires quickly
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    async with NodeClient(url) as nodes:
+        await nodes.submit(_request("ext-b", 1))
+        silent = await agent_script.claim_episode(client, wait_s=BOUND_S)
+        again = await agent_script.claim_episode(client, wait_s=BOUND_S)  # after the lease
+        assert again["group_id"] == "ext-b" and again["episode_id"] != silent["episode_id"]
+        with pytest.raises(openai.APIStatusError) as refused:
+            await agent_script.calculator_agent(client, silent)
+        assert refused.value.status_code == 409 and "withdrawn" in str(refused.value)
+        await agent_script.calculator_agent(client, again)
+        got = await nodes.get("ext-b", wait_s=BOUND_S)
+    assert got["status"] == "done", got
+    group = group_from_json(got["group"])
+    assert [t.episode_id for t in group.trajectories] == [again["episode_id"]]
+    assert [(t.episode_id, t.status) for t in group.dropped] == [(silent["episode_id"], "timeout")]
+    assert group.lost == 0 and rollout_node.external.counts()["expired"] == 1
+    await client.close()
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [({"wait_s": -1}, "wait_s"), ({"wait_s": "1"}, "wait_s"), ({"n": 1}, "n"), ([1], "object")],
+    ids=["negative", "string", "unknown", "not-an-object"],
+)
+async def test_a_bad_claim_is_a_400_naming_the_field(node, body, field):
+    _, url = node
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{url}/v1/episodes/claim", json=body) as resp:
+            assert resp.status == 400 and field in (await resp.json())["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["rollout.service.agent=outside", "rollout.service.urls=[http://a:1]"], "must be"),
+        (["rollout.service.agent=external"], "needs rollout.service.urls"),
+    ],
+    ids=["unknown", "without-nodes"],
+)
+def test_service_agent_is_validated(overrides, key):
+    with pytest.raises(ConfigError, match=f"rollout.service.agent.* {key}"):
+        load_config(CONFIG, overrides)
+
+
+def test_the_wire_names_the_agent_only_when_external():
+    external = _request("x", 1)
+    assert external.to_json()["agent"] == "external"
+    assert GroupRequest.from_json(external.to_json()) == external
+    # A builtin group's body is as before the field existed (logged bodies still match).
+    assert "agent" not in dataclasses.replace(external, agent="builtin").to_json()
+    with pytest.raises(ValueError, match="agent must be one of"):
+        GroupRequest.from_json({**external.to_json(), "agent": "outside"})
+
+
+# ----------------------------------------------------------------- training
+def _rl_steps(run_dir: Path) -> list[int]:
+    path = run_dir / "tensorboard" / "metrics.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    return [row["step"] for row in rows if "learner/loss" in row]
+
+
+@pytest.mark.slow  # SFT warm start, then two RL steps whose episodes the agent runs
+def test_the_openai_agent_trains_the_calculator_through_a_node(tmp_path):
+    from tunix_agentic.trainer import Trainer
+
+    argv = cli("serve-rollout", "--config", CONFIG, "--port", "0")
+    argv += ["--state-dir", str(tmp_path / "node"), *SHARED]
+    node_proc, url = _spawn(argv, "serving rollout node on ", tmp_path / "node.log")
+    episodes = tmp_path / "agent.out"
+    with open(episodes, "w") as out, open(tmp_path / "agent.log", "w") as err:
+        agent = subprocess.Popen(
+            [sys.executable, str(AGENT_SCRIPT), "--url", url, "--concurrency", "4"],
+            cwd=REPO,
+            stdout=out,
+            stderr=err,
+            env=_env(),
+        )
+    run = tmp_path / "run"
+    overrides = [*SHARED, "rl.steps=2", "rl.eval_tasks=0", "rl.checkpoint_every=0"]
+    overrides += [f"run_dir={run}", f"rollout.service.urls=[{url}]"]
+    overrides += ["rollout.service.agent=external"]
+    try:
+        trainer = Trainer(load_config(CONFIG, overrides), progress=False)
+        result = trainer.run()
+    finally:
+        _stop(agent)
+        _stop(node_proc)
+    assert len(result.history) == 2 and _rl_steps(run) == [1, 2]
+    outcomes = trainer.rollout_service.outcomes
+    assert outcomes and {how for _, how in outcomes} == {"done"}
+    ran = [line.split()[1] for line in episodes.read_text().splitlines()]
+    for group_id, _ in outcomes:  # every member of every group was the agent's
+        assert sum(eid.startswith(f"{group_id}.m") for eid in ran) >= 2, (group_id, ran)
