@@ -1,0 +1,52 @@
+"""The fault soak of rollout as a service (profiling/soak_rollout.py) at a small scale:
+two engine servers and two rollout nodes as real processes, tool calls that crash and
+hang in real sandboxes, an engine server and a node SIGKILLed and restarted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BOUND_S = 600  # a bound against hangs, never a timing assertion
+
+
+@pytest.mark.slow  # five processes, ~50 s on 2 quiet cores
+def test_the_fault_soak_loses_no_group_and_leaves_nothing_behind():
+    argv = [sys.executable, str(REPO / "profiling" / "soak_rollout.py")]
+    argv += ["--episodes", "48", "--rss-from", "24", "--node-kill-at", "0.25"]
+    env = {k: v for k, v in os.environ.items() if k != "TUNIX_AGENTIC_API_KEY"}
+    # Its own session: past the bound, the script and the servers it started are killed.
+    proc = subprocess.Popen(
+        argv,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**env, "JAX_PLATFORMS": "cpu"},
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=BOUND_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+    lines = out.strip().splitlines()
+    assert lines and lines[-1].startswith("{"), out[-2000:] + err[-3000:]
+    result = json.loads(lines[-1])
+    failed = [name for name, ok in result["checks"].items() if not ok]
+    assert not failed and proc.returncode == 0, (failed, result, err[-3000:])
+    assert result["groups"] == 12 and result["episodes"] == 48
+    # The faults were met: the node was killed with groups running, which the client
+    # placed again; tool calls crashed or hung.
+    assert result["faults"]["node"]["groups_running"] >= 1
+    assert result["resubmissions"] >= 1 and result["nodes_taken_out"] >= 1
+    assert result["tool_calls"] >= result["scored"]  # turns end, and run the tool
+    assert result["tool_crashes"] + result["hangs_cut"] >= 1
+    assert not result["leftovers"]["idle"][0] and not result["leftovers"]["after_stop"][1]
