@@ -8,8 +8,6 @@ import dataclasses
 import importlib.util
 import json
 import os
-import select
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +27,13 @@ from tunix_agentic.rollout.service.wire import (
     SeedSpec,
     group_from_json,
 )
-from tunix_agentic.testing import TINY_MODEL_OVERRIDES, TINY_RUN_OVERRIDES, cli
+from tunix_agentic.testing import (
+    TINY_MODEL_OVERRIDES,
+    TINY_RUN_OVERRIDES,
+    cli,
+    spawn_server,
+    stop_server,
+)
 
 openai = pytest.importorskip("openai")
 
@@ -50,39 +54,15 @@ def _env() -> dict[str, str]:
     return {**env, "JAX_PLATFORMS": "cpu"}
 
 
-def _spawn(argv: list[str], banner: str, log: Path) -> tuple[subprocess.Popen, str]:
-    """A server process and the URL it prints once listening (stderr to ``log``)."""
-    with open(log, "a") as err:
-        proc = subprocess.Popen(
-            argv, cwd=REPO, stdout=subprocess.PIPE, stderr=err, text=True, env=_env()
-        )
-    ready, _, _ = select.select([proc.stdout], [], [], BOUND_S)
-    line = proc.stdout.readline() if ready else ""
-    if not line.startswith(banner):
-        proc.kill()
-        raise AssertionError(f"no {banner!r}: {line!r} {log.read_text()[-3000:]}")
-    return proc, line.split()[-1]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @pytest.fixture(scope="module")
 def engine_url(tmp_path_factory):
     """A tiny random model behind ``serve-engine`` for the module."""
     overrides = [*TINY_MODEL_OVERRIDES, "engine.max_seq_len=128", "engine.decode_steps=2"]
     argv = cli("serve-engine", "--config", CONFIG, "--port", "0", *overrides)
     log = tmp_path_factory.mktemp("engine") / "engine.log"
-    proc, url = _spawn(argv, "serving on ", log)
+    proc, url = spawn_server(argv, "serving on ", log=log, timeout_s=BOUND_S)
     yield url
-    _stop(proc)
+    stop_server(proc)
 
 
 @pytest.fixture
@@ -220,7 +200,9 @@ def test_the_openai_agent_trains_the_calculator_through_a_node(tmp_path):
 
     argv = cli("serve-rollout", "--config", CONFIG, "--port", "0")
     argv += ["--state-dir", str(tmp_path / "node"), *SHARED]
-    node_proc, url = _spawn(argv, "serving rollout node on ", tmp_path / "node.log")
+    node_proc, url = spawn_server(
+        argv, "serving rollout node on ", log=tmp_path / "node.log", timeout_s=BOUND_S
+    )
     episodes = tmp_path / "agent.out"
     with open(episodes, "w") as out, open(tmp_path / "agent.log", "w") as err:
         agent = subprocess.Popen(
@@ -238,8 +220,8 @@ def test_the_openai_agent_trains_the_calculator_through_a_node(tmp_path):
         trainer = Trainer(load_config(CONFIG, overrides), progress=False)
         result = trainer.run()
     finally:
-        _stop(agent)
-        _stop(node_proc)
+        stop_server(agent)
+        stop_server(node_proc)
     assert len(result.history) == 2 and _rl_steps(run) == [1, 2]
     outcomes = trainer.rollout_service.outcomes
     assert outcomes and {how for _, how in outcomes} == {"done"}

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -33,7 +32,13 @@ from tunix_agentic.rollout.service.wire import (
     trajectory_from_json,
     trajectory_to_json,
 )
-from tunix_agentic.testing import TINY_MODEL_OVERRIDES, TINY_RUN_OVERRIDES, cli
+from tunix_agentic.testing import (
+    TINY_MODEL_OVERRIDES,
+    TINY_RUN_OVERRIDES,
+    cli,
+    spawn_server,
+    stop_server,
+)
 from tunix_agentic.trajectory import Step, Trajectory
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,46 +61,25 @@ def _env(**extra: str) -> dict[str, str]:
     return {**env, "JAX_PLATFORMS": "cpu", **extra}
 
 
-def _spawn(argv: list[str], banner: str, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(
-        argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-    )
-    ready, _, _ = select.select([proc.stdout], [], [], BOUND_S)
-    line = proc.stdout.readline() if ready else ""
-    if not line.startswith(banner):
-        proc.kill()
-        raise AssertionError(f"no {banner!r}: {line!r} {proc.stderr.read()[-3000:]}")
-    return proc, line.split()[-1]
-
-
 def spawn_node(state_dir: Path, *args: str, **env: str) -> tuple[subprocess.Popen, str]:
     argv = cli("serve-rollout", "--config", CONFIG, "--port", "0", "--state-dir", str(state_dir))
-    return _spawn([*argv, *args, *NODE_OVERRIDES], "serving rollout node on ", _env(**env))
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    argv = [*argv, *args, *NODE_OVERRIDES]
+    return spawn_server(argv, "serving rollout node on ", env=env, timeout_s=BOUND_S)
 
 
 @pytest.fixture(scope="module")
 def engine_url():
     argv = cli("serve-engine", "--config", CONFIG, "--port", "0", *ENGINE_OVERRIDES)
-    proc, url = _spawn(argv, "serving on ", _env())
+    proc, url = spawn_server(argv, "serving on ", timeout_s=BOUND_S)
     yield url
-    _stop(proc)
+    stop_server(proc)
 
 
 @pytest.fixture(scope="module")
 def node_url(engine_url, tmp_path_factory):
     proc, url = spawn_node(tmp_path_factory.mktemp("node"), "--engine-url", engine_url)
     yield url
-    _stop(proc)
+    stop_server(proc)
 
 
 @pytest.fixture
@@ -421,7 +405,7 @@ async def test_a_killed_node_serves_finished_groups_again_and_reports_the_rest_l
             assert await node.submit(running) in ("queued", "running")  # resubmitted, runs again
             assert await node.cancel("run-1") == "cancelled"
     finally:
-        _stop(proc)
+        stop_server(proc)
 
 
 async def _has_files(d: Path) -> bool:
@@ -445,7 +429,7 @@ async def test_api_key_guards_every_route_but_health(engine_url, tmp_path):
             await node.remove_engine(engine_url)
             assert (await node.status())["engines"] == []
     finally:
-        _stop(proc)
+        stop_server(proc)
 
 
 def test_serving_beyond_loopback_needs_a_key(tmp_path):

@@ -8,8 +8,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import json
-import os
-import select
 import signal
 import socket
 import subprocess
@@ -26,7 +24,7 @@ from tunix_agentic.metrics import read_scalars
 from tunix_agentic.rollout.episode import EVAL_STREAM
 from tunix_agentic.rollout.service.node_client import NodeClient
 from tunix_agentic.rollout.service.runner import ServiceEpisodeRunner
-from tunix_agentic.testing import TINY_RUN_OVERRIDES
+from tunix_agentic.testing import TINY_RUN_OVERRIDES, server_url, start_server
 from tunix_agentic.trainer import Trainer
 
 CONFIG = str(Path(__file__).parents[1] / "configs" / "calculator_tiny.yaml")
@@ -44,28 +42,14 @@ def _free_port() -> int:
 def _spawn_node(state_dir: Path, port: int, log: Path) -> subprocess.Popen:
     """``tunix-agentic serve-rollout`` on ``port`` with the tiny run's config (stderr
     appended to ``log``: a pipe would fill up); :func:`_url_of` waits for it to listen."""
-    env = {k: v for k, v in os.environ.items() if k != "TUNIX_AGENTIC_API_KEY"}
     argv = [sys.executable, "-m", "tunix_agentic.cli.main", "serve-rollout", "--config", CONFIG]
     argv += ["--state-dir", str(state_dir), "--port", str(port), *SHARED]
-    with open(log, "a") as err:
-        return subprocess.Popen(
-            argv,
-            cwd=Path(__file__).resolve().parents[1],
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-            env={**env, "JAX_PLATFORMS": "cpu"},
-        )
+    return start_server(argv, log=log)
 
 
 def _url_of(proc: subprocess.Popen, log: Path) -> str:
     """The URL a node started by :func:`_spawn_node` prints once it listens."""
-    ready, _, _ = select.select([proc.stdout], [], [], 60)
-    line = proc.stdout.readline() if ready else ""
-    if not line.startswith("serving rollout node on "):
-        proc.kill()
-        raise AssertionError(f"serve-rollout did not start: {line!r} {log.read_text()[-2000:]!r}")
-    return line.split()[-1]
+    return server_url(proc, "serving rollout node on ", log=log)
 
 
 @pytest.fixture

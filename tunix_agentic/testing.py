@@ -109,27 +109,67 @@ def cli(*args: str) -> list[str]:
     return [sys.executable, "-c", boot, *args]
 
 
-def spawn_serve_env(
-    *args: str, port: int = 0, log: Path | None = None
-) -> tuple[subprocess.Popen, str]:
-    """``tunix-agentic serve-env ARGS --port PORT`` as a process (no API key, JAX on CPU),
-    and its URL once it listens. ``log``: append its stderr to this file instead of a
-    pipe (a long-running server would stall on a full pipe)."""
-    env = {k: v for k, v in os.environ.items() if k != "TUNIX_AGENTIC_API_KEY"}
-    argv = [sys.executable, "-m", "tunix_agentic.cli.main", "serve-env", *args]
+def start_server(
+    argv: list[str], *, log: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """A server process from the repository root (no API key, JAX on CPU, ``env`` added);
+    :func:`server_url` waits for it to listen. ``log``: append its stderr to this file
+    instead of a pipe (a long-running server would stall on a full pipe)."""
+    base = {k: v for k, v in os.environ.items() if k != "TUNIX_AGENTIC_API_KEY"}
     with open(log, "a") if log is not None else contextlib.nullcontext(subprocess.PIPE) as err:
-        proc = subprocess.Popen(
-            [*argv, "--port", str(port)],
+        return subprocess.Popen(
+            argv,
             cwd=Path(__file__).resolve().parents[1],
             stdout=subprocess.PIPE,
             stderr=err,
             text=True,
-            env={**env, "JAX_PLATFORMS": "cpu"},
+            env={**base, "JAX_PLATFORMS": "cpu", **(env or {})},
         )
-    ready, _, _ = select.select([proc.stdout], [], [], 60)
+
+
+def server_url(
+    proc: subprocess.Popen, banner: str, *, log: Path | None = None, timeout_s: float = 60
+) -> str:
+    """The URL a server started by :func:`start_server` prints once it listens (the last
+    word of its first line, which starts with ``banner``); kills it and raises
+    AssertionError, with its stderr's tail, if that line does not come within ``timeout_s``."""
+    ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
     line = proc.stdout.readline() if ready else ""
-    if not line.startswith("serving env "):
+    if not line.startswith(banner):
         proc.kill()
-        detail = Path(log).read_text()[-2000:] if log is not None else proc.stderr.read()
-        raise AssertionError(f"serve-env did not start: {line!r} {detail!r}")
-    return proc, line.split()[-1]
+        detail = Path(log).read_text()[-3000:] if log is not None else proc.stderr.read()[-3000:]
+        raise AssertionError(f"no {banner!r}: {line!r} {detail!r}")
+    return line.split()[-1]
+
+
+def spawn_server(
+    argv: list[str],
+    banner: str,
+    *,
+    log: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 60,
+) -> tuple[subprocess.Popen, str]:
+    """:func:`start_server` then :func:`server_url`: the process and its URL."""
+    proc = start_server(argv, log=log, env=env)
+    return proc, server_url(proc, banner, log=log, timeout_s=timeout_s)
+
+
+def stop_server(proc: subprocess.Popen, timeout_s: float = 30) -> None:
+    """SIGTERM, then SIGKILL if it has not ended within ``timeout_s``."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def spawn_serve_env(
+    *args: str, port: int = 0, log: Path | None = None
+) -> tuple[subprocess.Popen, str]:
+    """``tunix-agentic serve-env ARGS --port PORT`` as a process (see :func:`start_server`),
+    and its URL once it listens."""
+    argv = [sys.executable, "-m", "tunix_agentic.cli.main", "serve-env", *args]
+    return spawn_server([*argv, "--port", str(port)], "serving env ", log=log)
