@@ -345,6 +345,14 @@ async def test_delete_cancels_running_episodes_and_closes_their_environments(nod
         assert list(markers.iterdir()) == []  # every environment closed
         assert await node.cancel("cancel-1") == "cancelled"  # idempotent
         assert (await node.get("cancel-1"))["status"] == "cancelled"
+        # Submitted again (a resumed trainer, a group moved back here): it runs again.
+        assert await node.submit(marker_request("cancel-1", markers, hang=[0, 1])) in (
+            "queued",
+            "running",
+        )
+        await until(both_hanging, "two episodes in EVAL again")
+        assert await node.cancel("cancel-1") == "cancelled"
+        assert list(markers.iterdir()) == []
 
 
 async def test_min_usable_cancels_the_stragglers(node_url, markers):

@@ -316,7 +316,8 @@ class RolloutNode:
     # ----------------------------------------------------------- submitting
     async def submit(self, req: GroupRequest) -> tuple[int, dict[str, Any]]:
         """Accept ``req``: ``(http_status, answer)``. Same id and body: the same group (a
-        ``lost`` one runs again); another body: 409. ValueError naming the field when the
+        ``lost`` or ``cancelled`` one runs again: a trainer resumed, or one that moved the
+        group back here, wants it run); another body: 409. ValueError naming the field when the
         node cannot run it (unknown source or environment, refused keywords...)."""
         body = req.to_json()
         known = self.groups.get(req.group_id)
@@ -327,7 +328,7 @@ class RolloutNode:
                     "(a group id names one request; use a new id for another)",
                     "Conflict",
                 )
-            if known.status != "lost":
+            if known.status not in ("lost", "cancelled"):
                 return 202, self.summary(known)
         if req.agent == "external" and self.external is None:
             raise ValueError("agent: 'external' needs the node's OpenAI endpoint (serve-rollout)")

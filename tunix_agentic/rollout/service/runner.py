@@ -360,6 +360,9 @@ class ServiceEpisodeRunner:
                 outcome = await self._on_node(node, request)
             except NodeUnavailable as exc:
                 self._take_out(node, exc)
+                # A node that answered 5xx or too late may still be running it: the
+                # group's outcome is the one from where it goes now.
+                self._in_background(_quietly(node.client.cancel(request.group_id)))
                 self._note("resubmitted")
                 continue
             finally:
