@@ -5,7 +5,7 @@ after another (each takes a few minutes on 2 cores), and prints one line per
 seed and the spread. Nothing is asserted: it shows whether the recipe is robust
 on this machine.
 
-    python profiling/bench_seeds.py                 # seeds 0-4
+    python profiling/bench_seeds.py                 # seeds 0-9
     python profiling/bench_seeds.py --seeds 0,3 rl.steps=30
 """
 
@@ -22,7 +22,7 @@ CONFIG = Path(__file__).resolve().parents[1] / "configs" / "calculator_tiny.yaml
 
 def main(argv: list[str] | None = None) -> list[dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds")
+    parser.add_argument("--seeds", default="0,1,2,3,4,5,6,7,8,9", help="comma-separated seeds")
     parser.add_argument("--config", default=str(CONFIG))
     parser.add_argument("overrides", nargs="*", help="dotted overrides for every run")
     args = parser.parse_args(argv)
