@@ -26,12 +26,16 @@ task stream; both walls include the learner's train steps.
   engine served over HTTP, as ``tunix-agentic train rollout.service.urls=...``
   runs: once through one node, and through N nodes when N >= 2. Printed as ratios
   to the in-process async run (goal: one node >= 90 %). Nodes cannot INIT ahead
-  of admission, so compare with ``--prefetch-groups 0`` for the same pipeline.
+  of admission, so compare with ``--prefetch-groups 0`` for the same pipeline. The
+  in-process run is repeated after the service runs and each service run is also printed
+  as a ratio to the faster of the two (the load of a shared machine drifts between runs,
+  and each mode prints how many engine compiles fell inside it).
 
     python profiling/bench_rollout.py
     BENCH_TRAJECTORIES=512 BENCH_TRAIN_S=1.0 python profiling/bench_rollout.py
     python profiling/bench_rollout.py --set engine.max_slots=32   # any config override
     python profiling/bench_rollout.py --service 2 --prefetch-groups 0   # + 1 and 2 nodes
+    python profiling/bench_rollout.py --service 1 --prefetch-groups 0 --node-max-groups 8
 
 Environment: BENCH_TRAJECTORIES (256), BENCH_GROUP_SIZE (8), BENCH_GROUPS_PER_BATCH (8),
 BENCH_SFT_STEPS (250), BENCH_SFT_BATCH (16), BENCH_TRAIN_S (0.5), BENCH_POOL (64),
@@ -108,6 +112,7 @@ class BenchParams:
     seed: int = 0
     waits: Waits = Waits()
     service: int = 0  # rollout nodes of the service mode (0: off; 1: one node; N: 1 and N)
+    node_max_groups: int | None = None  # serve-rollout --max-groups (None: the node's default)
 
     @property
     def batch_size(self) -> int:
@@ -143,7 +148,8 @@ class ModeResult:
             f"engine busy on void chunks {100 * self.extra.get('engine_void', 0):.1f}%, "
             f"host gaps {100 * self.extra.get('engine_sched_gap', 0):.1f}%, idle "
             f"{100 * self.extra.get('engine_idle', 0):.1f}%; "
-            f"{self.gen_tokens_per_s:,.0f} gen tok/s; mean engine in-flight {self.mean_in_flight:.1f}"
+            f"{self.gen_tokens_per_s:,.0f} gen tok/s; mean engine in-flight {self.mean_in_flight:.1f}; "
+            f"{self.extra.get('compiles', 0)} engine compiles during it"
             f"\n       thread hand-off p50/p95 {self.extra.get('handoff_p50_ms', 0):.2f}/"
             f"{self.extra.get('handoff_p95_ms', 0):.2f} ms (how late a completion time may be "
             f"taken: the error bar on busy vs host gaps)"
@@ -200,7 +206,14 @@ async def prepare_policy(
         trained = asyncio.get_running_loop().run_in_executor(
             pool, sft, trainer, batches, p.sft_steps
         )
-        warm_s = await warm_engine(engine) if p.warmup else 0.0
+        warm_s = 0.0
+        if p.warmup:
+            t = time.perf_counter()
+            # Ahead of time from shapes alone (every row x length bucket), then through the
+            # API: a shape first met inside a timed run would stall it for seconds here.
+            await asyncio.to_thread(engine.warmup)
+            await warm_engine(engine)
+            warm_s = time.perf_counter() - t
         await trained
     engine.update_weights(trainer.state.params_for_model(), engine.version)
     return engine, trainer, batches, warm_s
@@ -336,6 +349,7 @@ async def run_sync(
     sampler, probe = InFlightSampler(engine), HandoffProbe()
     busy0 = engine.stats["busy_s"]
     other0 = _engine_other(engine)
+    compiled0 = sum(engine.compiles.values())
     sampler.start()
     probe.start()
     t0 = time.perf_counter()
@@ -369,6 +383,7 @@ async def run_sync(
         batches=batch_index,
         **_engine_other(engine, other0, wall),
         **handoff,
+        compiles=sum(engine.compiles.values()) - compiled0,
     )
 
 
@@ -433,6 +448,7 @@ async def run_async(
     sampler, probe = InFlightSampler(engine), HandoffProbe()
     busy0 = engine.stats["busy_s"]
     other0 = _engine_other(engine)
+    compiled0 = sum(engine.compiles.values())
     steady_clock0: dict[str, float] = {}
     ends: list[float] = []
     last: dict[str, Any] = {}
@@ -490,6 +506,7 @@ async def run_async(
         steady_engine_busy=steady_busy,
         **_engine_other(engine, other0, wall),
         **handoff,
+        compiles=sum(engine.compiles.values()) - compiled0,
         max_staleness=max_staleness,
         later_batch_wait_mean_s=float(np.mean(waits[1:])) if len(waits) > 1 else 0.0,
         staleness_max=max(lags, default=0),
@@ -564,6 +581,20 @@ async def run(p: BenchParams) -> dict[str, Any]:
     service = []
     if p.service:
         service = await run_service(engine, template, p, params, runs[0])
+        # The in-process run again: on a shared machine the load drifts between runs, so
+        # each service run is also compared with the mean of the in-process runs around it.
+        again = await run_async(engine, template, p, params, engine.version, p.max_staleness[0])
+        print(again.line().replace("RESULT async", "RESULT again", 1))
+        # The faster of the two is the reference: a run slowed by compiles or a burst of
+        # load elsewhere must not flatter the service.
+        best = max(runs[0].traj_per_s, again.traj_per_s)
+        for res in service:
+            nodes = res.extra["nodes"]
+            print(
+                f"RATIO service ({nodes} node{'s' if nodes > 1 else ''}) / the faster in-process "
+                f"run (before {runs[0].traj_per_s:.2f}, after {again.traj_per_s:.2f} traj/s): "
+                f"{res.traj_per_s / best:.2f}x"
+            )
     print(f"compiles during the runs: {_diff(engine.compiles, compiles0)}")
     asyn = runs[0]
     ratio = asyn.traj_per_s / sync.traj_per_s
@@ -604,6 +635,7 @@ async def run_service(
                     nodes=urls,
                     engine_url=f"http://127.0.0.1:{port}",
                 )
+                res.extra["nodes"] = count
                 results.append(res)
                 print(res.line())
                 print(
@@ -642,7 +674,10 @@ def _spawn_node(p: BenchParams, state_dir: Path) -> subprocess.Popen:
         f"rollout.seed={p.seed}",
     ]
     argv = [sys.executable, "-m", "tunix_agentic.cli.main", "serve-rollout"]
-    argv += ["--config", str(CONFIG), "--port", "0", "--state-dir", str(state_dir), *overrides]
+    argv += ["--config", str(CONFIG), "--port", "0", "--state-dir", str(state_dir)]
+    if p.node_max_groups is not None:
+        argv += ["--max-groups", str(p.node_max_groups)]
+    argv += overrides
     env = {k: v for k, v in os.environ.items() if k != "TUNIX_AGENTIC_API_KEY"}
     return subprocess.Popen(
         argv, stdout=subprocess.PIPE, text=True, env={**env, "JAX_PLATFORMS": "cpu"}
@@ -727,6 +762,14 @@ def parse_args(argv: list[str] | None) -> BenchParams:
         metavar="N",
         help="also run the async workload through 1 rollout node and through N (0: off)",
     )
+    ap.add_argument(
+        "--node-max-groups",
+        type=int,
+        default=None,
+        metavar="N",
+        help="service: serve-rollout --max-groups N (default: the node's, every stage pool's "
+        "worth of groups; 8 here is the cap of one RUN pool the nodes had before)",
+    )
     a = ap.parse_args(argv)
     return BenchParams(
         trajectories=a.trajectories,
@@ -744,6 +787,7 @@ def parse_args(argv: list[str] | None) -> BenchParams:
         seed=a.seed,
         waits=Waits(a.reset_s, a.tool_mean_s, a.tool_sigma, a.eval_s),
         service=a.service,
+        node_max_groups=a.node_max_groups,
     )
 
 

@@ -44,7 +44,7 @@ from tunix_agentic.trajectory import Step, Trajectory
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = str(REPO / "configs" / "calculator_tiny.yaml")
 ENGINE_OVERRIDES = [*TINY_MODEL_OVERRIDES, "engine.max_seq_len=128", "engine.decode_steps=2"]
-# rollout.run_workers=4 at group size 2: two groups run at once, the rest wait.
+# Two groups run at once (--max-groups 2 on the shared node), the rest wait.
 NODE_OVERRIDES = [
     *TINY_RUN_OVERRIDES,
     "rollout.run_workers=4",
@@ -77,7 +77,9 @@ def engine_url():
 
 @pytest.fixture(scope="module")
 def node_url(engine_url, tmp_path_factory):
-    proc, url = spawn_node(tmp_path_factory.mktemp("node"), "--engine-url", engine_url)
+    proc, url = spawn_node(
+        tmp_path_factory.mktemp("node"), "--engine-url", engine_url, "--max-groups", "2"
+    )
     yield url
     stop_server(proc)
 
@@ -512,3 +514,105 @@ def test_the_node_modules_and_its_command_load_no_device_library():
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+# ------------------------------------------------------------ throughput (issue 21)
+@pytest.mark.parametrize(
+    "pools, expected",
+    [((32, 4, 32, 2), 34), ((64, 64, 64, 8), 24), ((1, 1, 1, 8), 1)],
+    ids=["test-node", "default-recipe", "fewer-than-a-group"],
+)
+def test_by_default_a_node_runs_enough_groups_to_fill_every_stage_pool(pools, expected):
+    from tunix_agentic.config import load_config
+    from tunix_agentic.rollout.service.node import setup_from_config
+
+    init, run, evaluate, size = pools
+    overrides = [
+        f"rollout.init_workers={init}",
+        f"rollout.run_workers={run}",
+        f"rollout.eval_workers={evaluate}",
+        f"rollout.group_size={size}",
+    ]
+    assert setup_from_config(load_config(CONFIG, [*NODE_OVERRIDES, *overrides])).max_groups == (
+        expected
+    )
+
+
+def test_serve_rollout_refuses_max_groups_below_one(capsys):
+    from tunix_agentic.rollout.service.node_http import serve_rollout_main
+
+    assert serve_rollout_main(CONFIG, overrides=NODE_OVERRIDES, max_groups=0) == 2
+    assert "--max-groups must be >= 1" in capsys.readouterr().err
+
+
+async def test_an_answer_without_members_is_the_logged_group_alone(node_url):
+    async with NodeClient(node_url) as node:
+        await node.submit(ref_request("lean-1"))
+        lean = await node.get("lean-1", wait_s=BOUND_S, members=False)
+        full = await node.get("lean-1")
+        assert lean["status"] == full["status"] == "done"
+        assert "members" not in lean and lean["group"] == full["group"]
+        assert [m["episode_id"] for m in full["members"]] == [
+            t["episode_id"] for t in full["group"]["trajectories"]
+        ]
+        assert await node.wait("lean-1", BOUND_S) == group_from_json(full["group"])
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{node_url}/v1/groups/lean-1?members=maybe") as resp:
+                assert resp.status == 400
+                assert "members must be true or false" in (await resp.json())["error"]["message"]
+
+
+async def test_the_logged_answer_is_the_answer_served(tmp_path):
+    from tunix_agentic.config import load_config
+    from tunix_agentic.rollout.service.engines import EngineSet
+    from tunix_agentic.rollout.service.node import RolloutNode, setup_from_config
+
+    setup = setup_from_config(load_config(CONFIG, NODE_OVERRIDES))
+    node = RolloutNode(setup, EngineSet([]), tmp_path)  # no engine: members dropped, quickly
+    await node.start()
+    try:
+        await node.submit(ref_request("log-1"))
+        st = node.groups["log-1"]
+        await asyncio.wait_for(st.finished.wait(), BOUND_S)
+        served = await node.answer(st, members=False)
+    finally:
+        await node.close()
+    lines = [json.loads(line) for line in (tmp_path / "groups.wal").read_text().splitlines()]
+    final = next(r for r in lines if r["kind"] == "final" and r["group_id"] == "log-1")
+    assert final["answer"] == {"error": served["error"], "group": served["group"]}
+    assert served["group"]["lost"] == 2 and served["cursor"] == final["cursor"] == 1
+
+
+async def test_a_prompt_past_the_engines_window_is_too_long_as_in_process(engine_url):
+    from tunix_agentic.inference.base import PromptTooLongError
+    from tunix_agentic.rollout.service.engines import EngineSet
+
+    engines = EngineSet([engine_url])
+    try:
+        with pytest.raises(PromptTooLongError, match="max_seq_len"):
+            await engines.generate([5] * 200)  # the module's engine: max_seq_len 128
+    finally:
+        await engines.close()
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("token_ids", [5, True], r"trajectory\.token_ids\[1\] must be an integer"),
+        ("token_ids", [5, 6.0], r"trajectory\.token_ids\[1\] must be an integer"),
+        ("timings", {"episode_s": "1"}, r"trajectory\.timings\.episode_s must be a number"),
+    ],
+    ids=["bool-id", "float-id", "string-time"],
+)
+def test_a_trajectory_with_a_bad_element_names_it(field, value, message):
+    obj = trajectory_to_json(_trajectory())
+    obj[field] = value
+    with pytest.raises(ValueError, match=message):
+        trajectory_from_json(obj)
+
+
+def test_integer_logprobs_come_back_as_floats():
+    obj = trajectory_to_json(_trajectory())
+    obj["steps"][0]["logprobs"] = [0, -1]
+    logprobs = trajectory_from_json(obj).steps[0].logprobs
+    assert logprobs == [0.0, -1.0] and all(type(x) is float for x in logprobs)

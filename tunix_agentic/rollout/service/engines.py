@@ -5,19 +5,26 @@ imports JAX."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from typing import Any
 
-from tunix_agentic.inference.base import EngineError, TokenOutput
+from tunix_agentic.inference.base import EngineError, PromptTooLongError, TokenOutput
 from tunix_agentic.inference.params import SamplingParams
 from tunix_agentic.inference.pool import EnginePool
 from tunix_agentic.serving.client import SGLangEngine
+
+# How a server says a prompt does not fit its context window (HTTP 400): ours
+# (serve-engine) and SGLang's.
+_TOO_LONG = re.compile(r"leaves no room within max_seq_len|longer than the model's context length")
 
 
 class EngineSet:
     """The node's engines by URL, behind an :class:`EnginePool` rebuilt when the set
     changes (requests already sent finish on the pool that sent them). Implements the
-    ``generate`` the agent loop needs; an empty set answers ``EngineError``."""
+    ``generate`` the agent loop needs; an empty set answers ``EngineError``, and a prompt
+    the server says does not fit its context window ``PromptTooLongError`` (the episode
+    ends ``max_tokens``, as in process, instead of failing on infrastructure)."""
 
     def __init__(
         self,
@@ -95,9 +102,16 @@ class EngineSet:
     ) -> TokenOutput:
         if self._pool is None:
             raise EngineError("the rollout node has no engine (POST /v1/engines {url})")
-        return await self._pool.generate(
-            prompt_ids, sampling, session_id=session_id, request_id=request_id
-        )
+        try:
+            return await self._pool.generate(
+                prompt_ids, sampling, session_id=session_id, request_id=request_id
+            )
+        except PromptTooLongError:
+            raise
+        except ValueError as exc:
+            if _TOO_LONG.search(str(exc)):
+                raise PromptTooLongError(str(exc)) from exc
+            raise
 
     @property
     def in_flight(self) -> int:

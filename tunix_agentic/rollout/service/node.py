@@ -26,6 +26,7 @@ import dataclasses
 import heapq
 import inspect
 import itertools
+import json
 import logging
 import os
 import sys
@@ -88,8 +89,12 @@ class NodeSetup:
 
     @property
     def max_groups(self) -> int:
-        """Groups run at once: as many as fill the RUN pool at the config's group size."""
-        return max(1, self.rollout.run_workers // self.rollout.group_size)
+        """Groups run at once: as many as fill the INIT, RUN and EVAL pools together at the
+        config's group size, as in process, where a group's members move through the stages
+        independently (a cap of one RUN pool's worth left half of a staleness-1 pipeline
+        queued on the node while its RUN pool idled behind INIT and EVAL)."""
+        r = self.rollout
+        return max(1, (r.init_workers + r.run_workers + r.eval_workers) // r.group_size)
 
 
 def setup_from_config(cfg: Any) -> NodeSetup:
@@ -149,8 +154,8 @@ class _GroupState:
     task: Any = None
     agent: AgentConfig | None = None
     factory: Callable[[Any], Environment] | None = None
-    answer: dict[str, Any] | None = None  # the final answer (as logged), while cached
-    members: list[dict[str, Any]] | None = None  # built from the answer once, on demand
+    answer: str | None = None  # the final answer as logged (JSON text), while cached
+    members: str | None = None  # the learner's view of it (JSON text), built once on demand
     cursor: int | None = None
     offset: int = -1  # where the log holds its final record
     job: asyncio.Task | None = None
@@ -270,7 +275,7 @@ class RolloutNode:
             )
         for rec in replay.finals:
             st = self._replayed(rec.group_id, replay.bodies[rec.group_id])
-            self._settle(st, rec)
+            self._settle(st, rec)  # answered from the log when asked for
             self.groups[rec.group_id] = st
         self._next_cursor = replay.next_cursor
         for gid in replay.unfinished:
@@ -519,15 +524,21 @@ class RolloutNode:
                 answer["group"] = group_to_json(group)
             except (TypeError, ValueError) as exc:  # a task the wire cannot carry
                 status, answer = "failed", {"error": f"the group cannot be sent: {exc}"}
+        # Encoded once: the log's line and every answer about the group carry this text.
+        text = _dumps(answer)
         async with self._final_lock:  # cursors follow the log's order
             rec = FinalRecord(st.request.group_id, status, self._next_cursor, answer)
-            rec = dataclasses.replace(rec, offset=await self.log.finished(rec))
+            rec = dataclasses.replace(rec, offset=await self.log.finished(rec, text))
             self._next_cursor += 1
-        self._settle(st, rec)
+        self._settle(st, rec, text)
 
-    def _settle(self, st: _GroupState, rec: FinalRecord) -> None:
+    def _settle(self, st: _GroupState, rec: FinalRecord, text: str | None = None) -> None:
+        """Make ``rec`` visible; its answer is held in memory when ``text`` is given (a
+        replayed one is read back from the log when first asked for)."""
         st.status, st.cursor, st.offset = rec.status, rec.cursor, rec.offset
-        self._cache(st, rec.answer)
+        st.answer = st.members = None
+        if text is not None:
+            self._cache(st, text)
         self._finals.append((rec.cursor, rec.group_id, rec.status))
         st.finished.set()
         self.changed.notify()
@@ -553,7 +564,7 @@ class RolloutNode:
         return self.summary(st)
 
     # ------------------------------------------------------------- answers
-    def _cache(self, st: _GroupState, answer: dict[str, Any]) -> None:
+    def _cache(self, st: _GroupState, answer: str) -> None:
         gid = st.request.group_id
         st.answer = answer
         self._cached[gid] = None
@@ -569,24 +580,33 @@ class RolloutNode:
             out["cursor"] = st.cursor
         return out
 
-    async def answer(self, st: _GroupState) -> dict[str, Any]:
-        """``{group_id, status, cursor?, error?, members?, group?}`` (members and group
-        once ``done``; read back from the log when no longer held in memory)."""
-        out = self.summary(st)
+    async def answer_text(self, st: _GroupState, *, members: bool = True) -> str:
+        """The JSON text of ``{group_id, status, cursor?, error?, members?, group?}``
+        (``error`` once final; ``group`` once ``done``, and with ``members`` the learner's
+        view of its trajectories). Read back from the log when no longer held in memory;
+        the group's text is the one logged, never encoded again."""
+        head = _dumps(self.summary(st))
         if st.status not in FINAL_STATUSES:
-            return out
+            return head
         if st.answer is None:
-            self._cache(st, await asyncio.to_thread(self.log.read_answer, st.offset))
-        out["error"] = st.answer.get("error")
-        group = st.answer.get("group")
-        if group is not None:
-            if st.members is None:
-                st.members = [
-                    member_json(trajectory_from_json(t)) for t in group.get("trajectories", [])
-                ]
-            out["members"] = st.members
-            out["group"] = group
-        return out
+            answer = await asyncio.to_thread(self.log.read_answer, st.offset)
+            self._cache(st, _dumps(answer))
+        text = st.answer
+        if members and st.members is None and text.find('"group":') >= 0:
+            group = json.loads(text).get("group")
+            if group is not None:
+                st.members = _dumps(
+                    [member_json(trajectory_from_json(t)) for t in group.get("trajectories", [])]
+                )
+        parts = [head[:-1]]
+        if members and st.members is not None:
+            parts.append(f',"members":{st.members}')
+        # The answer is an object that always holds "error": splice its fields in.
+        return "".join(parts) + "," + text[1:]
+
+    async def answer(self, st: _GroupState, *, members: bool = True) -> dict[str, Any]:
+        """:meth:`answer_text` as a dict."""
+        return json.loads(await self.answer_text(st, members=members))
 
     def done_since(self, cursor: int, limit: int) -> dict[str, Any]:
         """Final groups after ``cursor``, in completion order (at most ``limit``)."""
@@ -633,3 +653,7 @@ def _bisect_after(finals: list[tuple[int, str, str]], cursor: int) -> int:
 
 def _error_body(message: str, kind: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind}}
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))

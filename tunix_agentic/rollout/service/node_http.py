@@ -4,7 +4,8 @@
 Routes (JSON; every route but ``/health`` behind the API key when one is set; a bad field
 answers 400 naming it): ``POST /v1/groups`` (202 ``{group_id, status}``; the same id and
 body again answers the same, another body 409), ``GET /v1/groups/{id}?wait_s=N`` (long
-poll), ``GET /v1/groups?done_since=C`` (final groups in completion order),
+poll; ``&members=false`` leaves the learner's view out and answers the group alone),
+``GET /v1/groups?done_since=C`` (final groups in completion order),
 ``GET /v1/events`` (server-sent events of the same, resumable with ``?cursor=C`` or
 ``Last-Event-ID``), ``DELETE /v1/groups/{id}`` (cancel, idempotent), ``POST /v1/policy
 {version}``, ``GET /v1/status``, ``POST`` / ``DELETE /v1/engines {url}``, ``GET
@@ -87,6 +88,16 @@ def _int_param(request: web.Request, name: str, default: int) -> int:
     return value
 
 
+def _bool_param(request: web.Request, name: str, default: bool) -> bool:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    value = {"1": True, "true": True, "0": False, "false": False}.get(raw.lower())
+    if value is None:
+        raise ValueError(f"{name} must be true or false (or 1 or 0), got {raw!r:.80}")
+    return value
+
+
 def _bad_request(handler):
     """A handler whose ValueError is the client's: a 400 naming the field."""
 
@@ -114,6 +125,7 @@ async def handle_get(request: web.Request) -> web.Response:
     node = request.app[NODE]
     gid = request.match_info["group_id"]
     wait_s = _number_param(request, "wait_s", 0.0, MAX_WAIT_S)
+    members = _bool_param(request, "members", True)
     st = node.groups.get(gid)
     if st is None:
         return json_error(404, f"no group {gid!r} on this node", "NotFound")
@@ -123,7 +135,8 @@ async def handle_get(request: web.Request) -> web.Response:
         except TimeoutError:
             pass
         st = node.groups[gid]
-    return web.json_response(await node.answer(st))
+    text = await node.answer_text(st, members=members)
+    return web.Response(text=text, content_type="application/json")
 
 
 @_bad_request
@@ -310,10 +323,12 @@ async def _serve(
     api_key: str | None,
     engine_api_key: str | None,
     timeouts: ServerTimeouts,
+    max_groups: int | None = None,
 ) -> None:
     from tunix_agentic.serving.http import serve_until_signal, url
 
-    node = RolloutNode(setup, EngineSet(engine_urls, api_key=engine_api_key), state_dir)
+    engines = EngineSet(engine_urls, api_key=engine_api_key)
+    node = RolloutNode(setup, engines, state_dir, max_groups=max_groups)
     await serve_until_signal(
         lambda: start_node_server(node, host=host, port=port, api_key=api_key, timeouts=timeouts),
         lambda real_port: f"serving rollout node on {url(host, real_port)}",
@@ -332,18 +347,23 @@ def serve_rollout_main(
     api_key: str | None = None,
     engine_api_key: str | None = None,
     timeouts: ServerTimeouts | None = None,
+    max_groups: int | None = None,
 ) -> int:
     """``tunix-agentic serve-rollout``: load the run config, then serve a node until
     SIGINT or SIGTERM. Prints ``serving rollout node on http://HOST:PORT`` once
     listening. Returns the exit status (2 for a bad argument or config, 1 when the address
     cannot be bound). ``api_key`` defaults to ``$TUNIX_AGENTIC_API_KEY``; the engines get
-    ``engine_api_key`` (default: the same key)."""
+    ``engine_api_key`` (default: the same key). ``max_groups``: groups run at once, the
+    rest wait by priority (default :attr:`NodeSetup.max_groups`: enough to fill the
+    config's INIT, RUN and EVAL pools)."""
     from tunix_agentic.config import load_config
     from tunix_agentic.serving.http import API_KEY_ENV, check_exposure
 
     api_key = api_key or os.environ.get(API_KEY_ENV) or None
     try:
         check_exposure(host, api_key)
+        if max_groups is not None and max_groups < 1:
+            raise ValueError(f"--max-groups must be >= 1, got {max_groups}")
         urls = [check_url(u) for u in engine_urls]
         setup = setup_from_config(load_config(config, list(overrides)))
     except (ValueError, FileNotFoundError) as exc:
@@ -360,6 +380,7 @@ def serve_rollout_main(
                 api_key=api_key,
                 engine_api_key=engine_api_key or api_key,
                 timeouts=timeouts or ServerTimeouts(),
+                max_groups=max_groups,
             )
         )
     except OSError as exc:

@@ -384,7 +384,9 @@ class ServiceEpisodeRunner:
             await _bounded(node.client.submit(request), poll + _POLL_GRACE_S, node)
             while True:
                 got = await _bounded(
-                    node.client.get(request.group_id, wait_s=poll), poll + _POLL_GRACE_S, node
+                    node.client.get(request.group_id, wait_s=poll, members=False),
+                    poll + _POLL_GRACE_S,
+                    node,
                 )
                 status = got.get("status")
                 if status == "done":

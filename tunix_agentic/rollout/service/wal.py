@@ -129,19 +129,25 @@ class GroupLog:
         """Record that ``group_id`` was accepted with ``body`` (flushed, not fsync-ed: a
         killed process loses nothing written; a lost acceptance only turns ``lost`` into
         unknown, and the client resubmits either way)."""
-        await self._append({"kind": "accepted", "group_id": group_id, "body": body}, sync=False)
+        record = {"kind": "accepted", "group_id": group_id, "body": body}
+        await self._append((_dumps(record) + "\n").encode(), sync=False)
 
-    async def finished(self, record: FinalRecord) -> int:
+    async def finished(self, record: FinalRecord, answer_text: str | None = None) -> int:
         """Record how a group ended; returns once the line is on disk (fsync), with the
-        offset :meth:`read_answer` reads it back from."""
-        line = {
-            "kind": "final",
-            "group_id": record.group_id,
-            "status": record.status,
-            "cursor": record.cursor,
-            "answer": record.answer,
-        }
-        return await self._append(line, sync=True)
+        offset :meth:`read_answer` reads it back from. ``answer_text``: ``record.answer``
+        already encoded as JSON (the node encodes a group once, for the log and its
+        answers alike)."""
+        if answer_text is None:
+            answer_text = _dumps(record.answer)
+        head = _dumps(
+            {
+                "kind": "final",
+                "group_id": record.group_id,
+                "status": record.status,
+                "cursor": record.cursor,
+            }
+        )
+        return await self._append(f'{head[:-1]},"answer":{answer_text}}}\n'.encode(), sync=True)
 
     def read_answer(self, offset: int) -> dict[str, Any]:
         """The answer of the final record at ``offset`` (blocking: call it off the loop)."""
@@ -152,10 +158,9 @@ class GroupLog:
             raise ValueError(f"{self.path}: no final record at offset {offset}")
         return dict(record["answer"])
 
-    async def _append(self, record: dict[str, Any], *, sync: bool) -> int:
+    async def _append(self, data: bytes, *, sync: bool) -> int:
         if self._file is None:
             raise RuntimeError("GroupLog.open() first (or the log was closed)")
-        data = (json.dumps(record, separators=(",", ":")) + "\n").encode()
         async with self._lock:  # one writer at a time: lines never interleave
             offset = self._size
             await asyncio.to_thread(self._write, data, sync)
@@ -172,3 +177,7 @@ class GroupLog:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))

@@ -76,12 +76,18 @@ def _str(raw: Any, where: str) -> str:
 def _ints(raw: Any, where: str) -> list[int]:
     if not isinstance(raw, list):
         raise ValueError(f"{where} must be a list of integers")
+    # One pass without a call per element in the usual case (a group holds thousands);
+    # the slow path names the first bad element.
+    if all(type(x) is int for x in raw):
+        return list(raw)
     return [_int(x, f"{where}[{i}]") for i, x in enumerate(raw)]
 
 
 def _floats(raw: Any, where: str) -> list[float]:
     if not isinstance(raw, list):
         raise ValueError(f"{where} must be a list of numbers")
+    if all(type(x) is float for x in raw):
+        return list(raw)
     return [_float(x, f"{where}[{i}]") for i, x in enumerate(raw)]
 
 
