@@ -9,11 +9,42 @@ The scheduler tells the clock when idle periods start and end and, for each
 device call, when it was dispatched and when it completed; completion times
 come from a thread that blocks on each call, so they are taken when they
 happen. Pure Python: the times are passed in.
+
+Observers (:func:`add_observer`) see every device call and host gap as it is
+accounted, for a run's timeline (:mod:`tunix_agentic.metrics.trace`).
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
 import time
+from collections.abc import Callable
+
+_log = logging.getLogger(__name__)
+
+# fn(engine_id, name, start, end): name is the call's kind ("prefill", "decode") or
+# "host_gap"; start and end are time.perf_counter() readings.
+Observer = Callable[[int, str, float, float], None]
+_observers: tuple[Observer, ...] = ()  # replaced, never mutated: read without a lock
+_engine_ids = itertools.count()
+
+
+def add_observer(fn: Observer) -> None:
+    """Call ``fn(engine_id, name, start, end)`` for each device call and host gap of every
+    engine clock in this process from now on (``engine_id`` tells the engines apart).
+
+    ``fn`` runs on the engine's scheduler thread: it must be quick and thread-safe. One
+    that raises is removed (and its error logged), so the engine never fails for it.
+    """
+    global _observers
+    _observers = (*_observers, fn)
+
+
+def remove_observer(fn: Observer) -> None:
+    """Stop calling ``fn`` (no error if it was not added)."""
+    global _observers
+    _observers = tuple(o for o in _observers if o != fn)  # a bound method: equal, not same
 
 
 class EngineClock:
@@ -26,6 +57,7 @@ class EngineClock:
         self.idle_since: float | None = None  # an idle period under way
         self._idle_spans: list[tuple[float, float]] = []  # since the device's last call
         self._device_done_at = time.perf_counter() if now is None else now
+        self.engine_id = next(_engine_ids)  # for observers
 
     def start(self, now: float) -> None:
         """A scheduler thread starts: the device has been free since ``now``."""
@@ -44,13 +76,15 @@ class EngineClock:
         self._idle_spans.append((since, at))
         self.idle_since = None
 
-    def account(self, dispatched: float, done: float) -> float:
+    def account(self, dispatched: float, done: float, kind: str = "device") -> float:
         """One device call, dispatched and completed at these times; returns its busy seconds.
 
         Time between the previous call's completion and this dispatch is a host
-        gap, less any idle period in between.
+        gap, less any idle period in between. ``kind`` names the call for observers.
         """
         free_from, free_to = self._device_done_at, dispatched
+        if _observers:
+            self._notify(kind, free_from, free_to, done)
         if free_to > free_from:  # the device had nothing queued in between
             idle = sum(
                 max(0.0, min(end, free_to) - max(start, free_from))
@@ -62,6 +96,26 @@ class EngineClock:
         self.busy_s += busy
         self._device_done_at = done
         return busy
+
+    def _notify(self, kind: str, free_from: float, free_to: float, done: float) -> None:
+        """Tell observers of the host gap's pieces (outside idle periods), then the call."""
+        events, at = [], free_from
+        for start, end in sorted(self._idle_spans):
+            if end <= at or start >= free_to:
+                continue
+            if start > at:
+                events.append(("host_gap", at, start))
+            at = max(at, end)
+        if free_to > at:
+            events.append(("host_gap", at, free_to))
+        events.append((kind, max(free_from, free_to), done))
+        for fn in _observers:
+            try:
+                for name, start, end in events:
+                    fn(self.engine_id, name, start, end)
+            except Exception:
+                remove_observer(fn)
+                _log.exception("engine clock observer %r failed; removed", fn)
 
     def reading(self, now: float | None = None) -> dict[str, float]:
         """Busy, host-gap and idle seconds so far, the idle period under way included.

@@ -17,9 +17,13 @@ class EngineConfig:
     decode_steps: int = 8
     min_prefill_len: int = 16
     session_reuse: bool = True
+    # Reuse the KV of the longest prompt prefix any slot holds (a GRPO group's samples, a
+    # shared system prompt): copied on device, only the rest is prefilled. Greedy outputs
+    # are the same with it off; off also keeps a freed slot's cache from being reused.
+    prefix_cache: bool = True
     reuse_kv_across_versions: bool = False
     # Queue the next decode chunk before collecting the last one, so host work overlaps the
-    # device's (a queued chunk may decode slots whose request just ended: wasted rows).
+    # device's (a chunk queued ahead whose requests all ended stops on device at once).
     overlap: bool = True
     # Trainer: compile every prefill shape and the decode chunk on a second thread at start
     # (beside the SFT warm start) instead of when each shape is first met mid-rollout.
@@ -32,6 +36,11 @@ class EngineConfig:
         for name in ("max_slots", "max_seq_len", "decode_steps", "min_prefill_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"engine.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("session_reuse", "prefix_cache", "reuse_kv_across_versions", "overlap"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(
+                    f"engine.{name} must be true or false, got {getattr(self, name)!r}"
+                )
 
     def length_buckets(self) -> list[int]:
         out, n = [], self.min_prefill_len

@@ -5,13 +5,17 @@ Both functions are pure: they take the parameters, the KV cache and the
 per-slot :class:`DecodeState` and return new ones (the engine jits them with
 the cache and the state donated, and the :class:`StepConfig` static).
 
-- :func:`prefill` runs the new tokens of a batch of prompts through the model,
+- :func:`prefill` copies each row's reused prefix from the slot that holds it
+  (:func:`copy_prefixes`), runs the new tokens of a batch of prompts through the model,
   writes their KV into the slots they were given, samples each row's first
   token and sets those slots' decode state, so the next decode continues from
   there without the host in between.
-- :func:`decode` runs ``decode_steps`` steps over every slot in one
-  ``lax.scan``; slots marked ``stop`` write nowhere (their position is pushed
-  past the cache, where writes are dropped).
+- :func:`decode` runs up to ``decode_steps`` steps over every slot in one
+  ``lax.while_loop``; slots marked ``stop`` write nowhere (their position is pushed
+  past the cache, where writes are dropped). A slot also stops on device when it
+  samples one of its stop ids or spends its token budget, and the loop ends as
+  soon as no slot is live: a chunk queued ahead whose requests all ended in the
+  chunk before it costs next to nothing (steps it skips come back as ``-1`` tokens).
 
 Each row carries its own sampling values (:class:`RowSampling`) as arrays, so
 one compiled step serves every mix of requests.
@@ -28,6 +32,9 @@ import numpy as np
 from flax import nnx, struct
 
 from tunix_agentic.inference.sampling import sample, split_keys
+
+# Stop ids per row that end a request on the device itself (the host checks them all).
+MAX_DEVICE_STOP_IDS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +53,7 @@ class DecodeState:
     tokens: jax.Array  # [S] int32: each slot's last sampled token (the next input)
     positions: jax.Array  # [S] int32: where that token goes; max_seq_len: stopped
     keys: jax.Array  # [S, 2] uint32: each slot's PRNG key
+    budget: jax.Array  # [S] int32: tokens each slot may still sample
 
     @classmethod
     def fresh(cls, num_slots: int, max_seq_len: int) -> DecodeState:
@@ -54,6 +62,7 @@ class DecodeState:
             tokens=jnp.zeros(num_slots, jnp.int32),
             positions=jnp.full(num_slots, max_seq_len, jnp.int32),
             keys=jnp.zeros((num_slots, 2), jnp.uint32),
+            budget=jnp.zeros(num_slots, jnp.int32),
         )
 
 
@@ -64,6 +73,8 @@ class RowSampling:
     temperature: jax.Array  # [R] float32; 0: greedy
     top_k: jax.Array  # [R] int32; 0: off
     top_p: jax.Array  # [R] float32; 1: off
+    # [R, MAX_DEVICE_STOP_IDS] int32, -1 padded: stop ids that end the row on device
+    stop_ids: jax.Array
 
     @classmethod
     def host(cls, rows: int) -> RowSampling:
@@ -72,11 +83,18 @@ class RowSampling:
             temperature=np.ones(rows, np.float32),
             top_k=np.zeros(rows, np.int32),
             top_p=np.ones(rows, np.float32),
+            stop_ids=np.full((rows, MAX_DEVICE_STOP_IDS), -1, np.int32),
         )
 
-    def set_row(self, row: int, temperature: float, top_k: int, top_p: float) -> None:
-        """Fill one row of host arrays (only on :meth:`host` instances)."""
+    def set_row(
+        self, row: int, temperature: float, top_k: int, top_p: float, stop_ids: tuple = ()
+    ) -> None:
+        """Fill one row of host arrays (only on :meth:`host` instances). Stop ids past the
+        first ``MAX_DEVICE_STOP_IDS`` still end the request on the host, a chunk later."""
         self.temperature[row], self.top_k[row], self.top_p[row] = temperature, top_k, top_p
+        ids = list(stop_ids)[:MAX_DEVICE_STOP_IDS]
+        self.stop_ids[row] = -1
+        self.stop_ids[row, : len(ids)] = ids
 
     def copy(self) -> RowSampling:
         return jax.tree.map(np.copy, self)
@@ -93,6 +111,11 @@ class PrefillBatch:
     next_position: jax.Array  # [R] int32: position of the token sampled from it
     keys: jax.Array  # [R, 2] uint32: each row's PRNG key
     sampling: RowSampling
+    # A shared prefix reused from another slot: its KV rows [0, copy_len) are copied from
+    # slot copy_from into the row's slot before the new tokens run (copy_len 0: none).
+    copy_from: jax.Array  # [R] int32
+    copy_len: jax.Array  # [R] int32
+    budget: jax.Array  # [R] int32: tokens each row may sample after its first
 
     @classmethod
     def host(cls, rows: int, length: int, *, num_slots: int, max_seq_len: int) -> PrefillBatch:
@@ -105,7 +128,27 @@ class PrefillBatch:
             next_position=np.zeros(rows, np.int32),
             keys=np.zeros((rows, 2), np.uint32),
             sampling=RowSampling.host(rows),
+            copy_from=np.zeros(rows, np.int32),
+            copy_len=np.zeros(rows, np.int32),
+            budget=np.zeros(rows, np.int32),
         )
+
+
+def copy_prefixes(cache: Any, batch: PrefillBatch) -> Any:
+    """Copy each row's shared prefix (KV rows ``[0, copy_len)`` of slot ``copy_from``) into
+    its slot; the whole cache pass is skipped when no row copies."""
+
+    def copy(cache):
+        def one(x):  # [S, K, T, D]
+            src = x[jnp.clip(batch.copy_from, 0, x.shape[0] - 1)]  # [R, K, T, D]
+            dst = x[jnp.clip(batch.slots, 0, x.shape[0] - 1)]
+            take = jnp.arange(x.shape[2])[None, :] < batch.copy_len[:, None]  # [R, T]
+            rows = jnp.where(take[:, None, :, None], src, dst)
+            return x.at[batch.slots].set(rows, mode="drop")  # padding rows: dropped
+
+        return jax.tree.map(one, cache)
+
+    return jax.lax.cond(jnp.any(batch.copy_len > 0), copy, lambda c: c, cache)
 
 
 def prefill(
@@ -113,19 +156,29 @@ def prefill(
 ) -> tuple[Any, DecodeState, jax.Array, jax.Array]:
     """Prefill ``batch`` into its slots; returns (cache, state, tokens [R], logprobs [R])."""
     model = nnx.merge(step.graphdef, params)
+    cache = copy_prefixes(cache, batch)
     logits, cache = model(
         batch.ids, batch.positions, cache, batch.slots, logits_at=batch.last_index
     )
     keys, use = split_keys(batch.keys)
     s = batch.sampling
     tokens, logprobs = sample(logits, use, s.temperature, s.top_k, s.top_p)
-    # The admitted slots' decode state, set on device: the next chunk continues from it.
+    # The admitted slots' decode state, set on device: the next chunk continues from it
+    # (a row whose first token already ends it starts stopped).
+    ended = _ended(tokens, batch.budget, s.stop_ids)
+    next_position = jnp.where(ended, step.max_seq_len, batch.next_position)
     state = DecodeState(
         tokens=state.tokens.at[batch.slots].set(tokens, mode="drop"),
-        positions=state.positions.at[batch.slots].set(batch.next_position, mode="drop"),
+        positions=state.positions.at[batch.slots].set(next_position, mode="drop"),
         keys=state.keys.at[batch.slots].set(keys, mode="drop"),
+        budget=state.budget.at[batch.slots].set(batch.budget, mode="drop"),
     )
     return cache, state, tokens, logprobs
+
+
+def _ended(tokens: jax.Array, budget: jax.Array, stop_ids: jax.Array) -> jax.Array:
+    """[R] bool: rows whose request ends with the token just sampled."""
+    return (budget <= 0) | jnp.any(tokens[:, None] == stop_ids, axis=1)
 
 
 def decode(
@@ -136,23 +189,42 @@ def decode(
     stop: jax.Array,  # [S] bool: slots that decode no further
     sampling: RowSampling,
 ) -> tuple[Any, DecodeState, jax.Array, jax.Array]:
-    """``decode_steps`` steps over every slot; returns (cache, state, tokens [T, S],
-    logprobs [T, S])."""
+    """Up to ``decode_steps`` steps over every slot, until none is live; returns (cache,
+    state, tokens [T, S], logprobs [T, S]); the rows of steps not run hold token -1."""
     model = nnx.merge(step.graphdef, params)
-    limit = step.max_seq_len
+    limit, t = step.max_seq_len, step.decode_steps
     positions = jnp.where(stop, limit, state.positions)  # a stopped slot writes nowhere
+    s = positions.shape[0]
 
-    def one(carry, _):
-        cache, tokens, positions, keys = carry
+    def live(carry):
+        i, _, _, positions, *_ = carry
+        return (i < t) & jnp.any(positions < limit)
+
+    def one(carry):
+        i, cache, tokens, positions, keys, budget, out_tokens, out_logprobs = carry
         logits, cache = model(tokens[:, None], positions[:, None], cache)
         keys, use = split_keys(keys)
         new_tokens, logprobs = sample(
             logits[:, 0], use, sampling.temperature, sampling.top_k, sampling.top_p
         )
-        positions = jnp.minimum(positions + 1, limit)
-        return (cache, new_tokens, positions, keys), (new_tokens, logprobs)
+        budget = budget - 1
+        ended = _ended(new_tokens, budget, sampling.stop_ids)
+        positions = jnp.where(ended, limit, jnp.minimum(positions + 1, limit))
+        out_tokens = out_tokens.at[i].set(new_tokens)
+        out_logprobs = out_logprobs.at[i].set(logprobs.astype(jnp.float32))
+        return i + 1, cache, new_tokens, positions, keys, budget, out_tokens, out_logprobs
 
-    (cache, tokens, positions, keys), (out_tokens, out_logprobs) = jax.lax.scan(
-        one, (cache, state.tokens, positions, state.keys), None, length=step.decode_steps
+    init = (
+        jnp.int32(0),
+        cache,
+        state.tokens,
+        positions,
+        state.keys,
+        state.budget,
+        jnp.full((t, s), -1, jnp.int32),
+        jnp.zeros((t, s), jnp.float32),
     )
-    return cache, DecodeState(tokens, positions, keys), out_tokens, out_logprobs
+    _, cache, tokens, positions, keys, budget, out_tokens, out_logprobs = jax.lax.while_loop(
+        live, one, init
+    )
+    return cache, DecodeState(tokens, positions, keys, budget), out_tokens, out_logprobs

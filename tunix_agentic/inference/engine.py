@@ -9,11 +9,13 @@ slots (a ``lax.scan``; no Python per token).
 Host work overlaps device work: calls are dispatched asynchronously and the
 next decode chunk is queued *before* the host collects the previous one,
 so collecting tokens, finishing requests and admitting new ones overlap with
-the device's work. The per-slot decode state (last token, position, PRNG key)
-lives on the device and is threaded through prefill and decode calls; the host
-only says which slots stop. A chunk queued ahead still decodes slots whose
-request ended in the chunk before it; those tokens are discarded (their cache
-writes lie beyond anything kept).
+the device's work. The per-slot decode state (last token, position, PRNG key,
+token budget) lives on the device and is threaded through prefill and decode
+calls; the host only says which slots stop. A slot also stops on device when it
+samples a stop id or spends its budget, and a chunk ends once no slot is live,
+so a chunk queued ahead whose requests all ended in the chunk before it runs no
+step (``stats``: ``decode_steps`` run, ``void_decode_steps`` run past every
+request's end).
 
 The scheduler runs on its own thread, not on the callers' event loop: when a
 chunk completes it dispatches the next at once, whatever the agents' coroutines
@@ -33,6 +35,16 @@ new request needs room. Weight updates swap the parameters between chunks
 without draining; each generated token is tagged with the version that made it.
 A parked cache made by an older version is dropped (recomputed) by default, so
 every token is sampled from one coherent policy per chunk.
+
+Shared prefixes (``EngineConfig.prefix_cache``, on by default): every slot
+remembers the prompt whose KV it holds, a freed slot until it is reused. A new
+request starts from the longest prefix of its prompt held anywhere (a GRPO
+group's G samples, episodes sharing a system prompt and tool schemas): those KV
+rows are copied on device into its slot inside the prefill call, and only the
+rest is prefilled. ``TokenOutput.cached_tokens`` says how many prompt tokens
+were reused (``meta_info.cached_tokens`` on the wire, as SGLang reports it);
+``stats["cached_tokens"]`` sums them. A weight update forgets every cached
+prefix made by other weights (unless ``reuse_kv_across_versions``).
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ iteration. The thread:
    dispatches their prefill (rows and length bucketed, so shapes repeat);
 4. queues the next decode chunk before collecting the previous one, so host
    work overlaps the device's (``overlap``; a chunk queued ahead may decode
-   slots whose request just ended: those tokens are void);
+   slots whose request just ended: those tokens are void, and the device ends
+   a chunk once none of its slots is live);
 5. collects the oldest call (a waiter thread blocks on each dispatched call,
    so completion times are exact for the :class:`~.clock.EngineClock`).
 
@@ -51,7 +52,7 @@ from tunix_agentic.inference.device_step import (
     prefill,
 )
 from tunix_agentic.inference.params import SamplingParams
-from tunix_agentic.inference.slots import Parked, SlotTable
+from tunix_agentic.inference.slots import Grant, Parked, SlotTable
 
 _log = logging.getLogger(__name__)
 IDLE_EXIT_S = 2.0  # the thread ends after this long with nothing to do
@@ -80,6 +81,7 @@ class Request:
     max_new: int = 0
     slot: int = -1
     cached: int = 0
+    grant: Grant | None = None  # where its cached prefix comes from (:class:`~.slots.Grant`)
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     versions: list[int] = dataclasses.field(default_factory=list)
@@ -185,7 +187,9 @@ class Scheduler:
         self.state = commit(DecodeState.fresh(s, config.max_seq_len))
         self.sampling = RowSampling.host(s)  # per slot, on the host
         self.stop = np.zeros(s, bool)  # slots to deactivate at the next decode dispatch
-        self.slots: SlotTable[Request] = SlotTable(s, session_reuse=config.session_reuse)
+        self.slots: SlotTable[Request] = SlotTable(
+            s, session_reuse=config.session_reuse, prefix_cache=config.prefix_cache
+        )
         self.queue: deque[Request] = deque()
         self.clock = EngineClock()
         self.counters = {
@@ -197,6 +201,10 @@ class Scheduler:
             # Of busy time: decode chunks queued ahead whose every request had ended.
             "void_chunks": 0,
             "void_s": 0.0,
+            # Decode steps the device ran, and those run after every request of the chunk
+            # had ended (the device stops a chunk once no slot is live, so these stay few).
+            "decode_steps": 0,
+            "void_decode_steps": 0,
         }
         self.open = open_requests
         self.failure: str | None = None
@@ -318,7 +326,7 @@ class Scheduler:
                 for _ in range(len(outstanding) if depth == 1 else 1):
                     op = outstanding.popleft()
                     done, arrays = op.waiter.result()
-                    self._collect(op, arrays, self.clock.account(op.dispatched, done))
+                    self._collect(op, arrays, self.clock.account(op.dispatched, done, op.kind))
                 continue
             if not self.slots.active and not self.queue and self._pending_weights is None:
                 if self.clock.idle_since is None:
@@ -374,16 +382,18 @@ class Scheduler:
 
     def _admit(self) -> list[Request]:
         admitted = []
+        self.slots.new_round()
         while self.queue:
             req = self.queue[0]
-            slot, cached = self.slots.acquire(req.session_id, req.prompt)
-            if slot is None:
+            grant = self.slots.grant(req.session_id, req.prompt, self.version)
+            if grant is None:
                 break
             self.queue.popleft()
-            req.slot, req.cached = slot, cached
+            slot = grant.slot
+            req.slot, req.cached, req.grant = slot, grant.cached, grant
             self.slots.activate(slot, req)
             s = req.sampling
-            self.sampling.set_row(slot, s.temperature, s.top_k, s.top_p)
+            self.sampling.set_row(slot, s.temperature, s.top_k, s.top_p, s.stop_token_ids)
             self.stop[slot] = False  # the prefill sets this slot's decode state on device
             admitted.append(req)
         return admitted
@@ -391,13 +401,14 @@ class Scheduler:
     # ---------------------------------------------------------- dispatch
     def _dispatch_prefill(self, reqs: list[Request]) -> list[_Op]:
         cfg = self.config
-        groups: dict[int, list[Request]] = {}
-        for req in reqs:
+        groups: dict[tuple[int, int], list[Request]] = {}
+        for req in reqs:  # a later wave copies a prefix that an earlier one writes
             n_new = len(req.prompt) - req.cached
-            groups.setdefault(bucket(n_new, cfg.length_buckets()), []).append(req)
+            key = (req.grant.wave, bucket(n_new, cfg.length_buckets()))
+            groups.setdefault(key, []).append(req)
         return [
             self._prefill_group(group[start : start + cfg.max_slots], length)
-            for length, group in groups.items()
+            for (_, length), group in sorted(groups.items())
             for start in range(0, len(group), cfg.max_slots)
         ]
 
@@ -417,8 +428,11 @@ class Scheduler:
             batch.last_index[i] = len(new) - 1
             batch.next_position[i] = len(req.prompt)
             batch.keys[i] = req.key
+            if req.grant.copies:
+                batch.copy_from[i], batch.copy_len[i] = req.grant.source, req.cached
             s = req.sampling
-            batch.sampling.set_row(i, s.temperature, s.top_k, s.top_p)
+            batch.sampling.set_row(i, s.temperature, s.top_k, s.top_p, s.stop_token_ids)
+            batch.budget[i] = req.max_new - 1  # the device stops the slot when it is spent
             self.counters["prefill_tokens"] += len(new)
             self.counters["cached_tokens"] += req.cached
             req.pending += 1
@@ -453,14 +467,21 @@ class Scheduler:
                     self._append(req, int(tokens[i]), float(logprobs[i]), op.version)
             return
         used = False
+        ran = int((tokens >= 0).any(axis=1).sum())  # steps the device ran (-1: skipped)
+        needed = 0
         for slot, req in op.owners:
             req.pending -= tokens.shape[0]
             if self.slots.owner(slot) is not req:
                 continue  # ended (or was aborted) after this chunk was queued: its tokens are void
             used = True
-            for k in range(tokens.shape[0]):
+            steps = ran  # a request still going used every step the device ran
+            for k in range(ran):
                 if self._append(req, int(tokens[k, slot]), float(logprobs[k, slot]), op.version):
+                    steps = k + 1
                     break
+            needed = max(needed, steps)
+        self.counters["decode_steps"] += ran
+        self.counters["void_decode_steps"] += ran - needed
         if not used:
             self.counters["void_chunks"] += 1
             self.counters["void_s"] += busy

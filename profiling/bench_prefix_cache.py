@@ -1,0 +1,109 @@
+"""A GRPO group's shared prompt with and without the engine's prefix cache, printed, never asserted.
+
+G samples of one long prompt (a real template's system prompt and tool schemas
+run to hundreds of tokens) go to the in-process engine at the peers' model
+dims (../shared/peers), once with ``prefix_cache`` on and once off, in
+interleaved rounds (on, off, on, off, ...), each round a fresh prompt so no
+round reuses an earlier one's KV. Compiles are done in an untimed first round.
+Prints prefill tokens computed per group, the median wall time per group and
+the off/on ratio with its spread; and, on the cached engine, G distinct
+prompts against G samples of one (the issue's acceptance shape).
+
+    python profiling/bench_prefix_cache.py   # PREFIX_G=8 PREFIX_PROMPT=400 PREFIX_NEW=64 PREFIX_ROUNDS=5
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import time
+
+import numpy as np
+from flax import nnx
+
+from tunix_agentic.inference import EngineConfig, JaxEngine, SamplingParams
+from tunix_agentic.models.transformer import ModelConfig, Transformer
+
+PEER_DIMS = ModelConfig(
+    vocab_size=2048,
+    d_model=256,
+    num_layers=4,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=64,
+    ffn_dim=1024,
+    rope_theta=1_000_000.0,
+    qk_norm=True,
+    tie_embeddings=True,
+)
+G = int(os.environ.get("PREFIX_G", 8))
+PROMPT = int(os.environ.get("PREFIX_PROMPT", 400))
+NEW = int(os.environ.get("PREFIX_NEW", 64))
+ROUNDS = int(os.environ.get("PREFIX_ROUNDS", 5))
+SAMPLING = [SamplingParams(temperature=1.0, max_new_tokens=NEW, seed=s) for s in range(G)]
+
+
+def prompt(seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(4, PEER_DIMS.vocab_size, PROMPT).tolist()
+
+
+async def group(engine: JaxEngine, prompts: list[list[int]]) -> tuple[float, float]:
+    """(seconds, prefill tokens computed) for one group served at once."""
+    before = engine.stats["prefill_tokens"]
+    t = time.perf_counter()
+    await asyncio.gather(*(engine.generate(p, sp) for p, sp in zip(prompts, SAMPLING, strict=True)))
+    return time.perf_counter() - t, engine.stats["prefill_tokens"] - before
+
+
+def spread(xs: list[float]) -> str:
+    return f"median {statistics.median(xs):.2f}x (min {min(xs):.2f}, max {max(xs):.2f})"
+
+
+async def main() -> None:
+    model = Transformer(PEER_DIMS, rngs=nnx.Rngs(0))
+    engines = {
+        on: JaxEngine(
+            model,
+            EngineConfig(
+                max_slots=G,
+                max_seq_len=PROMPT + NEW + 16,
+                decode_steps=16,
+                prefix_cache=on,
+                warmup=False,
+            ),
+        )
+        for on in (True, False)
+    }
+    seconds: dict[object, list[float]] = {True: [], False: [], "distinct": []}
+    tokens: dict[object, float] = {}
+    for r in range(ROUNDS + 1):  # round 0 compiles: not timed
+        for on, engine in engines.items():
+            s, n = await group(engine, [prompt(1000 * r + on)] * G)
+            if r:
+                seconds[on].append(s)
+                tokens[on] = n
+        distinct = [prompt(1000 * r + 500 + i) for i in range(G)]
+        s, n = await group(engines[True], distinct)
+        if r:
+            seconds["distinct"].append(s)
+            tokens["distinct"] = n
+    print(f"G={G} samples of one {PROMPT}-token prompt, {NEW} new tokens, {ROUNDS} rounds")
+    for key, label in (
+        (False, "prefix_cache off"),
+        (True, "prefix_cache on"),
+        ("distinct", "on, G distinct prompts"),
+    ):
+        med = statistics.median(seconds[key])
+        print(f"  {label:24s} prefill tokens/group {tokens[key]:6.0f}  wall/group {med:6.3f} s")
+    ratios = [off / on for on, off in zip(seconds[True], seconds[False], strict=True)]
+    vs_distinct = [d / on for on, d in zip(seconds[True], seconds["distinct"], strict=True)]
+    print(f"  wall off/on (interleaved pairs): {spread(ratios)}")
+    print(f"  wall distinct/shared (cached engine): {spread(vs_distinct)}")
+    print(f"  cached tokens (on engine, whole run): {engines[True].stats['cached_tokens']:.0f}")
+    for engine in engines.values():
+        await engine.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
