@@ -15,26 +15,39 @@ s/step from their own scripts run as subprocesses (skipped with a note when
 their venvs are missing; build them with ``bash ../shared/peers/setup_venvs.sh``)
 and the ratios. TRL's script reports whole steps only: its train share is
 estimated as its step minus HF ``generate`` (sampled, same shapes) timed by
-``bench_hf_generate.py`` in the same run, and printed as an estimate. Last, our
+``bench_hf_generate.py`` right after it, and printed as an estimate. Also our
 train step's tokens/s at the default run's shapes (the 234K-parameter model of
 configs/calculator_tiny.yaml, 64 rows x 128) and at a ~48M-parameter model,
 with the fraction of this machine's measured f32 matmul peak.
 
-    python profiling/bench_learner.py     # LEARNER_STEPS=8 LEARNER_TRAIN_REPEATS=7
+Peers are measured as ``--pairs`` interleaved pairs (ours, theirs, ours,
+theirs, ...; the side that goes first alternates), because this 2-core
+machine drifts between runs by more than the differences measured. Our side
+stays a warm process, as it always was here: the engine and learner built (and
+compiled) once in this process run a block of ``LEARNER_STEPS - 1`` steady
+steps per pair, the same count the peers' scripts take their median over after
+their compile step. Each peer run is a fresh process (another venv), whose
+start-up and compile fall outside its figure. Per comparison it prints each
+pair's s/step, the ratio (their s/step / ours: above 1 means ours is faster),
+the median ratio and its spread (min-max); the last line is one JSON object
+with those figures (see ``compare_peers.py``).
+
+    python profiling/bench_learner.py --pairs 5   # LEARNER_STEPS=8 LEARNER_TRAIN_REPEATS=7
     LEARNER_PEERS=0 LEARNER_BIG=0 LEARNER_STEPS=3 python profiling/bench_learner.py  # quick
+    LEARNER_STEPS=4 python profiling/bench_learner.py --peers-only --pairs 3  # peers only
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 import os
-import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -44,6 +57,15 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from bench_engine import DECODE_STEPS, NEW, PEER_DIMS, PROMPT, matmul_peak_gflops  # noqa: E402
+from compare_peers import (  # noqa: E402
+    NUMBER,
+    Measurement,
+    PairedComparison,
+    emit_json,
+    from_pairs,
+    paired,
+    process_measure,
+)
 
 from tunix_agentic.config import load_config  # noqa: E402
 from tunix_agentic.inference import EngineConfig, JaxEngine, SamplingParams  # noqa: E402
@@ -55,9 +77,9 @@ from tunix_agentic.models.transformer import ModelConfig, Transformer, count_par
 PEERS = Path(os.environ.get("PEERS_DIR", HERE.parents[1] / "shared" / "peers"))
 JAX_PY = os.environ.get("ANCHOR_JAX_PY", "/tmp/peers/venv/bin/python")
 TORCH_PY = os.environ.get("ANCHOR_TORCH_PY", "/tmp/peers/venv-torch/bin/python")
-NUMBER = r"([\d,]+(?:\.\d+)?)"
 
 STEPS = int(os.environ.get("LEARNER_STEPS", 8))  # step 1 compiles and is not counted
+PAIRS = int(os.environ.get("LEARNER_PAIRS", 5))
 N_PROMPTS = int(os.environ.get("LEARNER_PROMPTS", 4))
 G = int(os.environ.get("LEARNER_G", 4))
 TRAIN_REPEATS = int(os.environ.get("LEARNER_TRAIN_REPEATS", 7))
@@ -206,7 +228,27 @@ async def grpo_step(engine: JaxEngine, learner: GRPOLearner, step: int) -> dict[
     }
 
 
-async def ours_full(peak: float) -> dict[str, float]:
+@dataclasses.dataclass
+class OursGRPO:
+    """Our engine and learner at the peers' shapes, kept warm for the paired blocks."""
+
+    engine: JaxEngine
+    learner: GRPOLearner
+    next_step: int = 1
+
+    async def steps(self, n: int) -> list[dict[str, float]]:
+        out = []
+        for _ in range(n):
+            out.append(await grpo_step(self.engine, self.learner, self.next_step))
+            self.next_step += 1
+        return out
+
+
+def split_medians(steps: list[dict[str, float]]) -> dict[str, float]:
+    return {k: median_s([s[k] for s in steps]) for k in ("total", "generate", "train", "sync")}
+
+
+async def ours_full(peak: float) -> tuple[dict[str, float], OursGRPO]:
     model = Transformer(PEER_DIMS, rngs=nnx.Rngs(0))
     n_params = count_params(model)
     engine = JaxEngine(
@@ -218,13 +260,11 @@ async def ours_full(peak: float) -> dict[str, float]:
         f"model: {n_params:,} parameters; {jax.devices()}; f32 matmul peak {peak:.1f} GFLOP/s; "
         f"{N_PROMPTS}x{G} completions of {NEW} tokens after {PROMPT}-token prompts, kl 0.04"
     )
-    steps = []
-    for step in range(1, STEPS + 1):
-        steps.append(await grpo_step(engine, learner, step))
-    await engine.close()
+    ours = OursGRPO(engine, learner)
+    steps = await ours.steps(STEPS)
     first, steady = steps[0], steps[1:] or steps
     all_full = all(s["gen_tokens"] == N_PROMPTS * G * NEW for s in steps)
-    fig = {k: median_s([s[k] for s in steady]) for k in ("total", "generate", "train", "sync")}
+    fig = split_medians(steady)
     print(
         f"RESULT ours_grpo {N_PROMPTS}x{G} P={PROMPT} C={NEW} beta=0.04: {fig['total']:.3f} s/step "
         f"(median of steps 2..{STEPS}), {N_PROMPTS * G * NEW / fig['total']:,.0f} completion tok/s, "
@@ -236,7 +276,7 @@ async def ours_full(peak: float) -> dict[str, float]:
         f"{first['width']}), weight sync {fig['sync']:.3f}s; every completion {NEW} tokens: "
         f"{all_full}; loss {steps[-1]['loss']:+.4f}, ref_kl {steps[-1]['ref_kl']:.2e}"
     )
-    return fig
+    return fig, ours
 
 
 def ours_train_widths(peak: float) -> dict[int, float]:
@@ -319,26 +359,33 @@ def ours_scale(name: str, cfg: ModelConfig, rows: int, length: int, peak: float,
 
 
 # ------------------------------------------------------------------ peers
-def run(cmd: list[str], env: dict[str, str] | None = None, timeout: int = 600) -> str:
-    try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
-        )
-    except subprocess.TimeoutExpired:
-        return f"timed out after {timeout}s: {' '.join(cmd)}"
-    return proc.stdout + proc.stderr
+def ours_measure(ours: OursGRPO, loop: asyncio.AbstractEventLoop) -> Measurement:
+    """One block of steady steps of our warm engine and learner (the ours side of a pair)."""
+    n = max(1, STEPS - 1)
+    fig = split_medians(loop.run_until_complete(ours.steps(n)))
+    line = (
+        f"ours_grpo {fig['total']:.3f} s/step (median of {n} steps: generate "
+        f"{fig['generate']:.3f}s, train {fig['train']:.3f}s, sync {fig['sync']:.3f}s)"
+    )
+    return Measurement(fig["total"], line, extra=fig)
 
 
-def figure(text: str, pattern: str) -> float | None:
-    m = re.search(pattern, text)
-    return float(m.group(1).replace(",", "")) if m else None
+def trl_then_hf_generate(env: dict[str, str]) -> Measurement:
+    """TRL's step, then HF ``generate`` at the same shapes right after it, for the estimate."""
+    step = process_measure([TORCH_PY, str(PEERS / "bench_trl_grpo.py")], env, rf"{NUMBER} s/step")()
+    gen_env = {**env, "ANCHOR_SAMPLING": "top_p", "ANCHOR_BATCH": str(N_PROMPTS * G)}
+    gen = process_measure(
+        [TORCH_PY, str(PEERS / "bench_hf_generate.py")], gen_env, rf"{NUMBER} gen tok/s"
+    )()
+    gen_s = N_PROMPTS * G * NEW / gen.value if gen.value else None
+    line = step.line + (f"; then hf_generate {gen_s:.3f}s" if gen_s else "; hf_generate: no figure")
+    return Measurement(step.value, line, extra={"gen_s": gen_s})
 
 
-def result_line(text: str) -> str:
-    return next((line for line in text.splitlines() if line.startswith("RESULT")), text[-500:])
-
-
-def peers() -> dict[str, float]:
+def peer_pairs(
+    ours: OursGRPO, loop: asyncio.AbstractEventLoop, pairs: int
+) -> tuple[list[PairedComparison], list[str]]:
+    """Interleaved pairs against Tunix's GRPOLearner and TRL's GRPOTrainer (s/step)."""
     env = {
         "ANCHOR_GRPO_PROMPTS": str(N_PROMPTS),
         "ANCHOR_GRPO_G": str(G),
@@ -346,68 +393,108 @@ def peers() -> dict[str, float]:
         "ANCHOR_PROMPT_LEN": str(PROMPT),
         "ANCHOR_NEW_TOKENS": str(NEW),
     }
-    figures: dict[str, float] = {}
-    jobs = [
-        ("tunix_grpo", JAX_PY, "bench_tunix_grpo.py", {}, rf"{NUMBER} s/step"),
-        ("trl_grpo", TORCH_PY, "bench_trl_grpo.py", {}, rf"{NUMBER} s/step"),
-        (
-            "hf_generate",
-            TORCH_PY,
-            "bench_hf_generate.py",
-            {"ANCHOR_SAMPLING": "top_p", "ANCHOR_BATCH": str(N_PROMPTS * G)},
-            rf"{NUMBER} gen tok/s",
+    jobs = {
+        "tunix_grpo": (
+            JAX_PY,
+            process_measure([JAX_PY, str(PEERS / "bench_tunix_grpo.py")], env, rf"{NUMBER} s/step"),
         ),
-    ]
-    for name, python, script, extra, pattern in jobs:
+        "trl_grpo": (TORCH_PY, lambda: trl_then_hf_generate(env)),
+    }
+    shape = f"{N_PROMPTS}x{G}, P={PROMPT}, C={NEW}, beta 0.04"
+    comparisons, skipped = [], []
+    for name, (python, theirs) in jobs.items():
         if not Path(python).exists():
             print(f"skip {name}: {python} not found (bash {PEERS}/setup_venvs.sh builds it)")
+            skipped.append(name)
             continue
-        out = run([python, str(PEERS / script)], env={**env, **extra})
-        value = figure(out, pattern)
-        if value is not None:
-            figures[name] = value
-        print(result_line(out))
-    return figures
+        label = f"ours / {name} full step"
+        print(f"{label}: {shape}, {pairs} pairs (ours warm in-process, theirs fresh)")
+        c = paired(
+            label,
+            lambda: ours_measure(ours, loop),
+            theirs,
+            pairs,
+            unit="s/step",
+            higher_is_better=False,
+        )
+        print(c.line(), flush=True)
+        comparisons.append(c)
+        if name == "trl_grpo":
+            comparisons.extend(trl_train_estimate(c))
+    return comparisons, skipped
+
+
+def trl_train_estimate(c: PairedComparison) -> list[PairedComparison]:
+    """Per pair: our train step vs TRL's step less HF ``generate`` (an estimate)."""
+    values = [
+        (o["train"], step - t["gen_s"])
+        for o, step, t in zip(c.ours_extra, c.theirs, c.theirs_extra, strict=True)
+        if t.get("gen_s") and step - t["gen_s"] > 0
+    ]
+    est = from_pairs(
+        "ours train step / trl train share (estimated)",
+        values,
+        unit="s",
+        higher_is_better=False,
+        dropped=len(c.ratios) - len(values),
+    )
+    print(
+        "ESTIMATE trl train share = TRL step - HF generate (sampled, same shapes, "
+        "bench_hf_generate.py run right after it in each pair): ref forward, reward, "
+        "policy fwd+bwd, AdamW; TRL's script does not split its step"
+    )
+    print(est.line(), flush=True)
+    return [est]
 
 
 # ------------------------------------------------------------------- main
-async def main() -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--pairs", type=int, default=PAIRS, help="interleaved pairs per peer (LEARNER_PAIRS, 5)"
+    )
+    p.add_argument(
+        "--peers-only",
+        action="store_true",
+        help="skip the train-step widths and scale sections",
+    )
+    args = p.parse_args(argv)
+    if args.pairs < 1:
+        p.error(f"--pairs must be >= 1, got {args.pairs}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
     peak = matmul_peak_gflops()
-    ours = await ours_full(peak)
-    widths = ours_train_widths(peak)
-    ours_scale("default run, calculator_tiny", DEFAULT_DIMS, DEFAULT_ROWS, DEFAULT_LEN, peak, False)
-    if RUN_BIG:
-        ours_scale("~48M", BIG_DIMS, BIG_ROWS, BIG_LEN, peak, False)
-    if not RUN_PEERS:
-        print("peers skipped (LEARNER_PEERS=0)")
-        return
-    theirs = peers()
-    shape = f"{N_PROMPTS}x{G}, P={PROMPT}, C={NEW}, beta 0.04, same run"
-    for name in ("trl_grpo", "tunix_grpo"):
-        if theirs.get(name):
-            print(
-                f"RATIO ours / {name} full step ({shape}): {ours['total']:.3f}s vs "
-                f"{theirs[name]:.3f}s: ours is {theirs[name] / ours['total']:.2f}x their speed"
+    # One loop for the whole run: the engine's tasks belong to the loop it was built in.
+    loop = asyncio.new_event_loop()
+    try:
+        ours_fig, ours = loop.run_until_complete(ours_full(peak))
+        if not args.peers_only:
+            ours_train_widths(peak)
+            ours_scale(
+                "default run, calculator_tiny", DEFAULT_DIMS, DEFAULT_ROWS, DEFAULT_LEN, peak, False
             )
-    if theirs.get("trl_grpo") and theirs.get("hf_generate"):
-        gen = N_PROMPTS * G * NEW / theirs["hf_generate"]
-        trl_train = theirs["trl_grpo"] - gen
-        print(
-            f"ESTIMATE trl train share = TRL step {theirs['trl_grpo']:.3f}s - HF generate (sampled, "
-            f"same shapes, bench_hf_generate.py) {gen:.3f}s = {trl_train:.3f}s (ref forward, "
-            "reward, policy fwd+bwd, AdamW; TRL's script does not split its step)"
-        )
-        if trl_train > 0:
-            print(
-                f"RATIO ours train step / trl train share (estimated): {ours['train']:.3f}s vs "
-                f"{trl_train:.3f}s: ours is {trl_train / ours['train']:.2f}x their speed"
-            )
-            if 96 in widths:
-                print(
-                    f"RATIO ours train step padded to 96 / trl train share (estimated): "
-                    f"{widths[96]:.3f}s vs {trl_train:.3f}s: ours is {trl_train / widths[96]:.2f}x their speed"
-                )
+            if RUN_BIG:
+                ours_scale("~48M", BIG_DIMS, BIG_ROWS, BIG_LEN, peak, False)
+        comparisons: list[PairedComparison] = []
+        skipped: list[str] = []
+        if RUN_PEERS:
+            comparisons, skipped = peer_pairs(ours, loop, args.pairs)
+        else:
+            print("peers skipped (LEARNER_PEERS=0)")
+        loop.run_until_complete(ours.engine.close())
+    finally:
+        loop.close()
+    return emit_json(
+        "bench_learner",
+        args.pairs,
+        comparisons,
+        skipped=skipped,
+        ours_first_block_s={k: round(v, 4) for k, v in ours_fig.items()},
+    )
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

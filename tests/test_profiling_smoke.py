@@ -1,8 +1,10 @@
 """Smoke tests of the rollout benchmarks at a tiny scale: structure only, never timings."""
 
 import importlib
+import json
 import math
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -106,3 +108,61 @@ def test_bench_engine_qwen3_runs_at_a_tiny_depth(bench, monkeypatch):
         assert f["tok_per_s"] > 0 and f["host_rss_gib"] > 0
         assert all(f[f"sampler_{m}_s"] > 0 for m in ("greedy", "temperature 1", "top-k/top-p"))
     assert figures["ratio"] > 0
+
+
+_FAKE_SIDE = """
+import pathlib, sys
+log, side = pathlib.Path(sys.argv[1]), sys.argv[2]
+runs = log.read_text().split() if log.exists() else []
+log.write_text(" ".join([*runs, side]))
+value = {"ours": [300, 300, 300, 300], "theirs": [100, 200, None, 600]}[side][runs.count(side)]
+print(f"RESULT {side} B=16: {value:,} gen tok/s" if value else "Traceback: crashed")
+"""
+
+
+def test_compare_peers_pairs_interleave_and_summarise(bench, tmp_path, capsys):
+    # Real fresh processes for each side, as the peers' scripts run; their figures are fixed.
+    mod = bench("compare_peers")
+    script, log = tmp_path / "side.py", tmp_path / "order.log"
+    script.write_text(_FAKE_SIDE)
+    ours, theirs = (
+        mod.process_measure(
+            [sys.executable, str(script), str(log), side], {}, rf"{mod.NUMBER} gen tok/s"
+        )
+        for side in ("ours", "theirs")
+    )
+    c = mod.paired("ours / fake", ours, theirs, 4, unit="gen tok/s", higher_is_better=True)
+    # The side that goes first alternates pair by pair.
+    assert log.read_text().split() == ["ours", "theirs", "theirs", "ours"] * 2
+    assert c.ratios == (3.0, 1.5, 0.5) and c.dropped == 1  # pair 3's peer printed no figure
+    assert c.median == 1.5
+    mod.emit_json("fake", 4, [c])
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    s = last["comparisons"]["ours / fake"]
+    assert (s["median_ratio"], s["min_ratio"], s["max_ratio"]) == (1.5, 0.5, 3.0)
+    assert s["ours"] == [300, 300, 300] and s["theirs"] == [100, 200, 600]
+    assert s["pairs"] == 3 and last["pairs_requested"] == 4
+    # Times: above 1 still means ours is faster.
+    assert mod.from_pairs("t", [(2.0, 3.0)], unit="s", higher_is_better=False).ratios == (1.5,)
+
+
+def test_compare_peers_skips_missing_peers_and_still_prints_json(bench, monkeypatch, capsys):
+    mod = bench("compare_peers")
+    missing = {
+        name: ("/nonexistent/python", script) for name, (_, script) in mod.PEER_SCRIPTS.items()
+    }
+    monkeypatch.setattr(mod, "PEER_SCRIPTS", missing)
+    out = mod.main(["--pairs", "1"])
+    assert out["skipped"] == ["tunix_sampler", "hf_generate"] and out["comparisons"] == {}
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--pairs", "0"], ["--modes", "beam"], ["--peers", "vllm"], ["--repeats", "0"]],
+    ids=["zero-pairs", "unknown-mode", "unknown-peer", "zero-repeats"],
+)
+def test_compare_peers_rejects_bad_flags(bench, argv, capsys):
+    with pytest.raises(SystemExit):
+        bench("compare_peers").main(argv)
+    assert argv[0] in capsys.readouterr().err
