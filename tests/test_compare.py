@@ -1,0 +1,229 @@
+"""``tunix-agentic compare``: the settings mapped to TRL's GRPOConfig, one batch through our
+loss and TRL's own (``GRPOTrainer._compute_loss``) on the same weights, and the command
+end to end on the tiny agent exported as a Hugging Face directory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tunix_agentic.compare.batch import ParityBatch, split_for_trl
+from tunix_agentic.compare.mapping import trl_mapping
+from tunix_agentic.config import load_config
+from tunix_agentic.testing import TINY_RUN_OVERRIDES, cli
+
+CONFIG = "configs/calculator_tiny.yaml"
+
+
+def _trl_or_skip():
+    pytest.importorskip("trl", reason="trl is not installed (pip install -e .[compare])")
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tmp_path_factory):
+    """The built-in tiny agent (TINY_RUN_OVERRIDES' shape) exported as an HF directory,
+    as `tunix-agentic export` writes it."""
+    from flax import nnx
+
+    from tunix_agentic.agent.chat import BUILTIN_CHAT_TEMPLATE
+    from tunix_agentic.models.char_tokenizer import CharTokenizer
+    from tunix_agentic.models.hf import save_hf
+    from tunix_agentic.models.hf_tokenizer import save_char_tokenizer
+    from tunix_agentic.models.transformer import Transformer
+
+    cfg = load_config(CONFIG, list(TINY_RUN_OVERRIDES))
+    out = tmp_path_factory.mktemp("tiny_hf")
+    save_hf(Transformer(cfg.model, rngs=nnx.Rngs(0)), out)
+    save_char_tokenizer(
+        CharTokenizer(cfg.model.vocab_size), out, chat_template=BUILTIN_CHAT_TEMPLATE
+    )
+    return out
+
+
+def _run_config(tiny_hf, *overrides):
+    return load_config(
+        CONFIG,
+        [*TINY_RUN_OVERRIDES, "model.source=hf", f"model.path={tiny_hf}", *overrides],
+    )
+
+
+def _batch(tiny_hf, *, empty_row: bool = False) -> ParityBatch:
+    """4 rows of 24 tokens: prompts of 8, 9 and 11 tokens, one row ending early, old
+    logprobs off the model's (ratios away from 1, some clipped), a reference apart."""
+    from tunix_agentic.compare.parity import reference_logprobs
+    from tunix_agentic.models.hf import load_hf_model
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(3, 128, (4, 24)).astype(np.int32)
+    mask = np.zeros((4, 24), np.float32)
+    mask[:, 8:20] = 1.0
+    mask[1, 16:] = 0.0
+    mask[2, 8:11] = 0.0
+    if empty_row:
+        mask[3] = 0.0
+    lp = reference_logprobs(load_hf_model(tiny_hf), ids, 1.0)
+    old = (lp + rng.normal(0, 0.3, lp.shape).astype(np.float32)) * mask
+    ref = lp + rng.normal(0, 0.2, lp.shape).astype(np.float32)
+    adv = np.array([1.0, -1.0, 0.5, -0.5], np.float32)
+    return ParityBatch(ids, mask, old, adv, ref)
+
+
+def test_mapping_names_each_trl_argument_and_the_differences():
+    cfg = load_config(CONFIG, [])
+    mapping = trl_mapping(cfg)
+    kw = mapping.kwargs()
+    assert kw["loss_type"] == "dapo"  # token_mean
+    assert (kw["epsilon"], kw["epsilon_high"], kw["beta"]) == (0.2, 0.28, 0.0)
+    assert kw["num_generations"] == 8 and kw["per_device_train_batch_size"] == 64
+    assert kw["learning_rate"] == 3e-4 and kw["lr_scheduler_type"] == "constant"
+    assert kw["gradient_checkpointing"] is False  # learner.remat (TRL defaults to True)
+    assert {"bessel_std", "single_turn"} <= set(mapping.differences)
+    assert "loss_type = 'dapo'  <- learner.aggregation" in mapping.lines()
+    bessel = trl_mapping(
+        load_config(CONFIG, ["learner.advantage=grpo_bessel", "agent.max_turns=1"])
+    )
+    assert "bessel_std" not in bessel.differences and "single_turn" not in bessel.differences
+    seq = trl_mapping(load_config(CONFIG, ["learner.aggregation=seq_mean_token_mean"]))
+    assert seq.kwargs()["loss_type"] == "grpo" and "masked_rows" in seq.differences
+
+
+def test_split_for_trl_keeps_positions_and_masks():
+    mask = np.zeros((2, 6), np.float32)
+    mask[0, 2:5] = 1.0
+    mask[1, 3:4] = 1.0
+    batch = ParityBatch(
+        np.arange(12, dtype=np.int32).reshape(2, 6),
+        mask,
+        np.arange(12, dtype=np.float32).reshape(2, 6),
+        np.array([1.0, -1.0], np.float32),
+    )
+    parts = split_for_trl(batch)
+    assert parts["prompt_ids"].tolist() == [[0, 1], [6, 7]]
+    assert parts["completion_ids"].tolist() == [[2, 3, 4, 5], [8, 9, 10, 11]]
+    assert parts["tool_mask"].tolist() == [[1, 1, 1, 0], [0, 1, 0, 0]]
+    assert parts["completion_mask"].tolist() == [[1, 1, 1, 0], [1, 1, 0, 0]]
+    assert parts["old_per_token_logps"].tolist() == [[2, 3, 4, 5], [8, 9, 10, 11]]
+
+
+PARITY_CASES = [
+    ("token_mean", 0.0, False),
+    ("token_mean", 0.05, True),
+    ("seq_mean_token_mean", 0.05, False),
+    ("seq_mean_token_sum_norm", 0.0, False),
+]
+
+
+@pytest.mark.parametrize(
+    "aggregation,kl_coef,ratio_corrected",
+    PARITY_CASES,
+    ids=["dapo", "dapo-kl-corrected", "grpo-kl", "dr_grpo"],
+)
+def test_loss_parity_with_trl_within_1e5(tiny_hf, aggregation, kl_coef, ratio_corrected):
+    _trl_or_skip()
+    from tunix_agentic.compare.parity import loss_parity
+
+    cfg = _run_config(
+        tiny_hf,
+        f"learner.aggregation={aggregation}",
+        f"learner.kl_coef={kl_coef}",
+        f"learner.kl_ratio_corrected={str(ratio_corrected).lower()}",
+        "learner.norm_length=40",  # = agent.max_new_tokens: TRL's max_completion_length
+    )
+    result = loss_parity(tiny_hf, _batch(tiny_hf), cfg.learner, trl_mapping(cfg))
+    assert result.semantics_match
+    assert abs(result.ours) > 1e-3  # a loss that checks something
+    assert result.gap <= 1e-5, result.line()
+    assert "equal within 1e-05" in result.line()
+
+
+@pytest.mark.parametrize(
+    "overrides,difference",
+    [
+        (("learner.aggregation=seq_mean_token_mean",), "masked_rows"),
+        (
+            ("learner.aggregation=seq_mean_token_sum_norm", "learner.norm_length=0"),
+            "dr_grpo_normaliser",
+        ),
+    ],
+    ids=["masked-rows", "dr-grpo-normaliser"],
+)
+def test_loss_parity_names_the_difference(tiny_hf, overrides, difference):
+    _trl_or_skip()
+    from tunix_agentic.compare.parity import loss_parity
+
+    cfg = _run_config(tiny_hf, *overrides)
+    batch = _batch(tiny_hf, empty_row=True)
+    result = loss_parity(tiny_hf, batch, cfg.learner, trl_mapping(cfg))
+    assert not result.semantics_match and difference in result.differences
+    assert result.gap > 1e-5 and difference in result.line()
+    # The named difference accounts for the whole gap.
+    if difference == "masked_rows":  # 3 rows with tokens vs all 4
+        assert result.trl == pytest.approx(result.ours * 3 / 4, rel=1e-4)
+    else:  # (3 live rows x padded width 23) vs (4 rows x max_completion_length 40)
+        assert result.trl == pytest.approx(result.ours * (3 * 23) / (4 * 40), rel=1e-4)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (("--against", "torchrl"), "comparable peers are trl"),
+        (("--against", "trl", "--steps", "0"), "--steps must be >= 1"),
+        (("--against", "trl"), "model.source=hf"),
+    ],
+    ids=["unknown-peer", "no-steps", "not-an-hf-model"],
+)
+def test_compare_bad_input_exits_2(args, message, capsys):
+    _trl_or_skip()
+    from tunix_agentic.cli.main import main
+
+    assert main(["compare", "--config", CONFIG, *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_compare_without_the_extra_says_how_to_install(monkeypatch, capsys):
+    from tunix_agentic.cli.main import main
+
+    monkeypatch.setitem(sys.modules, "trl", None)  # import trl raises ImportError
+    assert main(["compare", "--config", CONFIG, "--against", "trl"]) == 2
+    assert "pip install -e .[compare]" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_compare_cli_writes_both_sides_and_the_parity(tiny_hf, tmp_path):
+    _trl_or_skip()
+    out = tmp_path / "cmp"
+    argv = cli(
+        "compare",
+        "--config",
+        CONFIG,
+        "--against",
+        "trl",
+        "--steps",
+        "1",
+        "--out",
+        str(out),
+        *TINY_RUN_OVERRIDES,
+        "agent.max_new_tokens=16",
+        "model.source=hf",
+        f"model.path={tiny_hf}",
+    )
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    assert "loss_type = 'dapo'" in proc.stdout  # the mapping is printed
+    data = json.loads((out / "compare.json").read_text())
+    for side in ("ours", "trl"):
+        (step,) = data[side]["steps"]
+        assert step["step_s"] > 0 and step["generated_tokens"] > 0
+        assert data[side]["peak_rss_mb"] > 0
+    assert data["trl"]["steps"][0]["generation_s"] > 0
+    assert data["trl_plays_single_turn"] is True  # calculator is multi-turn
+    probe = data["loss_parity"]["probe"]
+    assert probe["semantics_match"] and probe["equal"] and abs(probe["ours"]) > 0
+    assert data["loss_parity"]["as_trained"]["equal"]
+    md = (out / "compare.md").read_text()
+    assert "loss parity" in md and "single-turn form" in md
+    assert "bessel_std" in md

@@ -1,0 +1,51 @@
+"""``tunix-agentic compare --config RUN.yaml --against trl [--steps N] [--out DIR]
+[key.path=value ...]``: the sub-command (registered in :mod:`tunix_agentic.cli.main`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_compare(sub) -> None:
+    from tunix_agentic.compare.run import PEERS
+
+    cp = sub.add_parser(
+        "compare",
+        help="train the same model, tasks and settings with ours and with TRL's GRPOTrainer, "
+        "side by side (needs: pip install -e .[compare])",
+    )
+    cp.add_argument("--config", required=True, help="YAML run config (model.source: hf)")
+    cp.add_argument(
+        "--against",
+        required=True,
+        metavar="PEER",
+        help=f"the PyTorch peer to compare with: {', '.join(PEERS)}",
+    )
+    cp.add_argument("--steps", type=int, default=5, help="RL steps on each side (default 5)")
+    cp.add_argument("--out", default="runs/compare", metavar="DIR", help="where the report goes")
+    cp.add_argument(
+        "overrides", nargs="*", help="dotted overrides for both sides, e.g. model.path=DIR"
+    )
+    cp.set_defaults(handler=_compare)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from tunix_agentic.compare.run import compare
+    from tunix_agentic.config import ConfigError
+
+    try:
+        compare(
+            args.config,
+            against=args.against,
+            steps=args.steps,
+            out_dir=args.out,
+            overrides=args.overrides,
+        )
+    except (ConfigError, ImportError, ValueError, FileNotFoundError) as exc:
+        print(f"tunix-agentic: error: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:  # a side failed: its log's tail says why
+        print(f"tunix-agentic: compare failed: {exc}", file=sys.stderr)
+        return 1
+    return 0

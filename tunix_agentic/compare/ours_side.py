@@ -1,0 +1,98 @@
+"""Our side of ``tunix-agentic compare``: the run's own trainer, in its own process
+(``python -m tunix_agentic.compare.ours_side JOB.json``), so its peak RSS is its own.
+
+It trains ``rl.steps`` steps with no warm start and keeps the first GRPO batch the
+learner trains on (ids, loss mask, the sampler's logprobs, advantages) for the loss
+parity check.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _keep_first_batch(path: Path) -> None:
+    """Save the first batch any GRPO learner of this process trains on to ``path``: the
+    learner's ``train_step`` is wrapped for this worker process only (it exists to run
+    one comparison)."""
+    from tunix_agentic.compare.batch import ParityBatch
+    from tunix_agentic.learners.grpo import GRPOLearner
+
+    train_step = GRPOLearner.train_step
+
+    def keep(self, batch, **kwargs):
+        if not path.exists():
+            ParityBatch(
+                input_ids=np.asarray(batch.input_ids),
+                loss_mask=np.asarray(batch.loss_mask),
+                old_logprobs=np.asarray(batch.old_logprobs),
+                advantages=np.asarray(batch.advantages),
+            ).save(path)
+        return train_step(self, batch, **kwargs)
+
+    GRPOLearner.train_step = keep
+
+
+def _num(x: Any) -> float:
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    from tunix_agentic.config import load_config
+    from tunix_agentic.trainer import Trainer
+
+    t0 = time.perf_counter()
+    batch_path = Path(job["batch"])
+    batch_path.unlink(missing_ok=True)  # a batch of an earlier comparison in this dir
+    _keep_first_batch(batch_path)
+    cfg = load_config(job["config"], job["overrides"])
+    result = Trainer(cfg, progress=False).run()
+    steps = []
+    for i, h in enumerate(result.history):
+        step_s = _num(h.get("throughput/step_s"))
+        tokens = _num(h.get("rollout/generated_tokens"))
+        steps.append(
+            {
+                "step": i + 1,
+                "reward_mean": _num(h.get("rollout/reward_mean")),
+                "step_s": step_s,
+                # Generation overlaps training (asynchronous RL): what the step waited for it.
+                "wait_for_batch_s": _num(h.get("time/wait_for_batch_s")),
+                "train_s": _num(h.get("time/train_s")),
+                "weight_sync_s": _num(h.get("time/weight_sync_s")),
+                "model_call_s": _num(h.get("time/model_call_s")),
+                "generated_tokens": tokens,
+                "tokens_per_s": tokens / step_s if step_s > 0 else math.nan,
+                "loss": _num(h.get("learner/loss")),
+            }
+        )
+    return {
+        "run_dir": result.run_dir,
+        "steps": steps,
+        "train_wall_s": result.seconds,
+        "wall_s": time.perf_counter() - t0,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    job = json.loads(Path(argv[0]).read_text())
+    out = run_job(job)
+    Path(job["result"]).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

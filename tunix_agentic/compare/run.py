@@ -1,0 +1,199 @@
+"""``tunix-agentic compare``: our pipeline and TRL's ``GRPOTrainer`` on the same model,
+tasks, reward and settings, side by side.
+
+Each side trains in a process of its own (JAX in one, torch in the other), one after the
+other; then the first batch ours trained on goes through both losses on the initial
+weights (:mod:`tunix_agentic.compare.parity`). The output directory gets
+``compare.json``, ``compare.md`` and, with matplotlib, ``compare.png``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tunix_agentic.compare.batch import ParityBatch
+from tunix_agentic.compare.mapping import trl_mapping
+from tunix_agentic.compare.parity import judge
+from tunix_agentic.compare.report import CompareResult, write_report
+from tunix_agentic.config import ConfigError, RunConfig, load_config
+
+PEERS = ("trl",)
+
+
+def _worker(module: str, job: dict[str, Any], log: Path, timeout_s: float | None) -> dict:
+    """Run ``python -m module JOB`` and return the JSON it writes; RuntimeError with the
+    log's tail when it fails."""
+    job_path = Path(job["result"]).with_suffix(".job.json")
+    job_path.write_text(json.dumps(job, indent=1))
+    env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
+    with open(log, "w") as err:
+        proc = subprocess.run(
+            [sys.executable, "-m", module, str(job_path)],
+            stdout=err,
+            stderr=subprocess.STDOUT,
+            env=env,
+            timeout=timeout_s,
+        )
+    if proc.returncode != 0:
+        tail = log.read_text()[-3000:]
+        raise RuntimeError(f"{module} failed (exit {proc.returncode}); {log}:\n{tail}")
+    return json.loads(Path(job["result"]).read_text())
+
+
+def _check(cfg: RunConfig) -> None:
+    if cfg.model.source != "hf":
+        raise ConfigError(
+            f"compare needs a Hugging Face model directory on both sides (model.source=hf, "
+            f"got {cfg.model.source!r}): export the built-in model with `tunix-agentic export "
+            "RUN_DIR --to DIR`, or convert one with `tunix-agentic convert`, then pass "
+            "model.source=hf model.path=DIR"
+        )
+    if cfg.model.dtype not in ("float32", ""):
+        raise ConfigError(
+            f"model.dtype={cfg.model.dtype!r}: compare runs both sides in float32 "
+            "(pass model.dtype=float32)"
+        )
+
+
+def compare(
+    config: str | None,
+    *,
+    against: str = "trl",
+    steps: int = 5,
+    out_dir: str | Path = "runs/compare",
+    overrides: Sequence[str] = (),
+    log: Callable[[str], None] = print,
+    timeout_s: float | None = None,
+) -> CompareResult:
+    """Run both sides for ``steps`` steps and write the report to ``out_dir``.
+
+    Raises ValueError for an unknown ``against`` or bad steps, ConfigError for a run TRL
+    cannot share (not an HF model, not float32), ImportError naming ``pip install -e
+    .[compare]`` without the extra, RuntimeError with a side's log when it fails.
+    """
+    if against not in PEERS:
+        raise ValueError(f"--against {against!r}: comparable peers are {', '.join(PEERS)}")
+    if steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {steps}")
+    from tunix_agentic.compare.trl_side import require_trl
+
+    require_trl()
+    out = Path(out_dir)
+    ours_overrides = [
+        *overrides,
+        f"rl.steps={steps}",
+        "sft.steps=0",  # the same starting weights on both sides
+        "rl.eval_tasks=0",
+        "rl.checkpoint_every=0",
+        "learner.mi_pairs=0",  # a diagnostic TRL has no counterpart of
+        f"run_dir={out / 'ours'}",
+    ]
+    cfg = load_config(config, ours_overrides)
+    _check(cfg)
+    mapping = trl_mapping(cfg)
+    if mapping.lora:
+        import importlib.util
+
+        if importlib.util.find_spec("peft") is None:
+            raise ImportError(
+                "learner.lora needs peft on TRL's side (part of the compare extra): "
+                "pip install -e .[compare]"
+            )
+    out.mkdir(parents=True, exist_ok=True)
+    log("TRL GRPOConfig from this run:")
+    for line in mapping.lines():
+        log(f"  {line}")
+    if cfg.agent.max_turns > 1:
+        log(
+            f"note: the task is multi-turn (agent.max_turns={cfg.agent.max_turns}); TRL plays "
+            "its single-turn form (one completion, scored by our environment's reward)"
+        )
+    for name in mapping.differences:
+        log(f"known difference: {name}")
+
+    t0 = time.perf_counter()
+    log("ours: training ...")
+    ours = _worker(
+        "tunix_agentic.compare.ours_side",
+        {
+            "config": config,
+            "overrides": ours_overrides,
+            "batch": str(out / "first_batch.npz"),
+            "result": str(out / "ours.json"),
+        },
+        out / "ours.log",
+        timeout_s,
+    )
+    batches = parity_batches(cfg, out)
+    from tunix_agentic.compare.parity import ours_loss
+    from tunix_agentic.models.hf import load_hf_model
+
+    initial = load_hf_model(cfg.model.path, dtype="float32")
+    ours_values = {name: ours_loss(initial, b, cfg.learner) for name, b in batches.items()}
+    log("TRL: training ...")
+    trl = _worker(
+        "tunix_agentic.compare.trl_side",
+        {
+            "config": config,
+            "overrides": ours_overrides,
+            "hf_dir": cfg.model.path,
+            "mapping": mapping.kwargs(),
+            "lora": mapping.lora,
+            "batches": {name: str(out / f"parity_{name}.npz") for name in batches},
+            "out_dir": str(out / "trl"),
+            "result": str(out / "trl.json"),
+        },
+        out / "trl.log",
+        timeout_s,
+    )
+    trl_values = trl.pop("parity_losses")
+    parity = {
+        name: judge(ours_values[name], trl_values[name], b, mapping) for name, b in batches.items()
+    }
+    result = CompareResult(
+        config=str(config),
+        model=str(cfg.model.path),
+        steps=steps,
+        mapping=mapping,
+        ours=ours,
+        trl=trl,
+        parity=parity,
+        multi_turn=cfg.agent.max_turns > 1,
+        out_dir=str(out),
+    )
+    write_report(result, out)
+    for name, p in parity.items():
+        log(f"{name}: {p.line()}")
+    log(f"wrote {out / 'compare.md'} ({time.perf_counter() - t0:.0f} s)")
+    return result
+
+
+def parity_batches(cfg: RunConfig, out: Path) -> dict[str, ParityBatch]:
+    """The first batch ours trained on ("as_trained"), with reference logprobs from the
+    initial weights when the KL term is on (what our learner's reference model gives),
+    and the same rows with probe advantages +1, -1, +1, ... ("probe"): a first batch of
+    an untrained model often has no reward spread, all advantages 0 and a loss of 0 on
+    both sides, which checks nothing. Each is saved as ``parity_NAME.npz``."""
+    first = ParityBatch.load(out / "first_batch.npz")
+    if cfg.learner.kl_coef > 0:
+        from tunix_agentic.compare.parity import reference_logprobs
+        from tunix_agentic.models.hf import load_hf_model
+
+        model = load_hf_model(cfg.model.path, dtype="float32")
+        ref = reference_logprobs(model, first.input_ids, cfg.learner.temperature)
+        first = dataclasses.replace(first, ref_logprobs=ref)
+    signs = np.where(np.arange(len(first.advantages)) % 2 == 0, 1.0, -1.0).astype(np.float32)
+    batches = {"as_trained": first, "probe": dataclasses.replace(first, advantages=signs)}
+    for name, batch in batches.items():
+        batch.save(out / f"parity_{name}.npz")
+    return batches
