@@ -22,3 +22,34 @@ async def make_engine():
     for engine in engines:
         if not engine.closed:
             await engine.close()
+
+
+@pytest.fixture(scope="session")
+def observed_run(tmp_path_factory):
+    """One short real run from the CLI, shared by the observability tests (percentiles,
+    the TensorBoard layout, the trace, ``--profile-steps``, the report): its run dir.
+
+    Two RL steps (the first compiles), rollouts wait for the new weights
+    (``max_staleness=0``) and the learner trains one length bucket, so the report's
+    figures are those of a rollout-bound step; RL step 1 is profiled."""
+    from pathlib import Path
+
+    from tunix_agentic.cli.main import main
+    from tunix_agentic.testing import TINY_RUN_OVERRIDES
+
+    config = str(Path(__file__).parents[1] / "configs" / "calculator_tiny.yaml")
+    run_dir = tmp_path_factory.mktemp("observed") / "run"
+    overrides = [
+        *TINY_RUN_OVERRIDES,
+        "engine.max_seq_len=128",
+        "sft.steps=4",
+        "rl.steps=2",
+        "rl.eval_tasks=2",
+        "rl.checkpoint_every=0",
+        "rollout.max_staleness=0",
+        "learner.length_bucket=128",
+        "agent.max_turns=2",
+    ]
+    args = ["train", "--quiet", "--config", config, "--profile-steps", "1:1"]
+    assert main([*args, *overrides, f"run_dir={run_dir}"]) == 0
+    return run_dir

@@ -214,6 +214,8 @@ def test_to_dict_is_plain():
         "eval_temperature": 0.0,
         "checkpoint_every": 10,
         "keep_checkpoints": 3,
+        "eval_every": 0,
+        "eval_priority": "high",
     }
     assert yaml.safe_load(yaml.safe_dump(data)) == data  # only plain YAML types
 

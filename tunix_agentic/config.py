@@ -25,6 +25,7 @@ from tunix_agentic.envs.sandbox import SandboxConfig
 from tunix_agentic.inference.config import EngineConfig
 from tunix_agentic.learners.configs import OptimizerConfig
 from tunix_agentic.learners.grpo_config import GRPOConfig
+from tunix_agentic.metrics.trace import TraceConfig
 from tunix_agentic.models.config import ModelConfig
 from tunix_agentic.rollout.config import RolloutConfig
 
@@ -114,10 +115,23 @@ class RLConfig:
     # written in the background; 0: only after the warm start and at the end.
     checkpoint_every: int = 10
     keep_checkpoints: int = 3  # the newest this many are kept
+    # Every this many RL steps the held-out split is evaluated while training goes on, at
+    # the version then on the engine (logged at that step); 0: only before and after RL.
+    # See tunix_agentic.rl_loop.PeriodicEval. eval_priority: "high" pauses the admission
+    # of new training groups while it runs (it ends sooner, and the weights it holds back
+    # reach the engine sooner); "low" runs its tasks one at a time beside training.
+    eval_every: int = 0
+    eval_priority: str = "high"
 
     def __post_init__(self):
         if self.steps < 0 or self.eval_tasks < 0 or self.checkpoint_every < 0:
             raise ValueError("rl.steps, rl.eval_tasks and rl.checkpoint_every must be >= 0")
+        if self.eval_every < 0:
+            raise ValueError(f"rl.eval_every must be >= 0 (0: off), got {self.eval_every}")
+        if self.eval_priority not in ("high", "low"):
+            raise ValueError(
+                f"rl.eval_priority must be 'high' or 'low', got {self.eval_priority!r}"
+            )
         if self.keep_checkpoints < 1:
             raise ValueError(f"rl.keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
         if not 0 <= self.eval_temperature < float("inf"):
@@ -191,6 +205,7 @@ class RunConfig:
     env: EnvConfig = EnvConfig()
     tasks: tuple[TaskSourceConfig, ...] = (TaskSourceConfig(),)
     cross_policy: CrossPolicyConfig = CrossPolicyConfig()
+    trace: TraceConfig = TraceConfig()  # the run's timeline (tunix_agentic.metrics.trace)
 
     def __post_init__(self):
         if not self.tasks:

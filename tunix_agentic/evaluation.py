@@ -1,13 +1,18 @@
-"""Held-out evaluation: success and tool use over held-out tasks, overall and per source.
+"""Held-out evaluation: success, reward, turns, tokens and tool use, overall and per source.
 
 The trainer evaluates before and after RL with the same orchestrator (on seeds of
 its own, so evaluating never shifts a training episode's seed); success is the
-mean reward, and an episode lost to infrastructure counts as a failure.
+mean reward, and an episode lost to infrastructure counts as a failure. With
+``rl.eval_every`` it also evaluates while training goes on (see
+:func:`tunix_agentic.rl_loop.run_rl_steps` and :class:`~tunix_agentic.rl_loop.PeriodicEval`
+for which policy version such an evaluation measures), and ``tunix-agentic eval``
+evaluates a saved checkpoint (:mod:`tunix_agentic.cli.eval_cmd`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 from tunix_agentic.agent.loop import AgentConfig
 from tunix_agentic.data.sources import RunSources
@@ -15,16 +20,32 @@ from tunix_agentic.metrics.recorder import MetricsRecorder
 from tunix_agentic.rollout.episode import Group
 from tunix_agentic.rollout.orchestrator import RolloutOrchestrator
 
+# How an evaluation run beside training shares the engine (``rl.eval_priority``).
+EvalPriority = Literal["high", "low"]
+EVAL_PRIORITIES: tuple[str, ...] = ("high", "low")
+
 
 @dataclasses.dataclass
 class EvalResult:
-    """Held-out evaluation: overall success and tool use, and success per task source."""
+    """Held-out evaluation of one policy.
+
+    ``success``: mean reward over every episode asked for (one lost to infrastructure
+    counts 0); ``reward``, ``turns`` and ``generated_tokens``: means over the episodes
+    that could be scored; ``versions``: the policy versions that sampled its tokens
+    (one, ``[v]``, when a single policy was measured); ``by_task``: success per task
+    source; ``per_task``: the whole result per task source.
+    """
 
     success: float
     tool_use: float
     episodes: int
     statuses: dict[str, int]
     by_task: dict[str, float] = dataclasses.field(default_factory=dict)
+    reward: float = 0.0
+    turns: float = 0.0
+    generated_tokens: float = 0.0
+    versions: list[int] = dataclasses.field(default_factory=list)
+    per_task: dict[str, EvalResult] = dataclasses.field(default_factory=dict)
 
 
 async def evaluate(
@@ -34,22 +55,35 @@ async def evaluate(
     *,
     seed: int,
     agent_config: AgentConfig,
+    one_at_a_time: bool = False,
 ) -> EvalResult:
-    """``n`` held-out tasks of every source, each run once with ``agent_config``."""
+    """``n`` held-out tasks of every source, each run once with ``agent_config``.
+
+    All tasks run at once by default; ``one_at_a_time`` runs them in turn (an evaluation
+    that takes the least of the engine beside training: ``rl.eval_priority: low``). The
+    seeds are the same either way. Cancelling the call cancels every episode under way
+    (their environments are closed and their engine requests aborted).
+    """
     heldout = sources.heldout(n, seed=seed)
-    groups = await orchestrator.run_tasks(
-        [t for tasks in heldout.values() for t in tasks], agent_config=agent_config
-    )
+    tasks = [t for ts in heldout.values() for t in ts]
+    if one_at_a_time:
+        groups: list[Group] = []
+        for task in tasks:
+            groups += await orchestrator.run_tasks([task], agent_config=agent_config)
+    else:
+        groups = await orchestrator.run_tasks(tasks, agent_config=agent_config)
     result = score(groups)
     for name in heldout:
-        mine = [g for g in groups if str(getattr(g.task, "task_name", name)) == name]
-        result.by_task[name] = score(mine).success
+        mine = score([g for g in groups if str(getattr(g.task, "task_name", name)) == name])
+        result.by_task[name] = mine.success
+        result.per_task[name] = mine
     return result
 
 
 def score(groups: list[Group]) -> EvalResult:
-    """Mean reward, tool-use rate, episode count and statuses (every attempt's) over
-    ``groups``; an episode lost to infrastructure counts as a failure."""
+    """Success, tool-use rate, reward, turns, generated tokens, episode count, statuses
+    (every attempt's) and sampling versions over ``groups``; an episode lost to
+    infrastructure counts as a failure in ``success`` and ``tool_use``."""
     statuses: dict[str, int] = {}
     for g in groups:
         for t in g.trajectories + g.dropped:
@@ -58,19 +92,61 @@ def score(groups: list[Group]) -> EvalResult:
     episodes = len(trajs) + sum(g.lost for g in groups)
     if not episodes:
         return EvalResult(0.0, 0.0, 0, statuses)
+    scored = max(len(trajs), 1)
     return EvalResult(
-        sum(t.reward for t in trajs) / episodes,
-        sum(any(s.tool_calls for s in t.steps) for t in trajs) / episodes,
-        episodes,
-        statuses,
+        success=sum(t.reward for t in trajs) / episodes,
+        tool_use=sum(any(s.tool_calls for s in t.steps) for t in trajs) / episodes,
+        episodes=episodes,
+        statuses=statuses,
+        reward=sum(t.reward for t in trajs) / scored,
+        turns=sum(len(t.steps) for t in trajs) / scored,
+        generated_tokens=sum(t.num_generated for t in trajs) / scored,
+        versions=sorted({v for t in trajs for s in t.steps for v in s.versions}),
     )
 
 
 def log_eval(metrics: MetricsRecorder, ev: EvalResult, step: int) -> None:
-    """Write ``eval/success`` and ``eval/tool_use`` at ``step`` (and success per source
-    when there are several)."""
+    """Write ``eval/success``, ``eval/tool_use``, ``eval/reward``, ``eval/turns``,
+    ``eval/generated_tokens`` and the policy versions measured (``eval/version_min``,
+    ``eval/version_max``) at ``step``, and success per source when there are several."""
     metrics.scalar("eval/success", ev.success, step)
     metrics.scalar("eval/tool_use", ev.tool_use, step)
+    metrics.scalar("eval/reward", ev.reward, step)
+    metrics.scalar("eval/turns", ev.turns, step)
+    metrics.scalar("eval/generated_tokens", ev.generated_tokens, step)
+    if ev.versions:
+        metrics.scalar("eval/version_min", float(ev.versions[0]), step)
+        metrics.scalar("eval/version_max", float(ev.versions[-1]), step)
     if len(ev.by_task) > 1:
         for name, success in ev.by_task.items():
             metrics.scalar(f"eval/success/{name}", success, step)
+
+
+async def evaluate_beside_training(
+    orchestrator: RolloutOrchestrator,
+    sources: RunSources,
+    n: int,
+    *,
+    seed: int,
+    agent_config: AgentConfig,
+    priority: EvalPriority,
+) -> EvalResult:
+    """:func:`evaluate` while ``orchestrator`` produces training groups (``rl.eval_every``).
+
+    ``priority="high"`` (the default of ``rl.eval_priority``): no new training group is
+    admitted until the evaluation ends (groups under way finish), so its episodes get
+    the run's RUN slots and the engine as the training episodes leave them. High is the
+    default because the engine serves one version: while an evaluation runs, the
+    weights the learner publishes are held back (see
+    :class:`~tunix_agentic.rl_loop.PeriodicEval`), so the sooner it ends, the sooner
+    they reach the engine; the pacer has admitted the next batch's groups already
+    (``rollout.max_staleness`` ahead), so the learner seldom waits for the pause.
+    ``"low"``: the tasks run one at a time beside training at full admission (the least
+    share of the engine, the longest evaluation, the longest hold on the weights).
+    """
+    if priority == "high":
+        with orchestrator.admission_paused():
+            return await evaluate(orchestrator, sources, n, seed=seed, agent_config=agent_config)
+    return await evaluate(
+        orchestrator, sources, n, seed=seed, agent_config=agent_config, one_at_a_time=True
+    )

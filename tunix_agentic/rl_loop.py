@@ -6,6 +6,15 @@ event loop while the learner's step runs on a worker thread; the new weights
 go to the engine right after each step (no drain: requests under way finish
 on the weights they started with), and the orchestrator's admission pacing
 keeps every batch within ``max_staleness`` versions of the policy it trains.
+
+Evaluation beside training (:class:`PeriodicEval`, ``rl.eval_every``): the engine
+serves one version at a time, so an evaluation started once version v is on the
+engine holds back the weights published after it until it ends (then the newest
+goes out); the learner goes on training meanwhile on groups the pacer admitted under
+version v, and waits only when the staleness bound stops admission (an evaluation
+that outlasts about ``max_staleness + 1`` train steps) or when a high-priority
+evaluation's pause in admission leaves it without a batch. Every token of that
+evaluation is sampled by version v, and it is logged at step v.
 """
 
 from __future__ import annotations
@@ -51,6 +60,119 @@ class StepReport:
     wall_s: float
 
 
+@dataclasses.dataclass(frozen=True)
+class PeriodicEval:
+    """Evaluate the policy every ``every`` RL steps while training goes on.
+
+    ``run(v)`` evaluates what the engine holds, version ``v`` (its weights stay there
+    until it returns), and ``done(v, result)`` sees the result (the trainer logs it at
+    step ``v``). A due version (a multiple of ``every``, past 0, before the last step:
+    the trainer evaluates that one itself) is evaluated once it reaches the engine; one
+    superseded before it got there (an evaluation was still running) is passed to
+    ``skipped(v)`` instead, so every due version is either evaluated or skipped.
+    """
+
+    every: int
+    run: Callable[[int], Awaitable[Any]]
+    done: Callable[[int, Any], None]
+    skipped: Callable[[int], None] = lambda version: None
+
+
+class _Publisher:
+    """Puts each step's weights on the engine, holding them back while an evaluation
+    measures the engine's version (only the newest held weights are pushed when it ends)."""
+
+    def __init__(
+        self,
+        orch: RolloutOrchestrator,
+        engine: InferenceEngine,
+        metrics: MetricsSink,
+        periodic: PeriodicEval | None,
+        last_step: int,
+    ):
+        self.orch, self.engine, self.metrics = orch, engine, metrics
+        self.periodic, self.last_step = periodic, last_step
+        self.error: Exception | None = None  # an evaluation's, raised by the loop
+        self._held: tuple[Any, int] | None = None
+        self._eval: asyncio.Task | None = None
+
+    async def publish(self, params: Any, version: int) -> None:
+        if self._eval is not None:  # the engine is measured: these wait for its end
+            if self._held is not None:
+                self._skip(self._held[1])
+            self._held = (params, version)
+            self.metrics.count("eval/held_weight_updates")
+            return
+        await self._push(params, version)
+        self.maybe_evaluate(version)
+
+    async def _push(self, params: Any, version: int) -> None:
+        update = WeightUpdate.of(self.engine.update_weights(params, version), version)
+        try:
+            await update  # resolved at the engine's next chunk boundary
+        except EngineError as exc:
+            # No backend took them (a pool in an outage): rollout goes on with what
+            # it has, a recovering backend gets the newest weights before it serves,
+            # and a dead engine ends the run through its failed episodes.
+            _log.warning("weights of step %d were applied nowhere: %s", version, exc)
+            self.metrics.count("weight_sync/failures")
+        self.orch.set_version(version)
+
+    def _due(self, version: int) -> bool:
+        p = self.periodic
+        return p is not None and 0 < version < self.last_step and version % p.every == 0
+
+    def _skip(self, version: int) -> None:
+        if self._due(version):
+            _log.warning(
+                "no evaluation at step %d: the one before was still running "
+                "(raise rl.eval_every or lower rl.eval_tasks)",
+                version,
+            )
+            self.periodic.skipped(version)
+
+    def maybe_evaluate(self, version: int) -> None:
+        """Start the evaluation of ``version`` (on the engine now) if it is due."""
+        if self._eval is None and self._due(version):
+            self._eval = asyncio.get_running_loop().create_task(
+                self._evaluate(version), name=f"eval-{version}"
+            )
+
+    async def _evaluate(self, version: int) -> None:
+        try:
+            result = await self.periodic.run(version)
+            self.periodic.done(version, result)
+        except asyncio.CancelledError:
+            self._eval = None
+            raise
+        except Exception as exc:  # surfaced by the loop at its next step
+            self.error = self.error or exc
+        pushed = None
+        try:
+            while self._held is not None:  # weights held meanwhile: the newest goes out
+                if pushed is not None:
+                    self._skip(pushed)  # newer ones came while it went out
+                (params, held), self._held = self._held, None
+                await self._push(params, held)
+                pushed = held
+        finally:
+            self._eval = None
+        if pushed is not None:
+            self.maybe_evaluate(pushed)
+
+    async def finish(self) -> None:
+        """Wait for the evaluations under way (and any they lead to)."""
+        while self._eval is not None:
+            await asyncio.shield(self._eval)
+
+    async def cancel(self) -> None:
+        """Cancel the evaluation under way (its episodes and engine requests end)."""
+        while self._eval is not None:
+            task = self._eval
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
 async def run_rl_steps(
     orch: RolloutOrchestrator,
     engine: InferenceEngine,
@@ -61,6 +183,7 @@ async def run_rl_steps(
     on_step: Callable[[StepReport], None],
     race: Callable[[Awaitable[Any]], Awaitable[Any]] | None = None,
     metrics: MetricsSink = NULL_METRICS,
+    periodic: PeriodicEval | None = None,
 ) -> None:
     """Run steps ``start_step + 1 .. steps``; ``on_step`` sees each as it finishes.
 
@@ -69,12 +192,19 @@ async def run_rl_steps(
     trainer's stop signals); a train step under way always finishes. Anything
     ``on_step`` raises ends the loop. ``metrics`` gets the ``wait_for_batch``,
     ``train`` and ``weight_sync`` spans.
+
+    ``periodic`` evaluates beside training (see :class:`PeriodicEval`; the version
+    ``start_step`` too when it is due, as on a resume from that checkpoint); the
+    evaluations under way when the last step ends are awaited (through ``race``), and
+    one under way when the loop ends otherwise is cancelled and logs nothing.
     """
     if start_step >= steps:
         return
     loop = asyncio.get_running_loop()
     learner_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="learner")
+    publisher = _Publisher(orch, engine, metrics, periodic, steps)
     orch.start()
+    publisher.maybe_evaluate(start_step)
     try:
         for step in range(start_step, steps):
             t0 = time.perf_counter()
@@ -86,20 +216,16 @@ async def run_rl_steps(
                 out = await loop.run_in_executor(learner_thread, learner.train_on, groups)
             t2 = time.perf_counter()
             with metrics.span("weight_sync"):
-                update = WeightUpdate.of(
-                    engine.update_weights(learner.params_for_engine(), step + 1), step + 1
-                )
-                try:
-                    await update  # resolved at the engine's next chunk boundary
-                except EngineError as exc:
-                    # No backend took them (a pool in an outage): rollout goes on with what
-                    # it has, a recovering backend gets the newest weights before it serves,
-                    # and a dead engine ends the run through its failed episodes.
-                    _log.warning("weights of step %d were applied nowhere: %s", step + 1, exc)
-                    metrics.count("weight_sync/failures")
-                orch.set_version(step + 1)
+                await publisher.publish(learner.params_for_engine(), step + 1)
             t3 = time.perf_counter()
+            if publisher.error is not None:
+                raise publisher.error
             on_step(StepReport(step + 1, groups, out, t1 - t0, t2 - t1, t3 - t2, t3 - t0))
+        finish = publisher.finish()
+        await (race(finish) if race is not None else finish)
+        if publisher.error is not None:
+            raise publisher.error
     finally:
+        await publisher.cancel()
         await orch.stop()
         learner_thread.shutdown(wait=True)

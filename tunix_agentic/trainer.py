@@ -36,7 +36,7 @@ from tunix_agentic.config import (
 from tunix_agentic.data.demos import demonstration_batches
 from tunix_agentic.data.sources import RunSources
 from tunix_agentic.env_checks import check_sources
-from tunix_agentic.evaluation import EvalResult, evaluate, log_eval
+from tunix_agentic.evaluation import EvalResult, evaluate, evaluate_beside_training, log_eval
 from tunix_agentic.inference.base import InferenceEngine
 from tunix_agentic.inference.cross_policy import CrossPolicyEngine
 from tunix_agentic.inference.engine import JaxEngine
@@ -44,13 +44,15 @@ from tunix_agentic.inference.pool import EnginePool
 from tunix_agentic.learners.batching import grpo_batch, sft_batch
 from tunix_agentic.learners.grpo import GRPOLearner
 from tunix_agentic.learners.sft import SFTTrainer
+from tunix_agentic.metrics.layout import write_layout
 from tunix_agentic.metrics.recorder import MetricsRecorder, drop_records
 from tunix_agentic.metrics.rollout import engine_fractions, rollout_stats
+from tunix_agentic.metrics.trace import ProfileSteps, Timeline, open_timeline
 from tunix_agentic.models.hf import build_model
 from tunix_agentic.models.tokenizers import load_tokenizer
 from tunix_agentic.models.transformer import Transformer, count_params
 from tunix_agentic.resume import logged_after, restore_newest
-from tunix_agentic.rl_loop import StepReport, run_rl_steps
+from tunix_agentic.rl_loop import PeriodicEval, StepReport, run_rl_steps
 from tunix_agentic.rollout.episode import Group
 from tunix_agentic.rollout.orchestrator import RolloutOrchestrator
 from tunix_agentic.rollout.service.connect import connect_service, service_api_key
@@ -111,8 +113,21 @@ class Trainer:
     propagates. Engine, checkpointer and event writer are closed on every path.
     """
 
-    def __init__(self, config: RunConfig, *, resume: bool = False, progress: bool = True):
+    def __init__(
+        self,
+        config: RunConfig,
+        *,
+        resume: bool = False,
+        progress: bool = True,
+        profile_steps: ProfileSteps | None = None,
+    ):
         self.cfg = config = resolve_model(config)
+        if profile_steps is not None and profile_steps.last > config.rl.steps:
+            raise ConfigError(
+                f"--profile-steps {profile_steps.first}:{profile_steps.last}: the run has "
+                f"{config.rl.steps} RL steps (rl.steps)"
+            )
+        self.profile_steps = profile_steps  # jax.profiler over these RL steps
         self.resume = resume
         self.progress = progress
         self.run_dir = Path(config.run_dir) if resume else fresh_run_dir(Path(config.run_dir))
@@ -234,10 +249,22 @@ class Trainer:
             seed=self.cfg.seed,
         )
 
-    async def evaluate(self, orchestrator: RolloutOrchestrator, n: int) -> EvalResult:
+    async def evaluate(
+        self, orchestrator: RolloutOrchestrator, n: int, *, beside_training: bool = False
+    ) -> EvalResult:
         """``n`` held-out tasks of every source, greedy by default; success is the mean
-        reward (an episode lost to infrastructure counts as a failure here)."""
+        reward (an episode lost to infrastructure counts as a failure here).
+        ``beside_training``: production runs meanwhile (``rl.eval_priority`` applies)."""
         agent = dataclasses.replace(self.cfg.agent, temperature=self.cfg.rl.eval_temperature)
+        if beside_training:
+            return await evaluate_beside_training(
+                orchestrator,
+                self.sources,
+                n,
+                seed=self.cfg.seed,
+                agent_config=agent,
+                priority=self.cfg.rl.eval_priority,
+            )
         return await evaluate(orchestrator, self.sources, n, seed=self.cfg.seed, agent_config=agent)
 
     # ---------------------------------------------------------------- run
@@ -305,6 +332,11 @@ class Trainer:
             )
         metrics = MetricsRecorder(self.run_dir / "tensorboard")
         stack.callback(metrics.close)
+        write_layout(metrics)  # the custom-scalars dashboard TensorBoard opens on
+        timeline = open_timeline(
+            self.run_dir, cfg.trace, metrics, step=start_step, profile_steps=self.profile_steps
+        )
+        stack.callback(timeline.close)  # before metrics.close; on every path, errors included
         ckpt = Checkpointer(self.run_dir / "checkpoints", max_to_keep=cfg.rl.keep_checkpoints)
         stack.callback(ckpt.close)  # runs before metrics.close: pending writes finish first
         self._log(f"model: {count_params(model):,} parameters; run dir {self.run_dir}")
@@ -364,7 +396,7 @@ class Trainer:
                 state=meta["rollout"].get("service") if restored else None,
                 model_info={"model_path": f"tunix-agentic run {self.run_dir.name}"},
             )
-        ctx = _RunContext(learner, orch, engine, ckpt, metrics, t_start, start_step)
+        ctx = _RunContext(learner, orch, engine, ckpt, metrics, t_start, start_step, timeline)
         return ctx, meta
 
     async def _run_in(self, stack: contextlib.AsyncExitStack) -> TrainResult:
@@ -435,6 +467,7 @@ class Trainer:
         # The engine's clock is read at the start of RL: its fractions are over the run so far
         # (a device call is accounted when collected, so single short steps would be noisy).
         rl_start, engine_at_start = time.perf_counter(), engine.clock()
+        tokens_at_start = engine.stats.get("generated_tokens", 0.0)
 
         def on_step(report: StepReport) -> None:
             step, groups, out = report.step, report.groups, report.out
@@ -450,13 +483,25 @@ class Trainer:
                 / report.wall_s,
                 "throughput/step_s": report.wall_s,
                 "engine/busy_s_total": engine.stats.get("busy_s", 0.0),
+                # Cumulative: prompt tokens reused from cached KV, decode steps past every end.
+                "count/engine/cached_tokens": engine.stats.get("cached_tokens", 0.0),
+                "count/engine/void_decode_steps": engine.stats.get("void_decode_steps", 0.0),
                 # Where the engine's wall clock went since RL started: device calls,
                 # host-side gaps while work waited, and idle (nothing to generate).
                 **engine_fractions(engine.clock(), engine_at_start, rl_start),
             }
+            # Tokens generated per second of device calls since RL started (cumulative, as
+            # the fractions: a call is accounted when collected, often in the next step).
+            tokens = engine.stats.get("generated_tokens", 0.0) - tokens_at_start
+            busy = engine.clock().get("busy_s", 0.0) - engine_at_start.get("busy_s", 0.0)
+            if busy > 0:  # not for an engine over HTTP: its device is not seen from here
+                extra["throughput/generated_tokens_per_accelerator_s"] = tokens / busy
             history.append(metrics.write_step(step, extra))
+            ctx.timeline.begin_step(step + 1)  # the step's trace to disk; the profile window
             if isinstance(ctx.orch.episodes, ServiceEpisodeRunner):
-                ctx.orch.episodes.set_version(step)  # the nodes learn the published version
+                # The nodes learn the version on the engine (behind ``step`` while weights
+                # are held back for an evaluation: rl.eval_every).
+                ctx.orch.episodes.set_version(ctx.orch.version)
             self._done_step = step
             # What a checkpoint of this step holds, as it is now: the next batch may be taken
             # (and its groups leave the task stream's pending list) before a later save.
@@ -473,6 +518,7 @@ class Trainer:
                 raise Stopped
 
         steps = ctx.steps = _GRPOSteps(ctx.learner, cfg, self.tokenizer.pad_id)
+        ctx.timeline.begin_step(start_step + 1)
         try:
             await run_rl_steps(
                 ctx.orch,
@@ -483,10 +529,29 @@ class Trainer:
                 on_step=on_step,
                 race=self._signals.race,  # a step under way finishes (and is kept) after a signal
                 metrics=metrics,
+                periodic=self._periodic_eval(ctx) if cfg.rl.eval_every else None,
             )
         finally:
             bar.close()
         return history
+
+    def _periodic_eval(self, ctx: _RunContext) -> PeriodicEval:
+        """``rl.eval_every``: evaluations beside training, logged at the version they measure
+        (with ``eval/wall_s``; a due step never on the engine logs ``eval/skipped``)."""
+        metrics = ctx.metrics
+
+        async def run(version: int) -> tuple[EvalResult, float]:
+            t0 = time.perf_counter()
+            ev = await self.evaluate(ctx.orch, self.cfg.rl.eval_tasks, beside_training=True)
+            return ev, time.perf_counter() - t0
+
+        def done(version: int, result: tuple[EvalResult, float]) -> None:
+            log_eval(metrics, result[0], version)
+            metrics.scalar("eval/wall_s", result[1], version)
+
+        return PeriodicEval(
+            self.cfg.rl.eval_every, run, done, lambda v: metrics.scalar("eval/skipped", 1.0, v)
+        )
 
     def _save(self, ctx: _RunContext, step: int) -> None:
         """Checkpoint ``step`` in the background (once per step; skipped if already saved)."""
@@ -584,6 +649,7 @@ class _RunContext:
     metrics: MetricsRecorder
     t_start: float
     start_step: int
+    timeline: Timeline  # the trace and the --profile-steps profiler
     before: float | None = None
     by_task_before: dict[str, float] = dataclasses.field(default_factory=dict)
     steps: _GRPOSteps | None = None  # the RL loop's learner, once RL began
@@ -620,8 +686,10 @@ def train(
     *,
     resume_dir: str | None = None,
     progress: bool = True,
+    profile_steps: ProfileSteps | None = None,
 ) -> TrainResult:
-    """Load a config (or a run dir's saved one when resuming) and run it.
+    """Load a config (or a run dir's saved one when resuming) and run it; ``profile_steps``
+    takes a ``jax.profiler`` trace of those RL steps into the run's TensorBoard directory.
 
     Raises :class:`~tunix_agentic.config.ConfigError` for a config that cannot
     run and :class:`RunInterrupted` when SIGINT/SIGTERM stopped the run.
@@ -635,4 +703,6 @@ def train(
         cfg = load_config(saved, [*overrides, f"run_dir={resume_dir}"])
     else:
         cfg = load_config(config_path, overrides)
-    return Trainer(cfg, resume=resume_dir is not None, progress=progress).run()
+    return Trainer(
+        cfg, resume=resume_dir is not None, progress=progress, profile_steps=profile_steps
+    ).run()

@@ -1,8 +1,11 @@
 """Command line.
 
-``tunix-agentic train [--config PATH] [--resume RUN_DIR] [key.path=value ...]``
+``tunix-agentic train [--config PATH] [--resume RUN_DIR] [--profile-steps A:B] [key.path=value ...]``
 ``tunix-agentic export RUN_DIR --to OUT_DIR [--dtype bfloat16]``
+``tunix-agentic eval RUN_DIR [--step N] [--tasks K]`` (held-out figures of a checkpoint, JSON)
+``tunix-agentic report RUN_DIR [--out DIR]`` (PNGs and report.md with a bottleneck verdict)
 ``tunix-agentic convert --gguf FILE --to OUT_DIR [--dtype bfloat16]``
+``tunix-agentic compare --config RUN.yaml --against trl [--steps N] [--out DIR]`` (vs TRL)
 ``tunix-agentic serve-engine [--config PATH] [--params DIR] [--host H] [--port P]
 [--api-key KEY] [--weights-dir DIR ...] [--header-timeout S] [--body-timeout S] [key.path=value ...]``
 ``tunix-agentic sandbox [--config PATH] [--backend auto|bwrap|process] [--timeout S] -- CMD ...``
@@ -20,6 +23,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+
+from tunix_agentic.cli.eval_cmd import add_eval
+from tunix_agentic.compare.cli import add_compare
+from tunix_agentic.report import add_report
 
 DEFAULT_CONFIG = "configs/calculator_tiny.yaml"
 API_KEY_HELP = (
@@ -103,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
         _add_export,
         _add_sandbox,
         _add_convert,
+        add_eval,
+        add_compare,
+        add_report,
     ):
         add(sub)
     return parser
@@ -124,6 +134,13 @@ def _add_train(sub) -> None:
         "--resume", metavar="RUN_DIR", default=None, help="continue the run saved in RUN_DIR"
     )
     tr.add_argument("--quiet", action="store_true", help="no progress bars")
+    tr.add_argument(
+        "--profile-steps",
+        metavar="A:B",
+        type=_profile_steps,
+        default=None,
+        help="take a jax.profiler trace of RL steps A to B into RUN_DIR/tensorboard",
+    )
     tr.add_argument(
         "overrides", nargs="*", help="dotted overrides, e.g. rl.steps=20 rollout.group_size=4"
     )
@@ -242,6 +259,14 @@ def _add_serve_rollout(sub) -> None:
         default=None,
         metavar="KEY",
         help="the engines' API key (default: the node's)",
+    )
+    sr.add_argument(
+        "--max-groups",
+        type=int,
+        default=None,
+        metavar="N",
+        help="groups run at once; the rest wait, higher priority first (default: as many "
+        "as fill the config's rollout INIT, RUN and EVAL pools)",
     )
     _add_timeouts(sr)
     sr.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.run_workers=32")
@@ -365,7 +390,18 @@ def _serve_rollout(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         engine_api_key=args.engine_api_key,
         timeouts=timeouts,
+        max_groups=args.max_groups,
     )
+
+
+def _profile_steps(text: str):
+    """``--profile-steps A:B``; argparse reports a ValueError's message under the flag."""
+    from tunix_agentic.metrics.trace import ProfileSteps
+
+    try:
+        return ProfileSteps.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -377,7 +413,11 @@ def _train(args: argparse.Namespace) -> int:
             args.config if args.config is not None else (None if args.resume else _default_config())
         )
         result = train(
-            config, list(args.overrides), resume_dir=args.resume, progress=not args.quiet
+            config,
+            list(args.overrides),
+            resume_dir=args.resume,
+            progress=not args.quiet,
+            profile_steps=args.profile_steps,
         )
     except ConfigError as exc:  # only the config's: any other failure shows its traceback
         print(f"tunix-agentic: error: {exc}", file=sys.stderr)

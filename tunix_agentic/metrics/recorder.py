@@ -8,11 +8,18 @@ something. There are two ways to record:
   turns into scalars once per training step (`time/...`, `count/...`,
   `gauge/...`), so hot code only pays for a lock and a dict update.
 
+Every span is also kept as a sample until the next `write_step`, which adds
+`latency/<name>/p50`, `/p95` and `/p99` (seconds) and a TensorBoard histogram
+`hist/<name>` for each span name that had samples since the last one. Memory
+is bounded: at most `max_samples` samples per name per interval, a uniform
+reservoir sample once there are more (the percentiles are then estimates).
+
 Every write goes to a TensorBoard event file in `log_dir` (through
 TensorBoard's own `EventFileWriter`, so no TensorFlow is needed) and, unless
 `jsonl=False`, as one line `{"step": ..., "wall_time": ..., <name>: <value>}`
 to `log_dir/metrics.jsonl`. TensorBoard stores scalars as float32; the JSONL
-keeps full float64 precision and writes non-finite values as `null`.
+keeps full float64 precision and writes non-finite values as `null`; it holds
+scalars only (the percentiles, not the histograms).
 
 All methods are thread-safe: spans are recorded from executor threads and
 from the asyncio loop alike.
@@ -25,11 +32,13 @@ import json
 import math
 import operator
 import os
+import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO
 
+import numpy as np
 from tensorboard.backend.event_processing import event_accumulator, event_file_loader
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
@@ -38,6 +47,10 @@ from tensorboard.summary.writer.record_writer import RecordWriter
 JSONL_NAME = "metrics.jsonl"
 # Keys every JSONL line carries; a metric may not shadow them.
 _RESERVED = frozenset({"step", "wall_time"})
+# Span samples kept per name per write_step interval, by default (~16 KiB each).
+DEFAULT_MAX_SAMPLES = 2048
+PERCENTILES = (50, 95, 99)
+_HIST_BUCKETS = 30
 
 
 def _check_name(name: object, *, top_level: bool = True) -> str:
@@ -76,6 +89,56 @@ def _nan_max(a: float, b: float) -> float:
     return max(a, b)
 
 
+class _Reservoir:
+    """A uniform sample of at most ``cap`` of the values offered (Vitter's Algorithm R):
+    all of them while there are at most ``cap``."""
+
+    __slots__ = ("cap", "seen", "values")
+
+    def __init__(self, cap: int):
+        self.cap = cap
+        self.seen = 0
+        self.values: list[float] = []
+
+    def add(self, value: float, rng: random.Random) -> None:
+        self.seen += 1
+        if len(self.values) < self.cap:
+            self.values.append(value)
+        else:
+            j = rng.randrange(self.seen)
+            if j < self.cap:
+                self.values[j] = value
+
+
+def percentiles(samples: list[float] | np.ndarray) -> dict[str, float]:
+    """``{"p50": ..., "p95": ..., "p99": ...}`` of ``samples`` (non-empty), by linear
+    interpolation between the closest ranks (NumPy's default, e.g. p95 of 1..100 is 95.05)."""
+    values = np.percentile(np.asarray(samples, dtype=np.float64), PERCENTILES)
+    return {f"p{q}": float(v) for q, v in zip(PERCENTILES, values, strict=True)}
+
+
+def histogram_value(tag: str, samples: list[float]) -> summary_pb2.Summary.Value:
+    """A TensorBoard histogram of ``samples`` (non-empty): up to 30 equal-width buckets
+    between their min and max, with exact count, sum and sum of squares."""
+    x = np.asarray(samples, dtype=np.float64)
+    lo, hi = float(x.min()), float(x.max())
+    if hi > lo:
+        counts, edges = np.histogram(x, bins=min(_HIST_BUCKETS, x.size), range=(lo, hi))
+        limits = edges[1:].tolist()
+    else:  # one value: one bucket
+        counts, limits = np.array([x.size]), [hi]
+    histo = summary_pb2.HistogramProto(
+        min=lo,
+        max=hi,
+        num=float(x.size),
+        sum=float(x.sum()),
+        sum_squares=float(np.square(x).sum()),
+        bucket_limit=limits,
+        bucket=counts.astype(np.float64).tolist(),
+    )
+    return summary_pb2.Summary.Value(tag=tag, histo=histo)
+
+
 class MetricsRecorder:
     """The one place a run records what it measures.
 
@@ -84,9 +147,20 @@ class MetricsRecorder:
         missing). `None` keeps everything in memory: accumulators still work
         and `write_step` still returns its dict, but nothing is written.
       jsonl: also append each write to `log_dir/metrics.jsonl`.
+      max_samples: span samples kept per span name between two `write_step`s,
+        for the `latency/...` percentiles and `hist/...` histograms; 0 turns
+        both off.
     """
 
-    def __init__(self, log_dir: str | os.PathLike | None, *, jsonl: bool = True):
+    def __init__(
+        self,
+        log_dir: str | os.PathLike | None,
+        *,
+        jsonl: bool = True,
+        max_samples: int = DEFAULT_MAX_SAMPLES,
+    ):
+        if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 0:
+            raise ValueError(f"max_samples must be an int >= 0, got {max_samples!r}")
         self._lock = threading.Lock()
         self._closed = False
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
@@ -106,6 +180,16 @@ class MetricsRecorder:
         self._counters: dict[str, float] = {}
         self._gauge_last: dict[str, float] = {}
         self._gauge_max: dict[str, float] = {}
+        self._span_listeners: list[Callable[[str, float, float], None]] = []
+        self._max_samples = max_samples
+        self._samples: dict[str, _Reservoir] = {}
+        self._rng = random.Random(0)  # reservoir choices; seeded so runs repeat
+
+    def add_span_listener(self, fn: Callable[[str, float, float], None]) -> None:
+        """Call ``fn(name, end, seconds)`` for every span recorded from now on (``end``
+        a ``time.perf_counter()`` reading), outside the lock, in the recording thread.
+        A listener that raises is removed and its error re-raised once."""
+        self._span_listeners.append(fn)
 
     # ---- immediate scalars -------------------------------------------------
 
@@ -136,10 +220,22 @@ class MetricsRecorder:
         """Adds `seconds` to the span accumulator for `name` (as one span)."""
         _check_name(name, top_level=False)
         seconds = _as_float(name, seconds)
+        end = time.perf_counter()
         with self._lock:
             self._span_sum[name] = self._span_sum.get(name, 0.0) + seconds
             self._span_count[name] = self._span_count.get(name, 0) + 1
             self._span_total[name] = self._span_total.get(name, 0.0) + seconds
+            if self._max_samples and math.isfinite(seconds):
+                reservoir = self._samples.get(name)
+                if reservoir is None:
+                    reservoir = self._samples[name] = _Reservoir(self._max_samples)
+                reservoir.add(seconds, self._rng)
+        for fn in self._span_listeners:
+            try:
+                fn(name, end, seconds)
+            except Exception:
+                self._span_listeners.remove(fn)
+                raise
 
     def count(self, name: str, n: float = 1.0) -> None:
         """Adds `n` to a cumulative counter; counters are never reset."""
@@ -161,12 +257,15 @@ class MetricsRecorder:
         """Writes all accumulators as scalars at `step` and returns what it wrote.
 
         Emits `time/{name}_s` (seconds since the last write_step) and
-        `time/{name}_count` for every span name seen so far, `count/{name}`
-        (cumulative) for every counter, `gauge/{name}` and `gauge/{name}_max`
-        for every gauge, then `extra` as given (an `extra` key overrides a
-        generated one). Span sums and counts are then reset, and gauge maxima
-        restart from the gauge's current value, since the gauge keeps holding
-        that value into the next interval.
+        `time/{name}_count` for every span name seen so far,
+        `latency/{name}/p50|p95|p99` for every span name recorded since the last
+        write_step (finite durations only), `count/{name}` (cumulative) for every
+        counter, `gauge/{name}` and `gauge/{name}_max` for every gauge, then
+        `extra` as given (an `extra` key overrides a generated one). The event
+        file also gets a histogram `hist/{name}` per sampled span name (not in
+        the returned dict, nor in the JSONL). Span sums, counts and samples are
+        then reset, and gauge maxima restart from the gauge's current value,
+        since the gauge keeps holding that value into the next interval.
         """
         step = _as_step(step)
         clean_extra = {_check_name(k): _as_float(k, v) for k, v in (extra or {}).items()}
@@ -175,17 +274,41 @@ class MetricsRecorder:
             for name in self._span_sum:
                 out[f"time/{name}_s"] = self._span_sum[name]
                 out[f"time/{name}_count"] = float(self._span_count[name])
+            histograms = []
+            for name, reservoir in self._samples.items():
+                for key, value in percentiles(reservoir.values).items():
+                    out[f"latency/{name}/{key}"] = value
+                histograms.append(histogram_value(f"hist/{name}", reservoir.values))
             for name, total in self._counters.items():
                 out[f"count/{name}"] = total
             for name, last in self._gauge_last.items():
                 out[f"gauge/{name}"] = last
                 out[f"gauge/{name}_max"] = self._gauge_max[name]
             out.update(clean_extra)
-            self._write_locked(out, step)
+            self._write_locked(out, step, histograms)
+            self._samples = {}
             self._span_sum = dict.fromkeys(self._span_sum, 0.0)
             self._span_count = dict.fromkeys(self._span_count, 0)
             self._gauge_max = dict(self._gauge_last)
         return out
+
+    def write_summaries(self, values: list[summary_pb2.Summary.Value], step: int) -> None:
+        """Writes TensorBoard summary values (a plugin's tensors, e.g. the custom-scalars
+        layout of :mod:`~tunix_agentic.metrics.layout`) at ``step`` to the event file
+        only; the JSONL holds scalars alone. No-op without a ``log_dir``."""
+        step = _as_step(step)
+        for v in values:
+            if not isinstance(v, summary_pb2.Summary.Value):
+                raise TypeError(f"summary values must be Summary.Value protos, got {type(v)}")
+            _check_name(v.tag)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("MetricsRecorder is closed")
+            if self._writer is not None and values:
+                summary = summary_pb2.Summary(value=values)
+                self._writer.add_event(
+                    event_pb2.Event(wall_time=time.time(), step=step, summary=summary)
+                )
 
     def totals(self) -> dict[str, float]:
         """Cumulative seconds per span name since creation (not reset by write_step)."""
@@ -221,8 +344,14 @@ class MetricsRecorder:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _write_locked(self, values: Mapping[str, float], step: int) -> None:
-        """Writes one TensorBoard event and one JSONL line; caller holds the lock."""
+    def _write_locked(
+        self,
+        values: Mapping[str, float],
+        step: int,
+        histograms: Sequence[summary_pb2.Summary.Value] = (),
+    ) -> None:
+        """Writes one TensorBoard event (scalars and ``histograms``) and one JSONL line
+        (scalars); caller holds the lock."""
         if self._closed:
             raise RuntimeError("MetricsRecorder is closed")
         if not values:
@@ -231,6 +360,7 @@ class MetricsRecorder:
         if self._writer is not None:
             summary = summary_pb2.Summary(
                 value=[summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in values.items()]
+                + list(histograms)
             )
             self._writer.add_event(event_pb2.Event(wall_time=wall_time, step=step, summary=summary))
         if self._jsonl is not None:

@@ -31,6 +31,7 @@ from tunix_agentic.agent.loop import AgentConfig, run_agent
 from tunix_agentic.envs.base import Environment
 from tunix_agentic.inference.base import InferenceEngine
 from tunix_agentic.metrics.sink import MetricsSink
+from tunix_agentic.metrics.trace import EPISODE
 from tunix_agentic.rollout.config import RolloutConfig
 from tunix_agentic.rollout.outages import HealthProbe, OutageGate, backoff_delay
 from tunix_agentic.trajectory import EpisodeStage, Trajectory, timeout_status
@@ -275,6 +276,7 @@ class EpisodeRunner:
             task_name=str(getattr(task, "task_name", "default")),
             group_id=group_id,
         )
+        EPISODE.set(traj.episode_id)  # (each member runs in a task of its own) for the trace
         t0 = time.perf_counter()
         # A prefetched environment is this episode's to close from here on, whatever happens.
         env: Environment | None = None if prepared is None else prepared.env
@@ -312,6 +314,7 @@ class EpisodeRunner:
                     except Exception as exc:
                         traj.status, traj.error = "env_error", f"EVAL: {type(exc).__name__}: {exc}"
                     self.metrics.add_time("stage/eval", time.perf_counter() - t)
+                self.metrics.add_time("episode", time.perf_counter() - t0)  # admission to reward
         except TimeoutError:
             limit, actions_s = self.config.episode_timeout_s, traj.timings.get("actions_s", 0.0)
             traj.status = timeout_status(stage, actions_s, limit)

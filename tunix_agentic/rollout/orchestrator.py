@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import itertools
 from collections.abc import Callable, Iterator
@@ -110,6 +111,7 @@ class RolloutOrchestrator:
         )
         self._ready_changed = asyncio.Event()
         self._fatal: Exception | None = None
+        self._admission_pauses = 0  # evaluations that hold new groups back (admission_paused)
         self._changed = asyncio.Event()
         self._group_counter = itertools.count()
         self._eval_counter = itertools.count()
@@ -200,6 +202,17 @@ class RolloutOrchestrator:
         self.pacer.set_version(version)
         self._changed.set()
 
+    @contextlib.contextmanager
+    def admission_paused(self) -> Iterator[None]:
+        """Admit no new group of the task stream inside (evaluation first): groups under
+        way go on, and INIT ahead of admission too."""
+        self._admission_pauses += 1
+        try:
+            yield
+        finally:
+            self._admission_pauses -= 1
+            self._changed.set()
+
     @property
     def running_groups(self) -> int:
         """Groups admitted and not yet finished."""
@@ -265,7 +278,7 @@ class RolloutOrchestrator:
             while True:
                 if self.config.prefetch_groups:
                     self._fill_prefetch()
-                while not self.pacer.may_admit():
+                while self._admission_pauses or not self.pacer.may_admit():
                     self._changed.clear()
                     await self._changed.wait()
                 if self.config.prefetch_groups:
