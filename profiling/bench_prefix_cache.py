@@ -20,23 +20,12 @@ import statistics
 import time
 
 import numpy as np
+from bench_engine import PEER_DIMS  # the peers' model dimensions (profiling/ is on sys.path)
 from flax import nnx
 
 from tunix_agentic.inference import EngineConfig, JaxEngine, SamplingParams
-from tunix_agentic.models.transformer import ModelConfig, Transformer
+from tunix_agentic.models.transformer import Transformer
 
-PEER_DIMS = ModelConfig(
-    vocab_size=2048,
-    d_model=256,
-    num_layers=4,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=64,
-    ffn_dim=1024,
-    rope_theta=1_000_000.0,
-    qk_norm=True,
-    tie_embeddings=True,
-)
 G = int(os.environ.get("PREFIX_G", 8))
 PROMPT = int(os.environ.get("PREFIX_PROMPT", 400))
 NEW = int(os.environ.get("PREFIX_NEW", 64))

@@ -8,7 +8,6 @@ parity check.
 
 from __future__ import annotations
 
-import json
 import math
 import resource
 import sys
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from tunix_agentic.compare.jobs import job_main
 
 
 def _keep_first_batch(path: Path) -> None:
@@ -87,11 +88,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    job = json.loads(Path(argv[0]).read_text())
-    out = run_job(job)
-    Path(job["result"]).write_text(json.dumps(out, indent=1))
-    return 0
+    return job_main(run_job, argv)
 
 
 if __name__ == "__main__":

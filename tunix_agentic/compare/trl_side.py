@@ -14,7 +14,6 @@ environment's reward for that one turn (:class:`SingleTurnReward`).
 from __future__ import annotations
 
 import asyncio
-import json
 import resource
 import sys
 import time
@@ -24,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from tunix_agentic.compare.batch import ParityBatch, split_for_trl
+from tunix_agentic.compare.jobs import job_main
 from tunix_agentic.config import RunConfig, load_config
 
 
@@ -308,11 +308,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    job = json.loads(Path(argv[0]).read_text())
-    out = run_job(job)
-    Path(job["result"]).write_text(json.dumps(out, indent=1))
-    return 0
+    return job_main(run_job, argv)
 
 
 if __name__ == "__main__":
