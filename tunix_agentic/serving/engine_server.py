@@ -66,6 +66,7 @@ from tunix_agentic.serving.http import (
     serve_until_signal,
     url,
 )
+from tunix_agentic.serving.prom import EngineCollector, add_prometheus
 from tunix_agentic.serving.stops import ModelText, cut_at_stop_string, output_text
 
 if TYPE_CHECKING:
@@ -664,6 +665,7 @@ def build_app(
     app.router.add_get("/server_info", handle_server_info)
     app.router.add_post("/abort_request", handle_abort)
     app.router.add_post("/update_weights_from_disk", handle_update_weights)
+    add_prometheus(app, EngineCollector(engine))  # GET /metrics
     return app
 
 

@@ -78,6 +78,7 @@ from tunix_agentic.serving.http import (
     serve_until_signal,
     url,
 )
+from tunix_agentic.serving.prom import EnvCollector, add_prometheus
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 _CLOSE_TIMEOUT_S = 30.0  # an environment's close() that hangs is abandoned after this
@@ -412,6 +413,8 @@ def build_env_app(config: EnvServerConfig) -> web.Application:
     app.router.add_post("/envs/{episode_id}/step", handle_step)
     app.router.add_post("/envs/{episode_id}/evaluate", handle_evaluate)
     app.router.add_delete("/envs/{episode_id}", handle_delete)
+    state = app[_STATE]
+    add_prometheus(app, EnvCollector(lambda: len(state.episodes)))  # GET /metrics
     return app
 
 
