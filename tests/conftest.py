@@ -31,7 +31,8 @@ def observed_run(tmp_path_factory):
 
     Two RL steps (the first compiles), rollouts wait for the new weights
     (``max_staleness=0``) and the learner trains one length bucket, so the report's
-    figures are those of a rollout-bound step; RL step 1 is profiled."""
+    figures are those of a rollout-bound step; RL step 1 is profiled; every scalar is
+    mirrored to an offline W&B run."""
     from pathlib import Path
 
     from tunix_agentic.cli.main import main
@@ -49,6 +50,7 @@ def observed_run(tmp_path_factory):
         "rollout.max_staleness=0",
         "learner.length_bucket=128",
         "agent.max_turns=2",
+        "metrics.wandb.project=observed",  # mirrored offline into the run dir
     ]
     args = ["train", "--quiet", "--config", config, "--profile-steps", "1:1"]
     assert main([*args, *overrides, f"run_dir={run_dir}"]) == 0

@@ -25,6 +25,7 @@ from tunix_agentic.envs.sandbox import SandboxConfig
 from tunix_agentic.inference.config import EngineConfig
 from tunix_agentic.learners.configs import OptimizerConfig
 from tunix_agentic.learners.grpo_config import GRPOConfig
+from tunix_agentic.metrics.config import MetricsConfig
 from tunix_agentic.metrics.trace import TraceConfig
 from tunix_agentic.models.config import ModelConfig
 from tunix_agentic.rollout.config import RolloutConfig
@@ -206,6 +207,7 @@ class RunConfig:
     tasks: tuple[TaskSourceConfig, ...] = (TaskSourceConfig(),)
     cross_policy: CrossPolicyConfig = CrossPolicyConfig()
     trace: TraceConfig = TraceConfig()  # the run's timeline (tunix_agentic.metrics.trace)
+    metrics: MetricsConfig = MetricsConfig()  # percentiles, layout, W&B (metrics/config.py)
 
     def __post_init__(self):
         if not self.tasks:

@@ -48,6 +48,7 @@ from tunix_agentic.metrics.layout import write_layout
 from tunix_agentic.metrics.recorder import MetricsRecorder, drop_records
 from tunix_agentic.metrics.rollout import engine_fractions, rollout_stats
 from tunix_agentic.metrics.trace import ProfileSteps, Timeline, open_timeline
+from tunix_agentic.metrics.wandb_mirror import WandbMirror
 from tunix_agentic.models.hf import build_model
 from tunix_agentic.models.tokenizers import load_tokenizer
 from tunix_agentic.models.transformer import Transformer, count_params
@@ -330,9 +331,16 @@ class Trainer:
                 restored.unreadable if restored else [],
                 self.run_dir / "checkpoints_unreadable",
             )
-        metrics = MetricsRecorder(self.run_dir / "tensorboard")
+        metrics = MetricsRecorder(
+            self.run_dir / "tensorboard", max_samples=cfg.metrics.latency_samples
+        )
         stack.callback(metrics.close)
-        write_layout(metrics)  # the custom-scalars dashboard TensorBoard opens on
+        if cfg.metrics.wandb.project is not None:
+            mirror = WandbMirror(cfg.metrics.wandb, self.run_dir, to_dict(cfg))
+            stack.callback(mirror.close)  # once the run is done writing (LIFO)
+            metrics.add_write_listener(mirror)
+        if cfg.metrics.layout:
+            write_layout(metrics)  # the custom-scalars dashboard TensorBoard opens on
         timeline = open_timeline(
             self.run_dir, cfg.trace, metrics, step=start_step, profile_steps=self.profile_steps
         )

@@ -181,9 +181,16 @@ class MetricsRecorder:
         self._gauge_last: dict[str, float] = {}
         self._gauge_max: dict[str, float] = {}
         self._span_listeners: list[Callable[[str, float, float], None]] = []
+        self._write_listeners: list[Callable[[Mapping[str, float], int], None]] = []
         self._max_samples = max_samples
         self._samples: dict[str, _Reservoir] = {}
         self._rng = random.Random(0)  # reservoir choices; seeded so runs repeat
+
+    def add_write_listener(self, fn: Callable[[Mapping[str, float], int], None]) -> None:
+        """Call ``fn(values, step)`` with every write of scalars from now on (each
+        ``scalars`` call and each ``write_step``), under the recorder's lock, after the
+        event file and the JSONL have it (e.g. a W&B mirror)."""
+        self._write_listeners.append(fn)
 
     def add_span_listener(self, fn: Callable[[str, float, float], None]) -> None:
         """Call ``fn(name, end, seconds)`` for every span recorded from now on (``end``
@@ -367,6 +374,8 @@ class MetricsRecorder:
             row: dict[str, float | int | None] = {"step": step, "wall_time": wall_time}
             row.update({k: v if math.isfinite(v) else None for k, v in values.items()})
             self._jsonl.write(json.dumps(row, allow_nan=False) + "\n")
+        for fn in self._write_listeners:
+            fn(values, step)
 
 
 def read_scalars(log_dir: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:

@@ -1,0 +1,53 @@
+"""What a run records beyond the always-on scalars (``metrics:`` in a run's YAML).
+
+JAX-free, so configs load on a rollout node. ``latency_samples`` bounds the sample
+each span keeps per RL step for its percentiles and histogram (0 turns both off);
+``layout`` writes TensorBoard's custom-scalars layout; ``wandb`` mirrors every scalar
+to Weights & Biases (:mod:`tunix_agentic.metrics.wandb_mirror`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+WANDB_MODES = ("offline", "online", "disabled")
+
+
+@dataclasses.dataclass(frozen=True)
+class WandbConfig:
+    """``metrics.wandb``: off unless ``project`` is set. ``mode: offline`` (the default)
+    writes the run under ``dir`` (default: the run directory) for a later ``wandb sync``;
+    ``online`` needs a W&B login; ``disabled`` goes through the motions and keeps
+    nothing. ``name`` defaults to the run directory's name."""
+
+    project: str | None = None
+    mode: str = "offline"
+    entity: str | None = None
+    name: str | None = None
+    dir: str | None = None
+
+    def __post_init__(self):
+        for key in ("project", "entity", "name", "dir"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ValueError(f"metrics.wandb.{key} must be a non-empty string, got {value!r}")
+        if self.mode not in WANDB_MODES:
+            raise ValueError(
+                f"metrics.wandb.mode must be one of {', '.join(WANDB_MODES)}, got {self.mode!r}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricsConfig:
+    """``metrics:`` in a run's YAML (see the module docstring)."""
+
+    latency_samples: int = 2048
+    layout: bool = True
+    wandb: WandbConfig = WandbConfig()
+
+    def __post_init__(self):
+        n = self.latency_samples
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"metrics.latency_samples must be an integer >= 0, got {n!r}")
+        if not isinstance(self.layout, bool):
+            raise ValueError(f"metrics.layout must be true or false, got {self.layout!r}")
