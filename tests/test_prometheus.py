@@ -82,5 +82,16 @@ async def test_the_env_server_exports_its_open_episodes_by_route_template():
         assert got[("tunix_http_request_seconds_count", deleted)] == 1
         assert got[("tunix_http_request_seconds_count", gone)] == 1
         assert not any(episode in str(key) for key in got)
+
+        # Methods a client makes up are refused before any handler (aiohttp's parser
+        # knows a fixed set), so a flood of them adds no series.
+        async with aiohttp.ClientSession() as s:
+            for name in ("MADEUPA", "MADEUPB", "MADEUPC"):
+                async with s.request(name, f"{base}/health") as r:
+                    assert r.status == 400
+            _, text = await _metrics(s, base)
+        methods = {dict(labels).get("method") for _, labels in _samples(text)} - {None}
+        assert methods == {"GET", "POST", "DELETE"}
+        assert not any("MADEUP" in str(key) for key in got)
     finally:
         await runner.cleanup()
