@@ -483,6 +483,7 @@ class Trainer:
             versions = [
                 t.min_version for g in groups for t in g.trajectories if t.min_version is not None
             ]
+            counters, clock = engine.stats, engine.clock()  # one reading of each per step
             extra = {
                 **stats,
                 **{f"learner/{k}": v for k, v in out.items()},
@@ -490,18 +491,18 @@ class Trainer:
                 "throughput/generated_tokens_per_s": stats.get("rollout/generated_tokens", 0.0)
                 / report.wall_s,
                 "throughput/step_s": report.wall_s,
-                "engine/busy_s_total": engine.stats.get("busy_s", 0.0),
+                "engine/busy_s_total": counters.get("busy_s", 0.0),
                 # Cumulative: prompt tokens reused from cached KV, decode steps past every end.
-                "count/engine/cached_tokens": engine.stats.get("cached_tokens", 0.0),
-                "count/engine/void_decode_steps": engine.stats.get("void_decode_steps", 0.0),
+                "count/engine/cached_tokens": counters.get("cached_tokens", 0.0),
+                "count/engine/void_decode_steps": counters.get("void_decode_steps", 0.0),
                 # Where the engine's wall clock went since RL started: device calls,
                 # host-side gaps while work waited, and idle (nothing to generate).
-                **engine_fractions(engine.clock(), engine_at_start, rl_start),
+                **engine_fractions(clock, engine_at_start, rl_start),
             }
             # Tokens generated per second of device calls since RL started (cumulative, as
             # the fractions: a call is accounted when collected, often in the next step).
-            tokens = engine.stats.get("generated_tokens", 0.0) - tokens_at_start
-            busy = engine.clock().get("busy_s", 0.0) - engine_at_start.get("busy_s", 0.0)
+            tokens = counters.get("generated_tokens", 0.0) - tokens_at_start
+            busy = clock.get("busy_s", 0.0) - engine_at_start.get("busy_s", 0.0)
             if busy > 0:  # not for an engine over HTTP: its device is not seen from here
                 extra["throughput/generated_tokens_per_accelerator_s"] = tokens / busy
             history.append(metrics.write_step(step, extra))
