@@ -207,3 +207,15 @@ def test_every_parametrize_names_its_cases():
             ):
                 missing.append(f"{path.name}:{node.lineno}")
     assert not missing, missing
+
+
+def test_no_class_is_longer_than_400_lines():
+    """A class past 400 lines holds more than one job: split it (the trainer's setup went to
+    ``run_setup``, the node's request resolution to ``NodeSetup``)."""
+    long = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1})"
+        for _, path in _modules()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 400
+    ]
+    assert not long, long

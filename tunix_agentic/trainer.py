@@ -23,7 +23,6 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from tunix_agentic.agent.chat import TemplateError, make_chat_template
 from tunix_agentic.checkpoint import Checkpointer, set_aside
 from tunix_agentic.config import (
     ConfigError,
@@ -33,34 +32,26 @@ from tunix_agentic.config import (
     save_config,
     to_dict,
 )
-from tunix_agentic.data.demos import demonstration_batches
-from tunix_agentic.data.sources import RunSources
-from tunix_agentic.env_checks import check_sources
 from tunix_agentic.evaluation import EvalResult, evaluate, evaluate_beside_training, log_eval
 from tunix_agentic.inference.base import InferenceEngine
-from tunix_agentic.inference.cross_policy import CrossPolicyEngine
 from tunix_agentic.inference.engine import JaxEngine
-from tunix_agentic.inference.pool import EnginePool
-from tunix_agentic.learners.batching import grpo_batch, sft_batch
+from tunix_agentic.learners.batching import grpo_batch
 from tunix_agentic.learners.grpo import GRPOLearner
-from tunix_agentic.learners.sft import SFTTrainer
 from tunix_agentic.metrics.layout import write_layout
 from tunix_agentic.metrics.recorder import MetricsRecorder, drop_records
-from tunix_agentic.metrics.rollout import engine_fractions, rollout_stats
+from tunix_agentic.metrics.rollout import EngineWindow, rollout_stats
 from tunix_agentic.metrics.trace import ProfileSteps, Timeline, open_timeline
 from tunix_agentic.metrics.wandb_mirror import WandbMirror
 from tunix_agentic.models.hf import build_model
 from tunix_agentic.models.tokenizers import load_tokenizer
-from tunix_agentic.models.transformer import Transformer, count_params
+from tunix_agentic.models.transformer import count_params
 from tunix_agentic.resume import logged_after, restore_newest
 from tunix_agentic.rl_loop import PeriodicEval, StepReport, run_rl_steps
 from tunix_agentic.rollout.episode import Group
 from tunix_agentic.rollout.orchestrator import RolloutOrchestrator
-from tunix_agentic.rollout.service.connect import connect_service, service_api_key
+from tunix_agentic.rollout.service.connect import connect_service
 from tunix_agentic.rollout.service.runner import ServiceEpisodeRunner
-from tunix_agentic.serving.client import SGLangEngine
-from tunix_agentic.serving.http import is_loopback
-from tunix_agentic.sharding import make_mesh
+from tunix_agentic.run_setup import build_engine, chat_template, run_sources, warm_start
 from tunix_agentic.signals import RunInterrupted, Stopped, StopSignals
 
 _log = logging.getLogger(__name__)
@@ -123,11 +114,6 @@ class Trainer:
         profile_steps: ProfileSteps | None = None,
     ):
         self.cfg = config = resolve_model(config)
-        if profile_steps is not None and profile_steps.last > config.rl.steps:
-            raise ConfigError(
-                f"--profile-steps {profile_steps.first}:{profile_steps.last}: the run has "
-                f"{config.rl.steps} RL steps (rl.steps)"
-            )
         self.profile_steps = profile_steps  # jax.profiler over these RL steps
         self.resume = resume
         self.progress = progress
@@ -136,50 +122,8 @@ class Trainer:
             self.cfg = config = dataclasses.replace(config, run_dir=str(self.run_dir))
         model = config.model
         self.tokenizer = load_tokenizer(model.source, model.path, model.vocab_size)
-        try:
-            self.template = make_chat_template(self.tokenizer, **config.agent.template_options())
-        except TemplateError as exc:
-            raise ConfigError(f"model.path={model.path!r}: {exc}") from None
-        try:
-            self.sources = RunSources(
-                config.tasks,
-                tool_timeout=config.env.tool_timeout_s,
-                sandbox=config.env.sandbox,
-                env_name=config.env.name,
-                env_kwargs=config.env.kwargs,
-            )
-            self.sources.train_stream(config.seed)  # seeds and splits checked before any work
-            check_sources(self.sources, self.template, config)  # reset vs demos, lengths
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        if config.sft.steps and not any(
-            src.has_demonstrations for src in self.sources.sources.values()
-        ):
-            raise ConfigError(
-                f"sft.steps={config.sft.steps} but no task source "
-                f"({', '.join(self.sources.specs)}) provides demonstrations: set sft.steps=0"
-            )
-        for name, mesh in (
-            ("learner.mesh", config.learner.mesh),
-            ("engine.mesh", config.engine.mesh),
-        ):
-            if not mesh.trivial:
-                try:  # the devices exist and fit, before any work
-                    make_mesh(mesh)
-                except ValueError as exc:
-                    raise ConfigError(f"{name}: {exc}") from None
-        service = config.rollout.service
-        if service.enabled and not service.engine_urls and config.cross_policy.stale_engines:
-            raise ConfigError(
-                "cross_policy.stale_engines must be 0 with rollout.service.urls (the nodes are "
-                "served the trainer's one engine; name more in rollout.service.engine_urls)"
-            )
-        if service.enabled and not service.engine_urls and not service_api_key(service):
-            if not is_loopback(service.engine_host):
-                raise ConfigError(
-                    f"rollout.service.engine_host={service.engine_host} is beyond loopback: "
-                    "set rollout.service.api_key (or $TUNIX_AGENTIC_API_KEY) to guard the engine"
-                )
+        self.template = chat_template(config, self.tokenizer)
+        self.sources = run_sources(config, self.template, profile_steps)  # checked before work
         self.env_factory = self.sources.make_env
         # The run's engine once built (closed when the run ends).
         self.engine: InferenceEngine | None = None
@@ -190,66 +134,6 @@ class Trainer:
         self._saved_step: int | None = None
 
     # ------------------------------------------------------------- pieces
-    def warm_start(self, model: Transformer, metrics: MetricsRecorder) -> Transformer:
-        cfg = self.cfg.sft
-        if cfg.steps == 0:
-            return model
-        demos = self.sources.demo_sources()
-        trainer = SFTTrainer(model, cfg.optimizer)
-        batches = demonstration_batches(
-            demos,
-            self.template,
-            seed=self.cfg.seed,
-            batch_size=cfg.batch_size,
-            tool_fraction=cfg.tool_fraction,
-            context_rule=self.cfg.agent.context_rule,
-            context_window=self.cfg.agent.context_window,
-        )
-        bar = tqdm(
-            range(cfg.steps), desc="SFT warm start", disable=not self.progress, file=sys.stderr
-        )
-        for step in bar:
-            if self._signals is not None and self._signals.requested:
-                raise Stopped
-            with metrics.span("sft_step"):
-                rows = next(batches)
-                out = trainer.train_step(sft_batch(rows, pad_id=self.template.tokenizer.pad_id))
-            if step % 50 == 0 or step == cfg.steps - 1:
-                metrics.scalars(
-                    {"sft/loss": out["loss"], "sft/token_accuracy": out["token_accuracy"]}, step
-                )
-                bar.set_postfix(loss=f"{out['loss']:.3f}")
-        return trainer.state.model()
-
-    def build_engine(self, model: Transformer, version: int) -> InferenceEngine:
-        """One JAX engine, or a cross-policy pool of them when configured; with
-        ``rollout.service.engine_urls``, a pool of those servers (the weights reach them
-        through ``rollout.service.weights_dir``)."""
-        service = self.cfg.rollout.service
-        if service.engine_urls:
-            return EnginePool(
-                [
-                    SGLangEngine(
-                        url, api_key=service_api_key(service), weights_dir=service.weights_dir
-                    )
-                    for url in service.engine_urls
-                ],
-                names=list(service.engine_urls),
-            )
-        engines = [
-            JaxEngine(model, self.cfg.engine, version=version)
-            for _ in range(1 + self.cfg.cross_policy.stale_engines)
-        ]
-        if len(engines) == 1:
-            return engines[0]
-        cp = self.cfg.cross_policy
-        return CrossPolicyEngine(
-            engines,
-            stale_every=cp.stale_every,
-            fresh_fraction=cp.fresh_fraction,
-            seed=self.cfg.seed,
-        )
-
     async def evaluate(
         self, orchestrator: RolloutOrchestrator, n: int, *, beside_training: bool = False
     ) -> EvalResult:
@@ -356,7 +240,7 @@ class Trainer:
         elif self.resume:
             self._log(f"no checkpoint under {ckpt.directory}: starting fresh")
         tasks = self.sources.train_stream(cfg.seed)
-        engine = self.engine = self.build_engine(model, start_step)
+        engine = self.engine = build_engine(cfg, model, start_step)
         stack.push_async_callback(engine.close)
         external = bool(cfg.rollout.service.engine_urls)  # engine servers: nothing to compile
         members = [] if external else getattr(engine, "engines", [engine])  # cross-policy pool?
@@ -368,7 +252,15 @@ class Trainer:
         stack.push_async_callback(_settle, warm)  # never leave the compile thread behind
         if not restored:
             with metrics.span("sft"):
-                model = self.warm_start(model, metrics)
+                model = warm_start(
+                    cfg,
+                    self.sources,
+                    self.template,
+                    model,
+                    metrics,
+                    progress=self.progress,
+                    stop_requested=lambda: bool(self._signals and self._signals.requested),
+                )
             learner = GRPOLearner(model, cfg.learner, seed=cfg.seed)
             params = learner.params_for_engine()
             for member in members or [engine]:
@@ -474,8 +366,7 @@ class Trainer:
         )
         # The engine's clock is read at the start of RL: its fractions are over the run so far
         # (a device call is accounted when collected, so single short steps would be noisy).
-        rl_start, engine_at_start = time.perf_counter(), engine.clock()
-        tokens_at_start = engine.stats.get("generated_tokens", 0.0)
+        window = EngineWindow(engine)
 
         def on_step(report: StepReport) -> None:
             step, groups, out = report.step, report.groups, report.out
@@ -483,7 +374,6 @@ class Trainer:
             versions = [
                 t.min_version for g in groups for t in g.trajectories if t.min_version is not None
             ]
-            counters, clock = engine.stats, engine.clock()  # one reading of each per step
             extra = {
                 **stats,
                 **{f"learner/{k}": v for k, v in out.items()},
@@ -491,20 +381,8 @@ class Trainer:
                 "throughput/generated_tokens_per_s": stats.get("rollout/generated_tokens", 0.0)
                 / report.wall_s,
                 "throughput/step_s": report.wall_s,
-                "engine/busy_s_total": counters.get("busy_s", 0.0),
-                # Cumulative: prompt tokens reused from cached KV, decode steps past every end.
-                "count/engine/cached_tokens": counters.get("cached_tokens", 0.0),
-                "count/engine/void_decode_steps": counters.get("void_decode_steps", 0.0),
-                # Where the engine's wall clock went since RL started: device calls,
-                # host-side gaps while work waited, and idle (nothing to generate).
-                **engine_fractions(clock, engine_at_start, rl_start),
+                **window.scalars(),
             }
-            # Tokens generated per second of device calls since RL started (cumulative, as
-            # the fractions: a call is accounted when collected, often in the next step).
-            tokens = counters.get("generated_tokens", 0.0) - tokens_at_start
-            busy = clock.get("busy_s", 0.0) - engine_at_start.get("busy_s", 0.0)
-            if busy > 0:  # not for an engine over HTTP: its device is not seen from here
-                extra["throughput/generated_tokens_per_accelerator_s"] = tokens / busy
             history.append(metrics.write_step(step, extra))
             ctx.timeline.begin_step(step + 1)  # the step's trace to disk; the profile window
             if isinstance(ctx.orch.episodes, ServiceEpisodeRunner):
@@ -551,7 +429,8 @@ class Trainer:
 
         async def run(version: int) -> tuple[EvalResult, float]:
             t0 = time.perf_counter()
-            ev = await self.evaluate(ctx.orch, self.cfg.rl.eval_tasks, beside_training=True)
+            with metrics.span("eval"):  # the learner's eval track of the trace, beside the steps
+                ev = await self.evaluate(ctx.orch, self.cfg.rl.eval_tasks, beside_training=True)
             return ev, time.perf_counter() - t0
 
         def done(version: int, result: tuple[EvalResult, float]) -> None:

@@ -96,6 +96,80 @@ class NodeSetup:
         r = self.rollout
         return max(1, (r.init_workers + r.run_workers + r.eval_workers) // r.group_size)
 
+    def resolve_task(self, req: GroupRequest) -> Any:
+        """The request's task: sent whole, or built from its ``task_ref`` by this node's
+        sources (ValueError naming the field when the reference does not resolve)."""
+        if req.task is not None:
+            return copy.copy(req.task)  # its own object: environments are looked up by it
+        ref, sources = req.task_ref, self.sources
+        if ref.source not in sources.specs:
+            raise ValueError(
+                f"task_ref.source: no task source {ref.source!r} on this node "
+                f"(sources: {', '.join(sources.specs)})"
+            )
+        source = sources.sources[ref.source]
+        if ref.index >= source.num_tasks(ref.split):
+            raise ValueError(
+                f"task_ref.index: {ref.index} is past the {source.num_tasks(ref.split)} "
+                f"{ref.split} tasks of {ref.source!r}"
+            )
+        seed = self.seed + sources.specs[ref.source].seed_offset
+        task = source.task(ref.index, seed=seed, split=ref.split)
+        if dataclasses.is_dataclass(task) and hasattr(task, "task_name"):
+            return dataclasses.replace(task, task_name=ref.source)
+        return copy.copy(task)  # its own object: environments are looked up by it
+
+    def env_factory(self, req: GroupRequest) -> Callable[[Any], Environment]:
+        """How the request's environments are made: the sources' own, or the named
+        environment with only the keywords a client may set (ValueError otherwise)."""
+        setup = self
+        if req.env is None and not req.env_kwargs:
+            return setup.sources.make_env
+        name = req.env or setup.env_name
+        if name not in available_envs():
+            raise ValueError(
+                f"env: unknown environment {name!r} (this node has {available_envs()})"
+            )
+        allowed = env_client_kwargs(name)
+        for key in req.env_kwargs:
+            if key not in allowed:
+                raise ValueError(
+                    f"env_kwargs.{key}: environment {name!r} takes only {sorted(allowed)} from "
+                    "a client; the rest is the node operator's (serve-rollout --config)"
+                )
+        kwargs: dict[str, Any] = {}
+        for src, spec in setup.sources.specs.items():
+            if spec.env == name:
+                kwargs = setup.sources.env_kwargs(src)
+                break
+        else:
+            try:
+                params = inspect.signature(get_env_factory(name)).parameters
+            except (TypeError, ValueError):
+                params = {}
+            for key, value in (("tool_timeout", setup.tool_timeout_s), ("sandbox", setup.sandbox)):
+                if value is not None and key in params:
+                    kwargs[key] = value
+        kwargs.update(req.env_kwargs)
+        return lambda _task: make_env(name, **kwargs)
+
+    def agent_config(self, req: GroupRequest) -> AgentConfig:
+        """The node's agent settings with the request's sampling and turn limits."""
+        agent, s = self.agent, req.sampling
+        if s.top_k is not None and s.top_k > self.vocab_size:
+            raise ValueError(
+                f"sampling.top_k must be at most the vocabulary size {self.vocab_size}"
+            )
+        turns = req.max_turns or self.rollout.max_turns_at(req.policy_version, agent.max_turns)
+        changes = {
+            "max_turns": turns,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "top_k": s.top_k,
+            "max_new_tokens": s.max_tokens,
+        }
+        return dataclasses.replace(agent, **{k: v for k, v in changes.items() if v is not None})
+
 
 def setup_from_config(cfg: Any) -> NodeSetup:
     """The :class:`NodeSetup` of a loaded :class:`~tunix_agentic.config.RunConfig`, built
@@ -338,9 +412,9 @@ class RolloutNode:
         if req.agent == "external" and self.external is None:
             raise ValueError("agent: 'external' needs the node's OpenAI endpoint (serve-rollout)")
         st = _GroupState(req, body, next(self._seq))
-        st.task = self._resolve_task(req)
-        st.factory = self._factory(req)
-        st.agent = self._agent_config(req)
+        st.task = self.setup.resolve_task(req)
+        st.factory = self.setup.env_factory(req)
+        st.agent = self.setup.agent_config(req)
         # Known before the log write: a concurrent submission of this id answers the same.
         previous, self.groups[req.group_id] = known, st
         try:
@@ -354,77 +428,6 @@ class RolloutNode:
         heapq.heappush(self._queue, (-req.priority, st.seq, req.group_id))
         self._pump()
         return 202, self.summary(st)
-
-    def _resolve_task(self, req: GroupRequest) -> Any:
-        if req.task is not None:
-            return copy.copy(req.task)  # its own object: environments are looked up by it
-        ref, sources = req.task_ref, self.setup.sources
-        if ref.source not in sources.specs:
-            raise ValueError(
-                f"task_ref.source: no task source {ref.source!r} on this node "
-                f"(sources: {', '.join(sources.specs)})"
-            )
-        source = sources.sources[ref.source]
-        if ref.index >= source.num_tasks(ref.split):
-            raise ValueError(
-                f"task_ref.index: {ref.index} is past the {source.num_tasks(ref.split)} "
-                f"{ref.split} tasks of {ref.source!r}"
-            )
-        seed = self.setup.seed + sources.specs[ref.source].seed_offset
-        task = source.task(ref.index, seed=seed, split=ref.split)
-        if dataclasses.is_dataclass(task) and hasattr(task, "task_name"):
-            return dataclasses.replace(task, task_name=ref.source)
-        return copy.copy(task)  # its own object: environments are looked up by it
-
-    def _factory(self, req: GroupRequest) -> Callable[[Any], Environment]:
-        setup = self.setup
-        if req.env is None and not req.env_kwargs:
-            return setup.sources.make_env
-        name = req.env or setup.env_name
-        if name not in available_envs():
-            raise ValueError(
-                f"env: unknown environment {name!r} (this node has {available_envs()})"
-            )
-        allowed = env_client_kwargs(name)
-        for key in req.env_kwargs:
-            if key not in allowed:
-                raise ValueError(
-                    f"env_kwargs.{key}: environment {name!r} takes only {sorted(allowed)} from "
-                    "a client; the rest is the node operator's (serve-rollout --config)"
-                )
-        kwargs: dict[str, Any] = {}
-        for src, spec in setup.sources.specs.items():
-            if spec.env == name:
-                kwargs = setup.sources.env_kwargs(src)
-                break
-        else:
-            try:
-                params = inspect.signature(get_env_factory(name)).parameters
-            except (TypeError, ValueError):
-                params = {}
-            for key, value in (("tool_timeout", setup.tool_timeout_s), ("sandbox", setup.sandbox)):
-                if value is not None and key in params:
-                    kwargs[key] = value
-        kwargs.update(req.env_kwargs)
-        return lambda _task: make_env(name, **kwargs)
-
-    def _agent_config(self, req: GroupRequest) -> AgentConfig:
-        agent, s = self.setup.agent, req.sampling
-        if s.top_k is not None and s.top_k > self.setup.vocab_size:
-            raise ValueError(
-                f"sampling.top_k must be at most the vocabulary size {self.setup.vocab_size}"
-            )
-        turns = req.max_turns or self.setup.rollout.max_turns_at(
-            req.policy_version, agent.max_turns
-        )
-        changes = {
-            "max_turns": turns,
-            "temperature": s.temperature,
-            "top_p": s.top_p,
-            "top_k": s.top_k,
-            "max_new_tokens": s.max_tokens,
-        }
-        return dataclasses.replace(agent, **{k: v for k, v in changes.items() if v is not None})
 
     # ------------------------------------------------------------- running
     def _pump(self) -> None:

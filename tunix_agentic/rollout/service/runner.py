@@ -394,35 +394,14 @@ class ServiceEpisodeRunner:
                 if status == "lost":
                     return None
                 if status in ("failed", "cancelled"):
-                    return status, self._failed_group(request, status, got.get("error"))
+                    self._note(status)
+                    return status, _failed_group(request, status, got.get("error"))
         except GroupNotFound:
             return None
         except asyncio.CancelledError:
             # Production stopped: the node need not finish what nobody will read.
             self._in_background(_quietly(node.client.cancel(request.group_id)))
             raise
-
-    def _failed_group(self, request: GroupRequest, status: str, error: Any) -> Group:
-        """A group the node ended without a result: every member lost to infrastructure
-        (never scored, never trained on), its reason kept in ``dropped``."""
-        _log.warning("group %s %s on its node: %s", request.group_id, status, error)
-        traj = Trajectory(
-            task_id=str(getattr(request.task, "task_id", request.group_id)),
-            episode_id=f"{request.group_id}-{status}",
-            task_name=str(getattr(request.task, "task_name", "default")),
-            group_id=request.group_id,
-        )
-        traj.status, traj.error = "env_error", f"group {status} on its node: {error}"
-        self._note(status)
-        return Group(
-            request.group_id,
-            request.seed.index,
-            request.task,
-            request.policy_version,
-            [],
-            [traj],
-            lost=request.num_samples,
-        )
 
     # ----------------------------------------------------------- placement
     async def _place(self) -> NodeState:
@@ -510,6 +489,28 @@ async def _quietly(coro) -> None:
         await coro
     except Exception:  # best effort: the node may be gone
         pass
+
+
+def _failed_group(request: GroupRequest, status: str, error: Any) -> Group:
+    """A group the node ended without a result: every member lost to infrastructure
+    (never scored, never trained on), its reason kept in ``dropped``."""
+    _log.warning("group %s %s on its node: %s", request.group_id, status, error)
+    traj = Trajectory(
+        task_id=str(getattr(request.task, "task_id", request.group_id)),
+        episode_id=f"{request.group_id}-{status}",
+        task_name=str(getattr(request.task, "task_name", "default")),
+        group_id=request.group_id,
+    )
+    traj.status, traj.error = "env_error", f"group {status} on its node: {error}"
+    return Group(
+        request.group_id,
+        request.seed.index,
+        request.task,
+        request.policy_version,
+        [],
+        [traj],
+        lost=request.num_samples,
+    )
 
 
 def _count_episode(metrics: MetricsSink, traj: Trajectory) -> None:

@@ -1,0 +1,168 @@
+"""The pieces a training run is built from, each a function of its config.
+
+:class:`~tunix_agentic.trainer.Trainer` calls them in order: :func:`chat_template` and
+:func:`run_sources` before any work (:func:`check_run_config` and the sources' checks:
+what can be found wrong without computing, as a
+:class:`~tunix_agentic.config.ConfigError` naming the key), then :func:`build_engine`
+and :func:`warm_start` (the SFT warm start on the sources' demonstrations).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from tqdm.auto import tqdm
+
+from tunix_agentic.agent.chat import ChatFormat, TemplateError, make_chat_template
+from tunix_agentic.config import ConfigError, RunConfig
+from tunix_agentic.data.demos import demonstration_batches
+from tunix_agentic.data.sources import RunSources
+from tunix_agentic.env_checks import check_sources
+from tunix_agentic.inference.base import InferenceEngine
+from tunix_agentic.inference.cross_policy import CrossPolicyEngine
+from tunix_agentic.inference.engine import JaxEngine
+from tunix_agentic.inference.pool import EnginePool
+from tunix_agentic.learners.batching import sft_batch
+from tunix_agentic.learners.sft import SFTTrainer
+from tunix_agentic.metrics.recorder import MetricsRecorder
+from tunix_agentic.metrics.trace import ProfileSteps
+from tunix_agentic.models.tokenizer import Tokenizer
+from tunix_agentic.models.transformer import Transformer
+from tunix_agentic.rollout.service.connect import service_api_key
+from tunix_agentic.serving.client import SGLangEngine
+from tunix_agentic.serving.http import is_loopback
+from tunix_agentic.sharding import make_mesh
+from tunix_agentic.signals import Stopped
+
+
+def chat_template(config: RunConfig, tokenizer: Tokenizer) -> ChatFormat:
+    """The model's chat template with ``agent``'s template options."""
+    try:
+        return make_chat_template(tokenizer, **config.agent.template_options())
+    except TemplateError as exc:
+        raise ConfigError(f"model.path={config.model.path!r}: {exc}") from None
+
+
+def run_sources(
+    config: RunConfig, template: ChatFormat, profile_steps: ProfileSteps | None = None
+) -> RunSources:
+    """The run's task sources, with everything about the run checked that can be before
+    any work (:func:`check_run_config`; each source's seeds and splits, one ``reset`` per
+    source against its demonstrations, their lengths: ``env_checks``)."""
+    try:
+        sources = RunSources(
+            config.tasks,
+            tool_timeout=config.env.tool_timeout_s,
+            sandbox=config.env.sandbox,
+            env_name=config.env.name,
+            env_kwargs=config.env.kwargs,
+        )
+        sources.train_stream(config.seed)  # seeds and splits
+        check_sources(sources, template, config)  # reset vs demos, lengths
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    check_run_config(config, sources, profile_steps)
+    return sources
+
+
+def check_run_config(
+    config: RunConfig, sources: RunSources, profile_steps: ProfileSteps | None = None
+) -> None:
+    """What the run's settings must agree on, checked before any work: demonstrations for
+    ``sft.steps``, meshes whose devices exist, a rollout service that can be served, a
+    ``--profile-steps`` window within the run."""
+    if profile_steps is not None and profile_steps.last > config.rl.steps:
+        raise ConfigError(
+            f"--profile-steps {profile_steps.first}:{profile_steps.last}: the run has "
+            f"{config.rl.steps} RL steps (rl.steps)"
+        )
+    if config.sft.steps and not any(src.has_demonstrations for src in sources.sources.values()):
+        raise ConfigError(
+            f"sft.steps={config.sft.steps} but no task source "
+            f"({', '.join(sources.specs)}) provides demonstrations: set sft.steps=0"
+        )
+    for name, mesh in (("learner.mesh", config.learner.mesh), ("engine.mesh", config.engine.mesh)):
+        if not mesh.trivial:
+            try:  # the devices exist and fit, before any work
+                make_mesh(mesh)
+            except ValueError as exc:
+                raise ConfigError(f"{name}: {exc}") from None
+    service = config.rollout.service
+    if service.enabled and not service.engine_urls and config.cross_policy.stale_engines:
+        raise ConfigError(
+            "cross_policy.stale_engines must be 0 with rollout.service.urls (the nodes are "
+            "served the trainer's one engine; name more in rollout.service.engine_urls)"
+        )
+    if service.enabled and not service.engine_urls and not service_api_key(service):
+        if not is_loopback(service.engine_host):
+            raise ConfigError(
+                f"rollout.service.engine_host={service.engine_host} is beyond loopback: "
+                "set rollout.service.api_key (or $TUNIX_AGENTIC_API_KEY) to guard the engine"
+            )
+
+
+def build_engine(config: RunConfig, model: Transformer, version: int) -> InferenceEngine:
+    """One JAX engine, or a cross-policy pool of them when configured; with
+    ``rollout.service.engine_urls``, a pool of those servers (the weights reach them
+    through ``rollout.service.weights_dir``)."""
+    service = config.rollout.service
+    if service.engine_urls:
+        return EnginePool(
+            [
+                SGLangEngine(url, api_key=service_api_key(service), weights_dir=service.weights_dir)
+                for url in service.engine_urls
+            ],
+            names=list(service.engine_urls),
+        )
+    engines = [
+        JaxEngine(model, config.engine, version=version)
+        for _ in range(1 + config.cross_policy.stale_engines)
+    ]
+    if len(engines) == 1:
+        return engines[0]
+    cp = config.cross_policy
+    return CrossPolicyEngine(
+        engines, stale_every=cp.stale_every, fresh_fraction=cp.fresh_fraction, seed=config.seed
+    )
+
+
+def warm_start(
+    config: RunConfig,
+    sources: RunSources,
+    template: ChatFormat,
+    model: Transformer,
+    metrics: MetricsRecorder,
+    *,
+    progress: bool = True,
+    stop_requested: Callable[[], bool] = lambda: False,
+) -> Transformer:
+    """``sft.steps`` of SFT on the sources' demonstrations (``sft/loss`` and
+    ``sft/token_accuracy`` every 50 steps and at the last); raises
+    :class:`~tunix_agentic.signals.Stopped` between steps once ``stop_requested()``."""
+    cfg = config.sft
+    if cfg.steps == 0:
+        return model
+    trainer = SFTTrainer(model, cfg.optimizer)
+    batches = demonstration_batches(
+        sources.demo_sources(),
+        template,
+        seed=config.seed,
+        batch_size=cfg.batch_size,
+        tool_fraction=cfg.tool_fraction,
+        context_rule=config.agent.context_rule,
+        context_window=config.agent.context_window,
+    )
+    bar = tqdm(range(cfg.steps), desc="SFT warm start", disable=not progress, file=sys.stderr)
+    for step in bar:
+        if stop_requested():
+            raise Stopped
+        with metrics.span("sft_step"):
+            rows = next(batches)
+            out = trainer.train_step(sft_batch(rows, pad_id=template.tokenizer.pad_id))
+        if step % 50 == 0 or step == cfg.steps - 1:
+            metrics.scalars(
+                {"sft/loss": out["loss"], "sft/token_accuracy": out["token_accuracy"]}, step
+            )
+            bar.set_postfix(loss=f"{out['loss']:.3f}")
+    return trainer.state.model()
