@@ -31,8 +31,9 @@ def observed_run(tmp_path_factory):
 
     Two RL steps (the first compiles), rollouts wait for the new weights
     (``max_staleness=0``) and the learner trains one length bucket, so the report's
-    figures are those of a rollout-bound step; RL step 1 is profiled; every scalar is
-    mirrored to an offline W&B run."""
+    figures are those of a rollout-bound step; RL step 1 is profiled; version 1 is
+    evaluated beside training (``rl.eval_every=1``); every scalar is mirrored to an
+    offline W&B run."""
     from pathlib import Path
 
     from tunix_agentic.cli.main import main
@@ -46,6 +47,7 @@ def observed_run(tmp_path_factory):
         "sft.steps=4",
         "rl.steps=2",
         "rl.eval_tasks=2",
+        "rl.eval_every=1",  # version 1 evaluated beside training, between the two steps
         "rl.checkpoint_every=0",
         "rollout.max_staleness=0",
         "learner.length_bucket=128",

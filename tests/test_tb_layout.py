@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from tunix_agentic.metrics import MetricsRecorder
-from tunix_agentic.metrics.layout import RUN_LAYOUT, layout_summary_value, run_layout, write_layout
+from tunix_agentic.metrics.layout import (
+    RUN_LAYOUT,
+    layout_summary_value,
+    run_layout,
+    visible_range,
+    write_layout,
+)
 
 CONFIG = str(Path(__file__).parents[1] / "configs" / "calculator_tiny.yaml")
 
@@ -88,7 +94,11 @@ def test_layout_served_by_tensorboard_and_its_regexes_pick_the_right_tags(tmp_pa
         for name in ("tool/bash", "tool/python", "env/sandbox_start", "episode", "stage/eval"):
             rec.add_time(name, 0.5)
         rec.add_time("stage/run", 1.0)
+        rec.add_time("train", 0.2)
         rec.gauge("queue/ready_groups", 2)
+        rec.gauge("queue/run_waiting", 3)
+        rec.gauge("queue/init_running", 1)
+        rec.scalars({"eval/success": 0.5, "eval/reward": 0.5, "eval/turns": 2.0}, 0)
         rec.write_step(
             1,
             extra={
@@ -98,6 +108,7 @@ def test_layout_served_by_tensorboard_and_its_regexes_pick_the_right_tags(tmp_pa
                 "engine/busy_fraction": 0.75,
                 "engine/idle_fraction": 0.25,
                 "throughput/generated_tokens_per_accelerator_s": 9.0,
+                "throughput/step_s": 1.5,
             },
         )
     with _tensorboard(tmp_path) as base:
@@ -111,8 +122,20 @@ def test_layout_served_by_tensorboard_and_its_regexes_pick_the_right_tags(tmp_pa
             },
             "generated tokens per second": {"throughput/generated_tokens_per_accelerator_s"},
             "episode stages (summed over episodes)": {"time/stage/eval_s", "time/stage/run_s"},
-            "queues (last value)": {"gauge/queue/ready_groups"},
-            "queues (max in the step)": {"gauge/queue/ready_groups_max"},
+            "held-out success and reward": {"eval/success", "eval/reward"},
+            "RL step wall seconds and the learner's parts": {"throughput/step_s", "time/train_s"},
+            "groups ready and in flight": {
+                "gauge/queue/ready_groups",
+                "gauge/queue/ready_groups_max",
+            },
+            "episodes waiting for a stage's workers (last value)": {"gauge/queue/run_waiting"},
+            "episodes waiting for a stage's workers (max in the step)": {
+                "gauge/queue/run_waiting_max"
+            },
+            "episodes in a stage's workers (INIT / RUN / EVAL)": {
+                "gauge/queue/init_running",
+                "gauge/queue/init_running_max",
+            },
             "tool calls by tool": {
                 f"latency/tool/{t}/p{q}" for t in ("bash", "python") for q in (50, 95, 99)
             },
@@ -139,13 +162,21 @@ def test_layout_value_is_the_plugins_config_tensor():
         layout_summary_value({"category": []})
 
 
+# Charts a run fills only if its episodes call tools or its environments report start-up
+# times (the tiny calculator run may do neither): empty exactly when no such span was recorded.
+_SPAN_CHARTS = {"tool calls by tool": "time/tool/", "environment start-up (env/<key>)": "time/env/"}
+
+
+def _values(base: str, regex: str) -> list[float]:
+    got = _get(base, "/data/plugin/custom_scalars/scalars", run=".", tag=regex)
+    return [value for events in got["tag_to_events"].values() for _, _, value in events]
+
+
 @pytest.mark.slow
 def test_a_tiny_run_writes_percentiles_and_serves_its_layout(observed_run):
     run_dir = observed_run  # tests/conftest.py
-    lines = (run_dir / "tensorboard" / "metrics.jsonl").read_text().splitlines()
-    (step_1,) = [
-        row for row in map(json.loads, lines) if row["step"] == 1 and "learner/loss" in row
-    ]
+    rows = [json.loads(line) for line in (run_dir / "tensorboard" / "metrics.jsonl").open()]
+    (step_1,) = [row for row in rows if row["step"] == 1 and "learner/loss" in row]
     for key in (
         "latency/model_call/p95",
         "latency/episode/p50",
@@ -154,21 +185,34 @@ def test_a_tiny_run_writes_percentiles_and_serves_its_layout(observed_run):
     ):
         assert isinstance(step_1[key], float) and step_1[key] > 0, key
     assert step_1["latency/episode/p50"] <= step_1["latency/episode/p99"]
+    for stage in ("init", "run", "eval"):  # every episode went through each pool
+        assert step_1[f"gauge/queue/{stage}_running_max"] >= 1, stage
+        assert step_1[f"gauge/queue/{stage}_waiting_max"] >= 0, stage
+    written = {key for row in rows for key in row}
     with _tensorboard(run_dir / "tensorboard") as base:
-        charts = _charts(base)
-        for chart in (
-            "reward per task",
-            "success per task",
-            "held-out success",
-            "share of wall time since RL started",
-            "generated tokens per second",
-            "RL step wall seconds",
-            "episode stages (summed over episodes)",
-            "learner: wait for batch, train, weight sync",
-            "queues (last value)",
-            "episode: admission to reward",
-            "reward computation (EVAL)",
-            "model call",
-            "every span's p95",
-        ):
-            assert _matched_tags(base, charts[chart][0]), chart
+        for chart, regexes in _charts(base).items():
+            (regex,) = regexes
+            values = _values(base, regex)
+            if chart in _SPAN_CHARTS:
+                recorded = any(k.startswith(_SPAN_CHARTS[chart]) for k in written)
+                assert bool(values) == recorded, chart
+                continue
+            assert values, f"chart {chart!r}: {regex} matches no tag of the run"
+            # Drawn on an axis that holds some of its points under TensorBoard's default
+            # outlier trimming (a lone line of two points would show an empty 0-1 axis).
+            assert visible_range(values) is not None, f"chart {chart!r} draws nothing visible"
+
+
+@pytest.mark.parametrize(
+    "values, expected",
+    [
+        ([7.45, 0.1], None),  # two distinct points: both trimmed
+        ([0.5, 0.5], (0.5, 0.5)),
+        ([0.0, 1.0, 0.0, 1.0], (0.0, 1.0)),
+        ([0.0] + [1.0] * 18 + [9.0], (1.0, 1.0)),  # the extremes trimmed
+        ([float("nan")], None),
+    ],
+    ids=["two-points", "flat", "two-lines", "outliers", "nan"],
+)
+def test_visible_range_follows_tensorboards_outlier_trimming(values, expected):
+    assert visible_range(values) == expected

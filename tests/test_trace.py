@@ -343,8 +343,17 @@ def test_a_tiny_run_writes_its_timeline_and_the_chosen_steps_profile(observed_ru
     assert {(EPISODES, n) for n in ("stage/init", "stage/run", "stage/eval")} <= names
     assert {(EPISODES, "model_call")} <= names
     assert trace["otherData"]["complete"] and trace["otherData"]["steps"][0] == 0
-    trains = [e["args"]["step"] for e in _complete(trace) if e["name"] == "train"]
-    assert trains == [1, 2]
+    trains = [e for e in _complete(trace) if e["name"] == "train"]
+    assert [e["args"]["step"] for e in trains] == [1, 2]
+    # Before RL, version 1 beside training (rl.eval_every=1), after RL: on the learner's eval
+    # track, the periodic one after step 1's train step and before the final evaluation.
+    evals = [e for e in _complete(trace) if e["name"] == "eval" and e["pid"] == LEARNER]
+    assert len(evals) == 3 and len({e["tid"] for e in evals}) == 1
+    assert _thread_names(trace, LEARNER)[evals[0]["tid"]] == "eval"
+    before, periodic, after = sorted(evals, key=lambda e: e["ts"])
+    assert before["ts"] + before["dur"] <= trains[0]["ts"]
+    assert trains[0]["ts"] + trains[0]["dur"] <= periodic["ts"]
+    assert periodic["ts"] + periodic["dur"] <= after["ts"] and periodic["args"]["step"] >= 2
     (capture,) = (run_dir / "tensorboard" / "plugins" / "profile").iterdir()
     assert any(p.name.endswith(".xplane.pb") for p in capture.iterdir())
 

@@ -7,13 +7,14 @@ chart draws every tag the regex matches in full), so per-task, per-tool and
 per-env names need no listing:
 
 * **Reward and success**: reward and success per task (training batches) and
-  held-out success.
+  held-out success and reward.
 * **Engine: busy / host gap / idle**: the engine's wall time split three ways,
   and generated tokens per wall second and per accelerator second.
-* **Seconds per RL step by stage**: the step's wall time, the episode stages
-  (INIT / RUN / EVAL) and the learner's parts (wait for batch, train, weight
-  sync).
-* **Queue depths**: the rollout gauges (ready and in-flight groups, ...).
+* **Seconds per RL step by stage**: the step's wall time beside the learner's
+  parts (wait for batch, train, weight sync, evaluation), and the episode stages
+  (INIT / RUN / EVAL).
+* **Queue depths**: episodes waiting for each stage's worker pool (INIT / RUN /
+  EVAL) and running in it, groups ready and in flight, other gauges.
 * **Latency percentiles**: p50 / p95 / p99 of whole episodes (admission to
   reward), the reward (EVAL), model calls, env steps, tool calls by tool and
   environment start-up (``env/<key>``, e.g. a sandbox's start).
@@ -21,6 +22,13 @@ per-env names need no listing:
 The layout is one ``custom_scalars__config__`` tensor event written with
 TensorBoard's own protos (no TensorFlow); see :func:`write_layout`. The
 custom-scalars charts draw lines, not stacked areas.
+
+TensorBoard scales a chart's y axis to the values between their 5th and 95th
+percentiles by default ("Ignore outliers in chart scaling"): a chart of one
+line with two distinct values keeps neither and draws nothing visible (an empty
+axis from 0 to 1). So no chart is a lone line that a short run writes twice
+(the RL step's wall time, held-out success before and after RL): each shares
+its chart with related lines. :func:`visible_range` computes that axis range.
 
 Where the operating metrics live (``<q>`` is p50, p95 or p99, in seconds, over
 the spans of one RL step; ``hist/<span>`` holds the same samples):
@@ -34,15 +42,19 @@ the spans of one RL step; ``hist/<span>`` holds the same samples):
   step) and ``latency/wait_for_batch/<q>``, ``latency/weight_sync/<q>``;
 * accelerator idle: ``engine/idle_fraction`` beside ``engine/busy_fraction`` and
   ``engine/sched_gap_fraction`` (host gap);
-* rollout queues: ``gauge/queue/ready_groups``, ``gauge/queue/in_flight_groups``
-  (and ``..._max`` within the step);
+* rollout queue depth per stage: ``gauge/queue/<stage>_waiting`` (episodes waiting
+  for a worker of stage ``init``, ``run`` or ``eval``: ``rollout.<stage>_workers``)
+  and ``gauge/queue/<stage>_running`` (episodes holding one); groups:
+  ``gauge/queue/ready_groups``, ``gauge/queue/in_flight_groups`` (each gauge with
+  ``..._max``, its highest value within the step);
 * tokens per accelerator-second: ``throughput/generated_tokens_per_accelerator_s``
-  (tokens the engines generated in the step / their busy seconds in it), beside
+  (tokens the engines generated since RL started / their busy seconds since then), beside
   ``throughput/generated_tokens_per_s`` (the batch's tokens / the step's wall time).
 """
 
 from __future__ import annotations
 
+import numpy as np
 from tensorboard.compat.proto import summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
 from tensorboard.plugins.custom_scalar import layout_pb2, metadata
 
@@ -57,7 +69,9 @@ RUN_LAYOUT: tuple[tuple[str, tuple[tuple[str, tuple[str, ...]], ...]], ...] = (
         (
             ("reward per task", (r"^rollout/reward_mean(/.*)?$",)),
             ("success per task", (r"^rollout/success(/.*)?$",)),
-            ("held-out success", (r"^eval/success(/.*)?$",)),
+            # With reward beside it: a run evaluates twice by default, and two points alone
+            # draw nothing under TensorBoard's outlier trimming (see the module docstring).
+            ("held-out success and reward", (r"^eval/(success|reward)(/.*)?$",)),
         ),
     ),
     (
@@ -70,19 +84,29 @@ RUN_LAYOUT: tuple[tuple[str, tuple[tuple[str, tuple[str, ...]], ...]], ...] = (
     (
         "Seconds per RL step by stage",
         (
-            ("RL step wall seconds", (r"^throughput/step_s$",)),
-            ("episode stages (summed over episodes)", (r"^time/stage/\w+_s$",)),
             (
-                "learner: wait for batch, train, weight sync",
-                (r"^time/(wait_for_batch|train|weight_sync|eval)_s$",),
+                "RL step wall seconds and the learner's parts",
+                (r"^(throughput/step_s|time/(wait_for_batch|train|weight_sync|eval)_s)$",),
             ),
+            ("episode stages (summed over episodes)", (r"^time/stage/\w+_s$",)),
         ),
     ),
     (
         "Queue depths",
         (
-            ("queues (last value)", (r"^gauge/queue/\w+(?<!_max)$",)),
-            ("queues (max in the step)", (r"^gauge/queue/.*_max$",)),
+            (
+                "episodes waiting for a stage's workers (max in the step)",
+                (r"^gauge/queue/(init|run|eval)_waiting_max$",),
+            ),
+            (
+                "episodes waiting for a stage's workers (last value)",
+                (r"^gauge/queue/(init|run|eval)_waiting$",),
+            ),
+            (
+                "episodes in a stage's workers (INIT / RUN / EVAL)",
+                (r"^gauge/queue/(init|run|eval)_running(_max)?$",),
+            ),
+            ("groups ready and in flight", (r"^gauge/queue/\w+_groups(_max)?$",)),
             ("other gauges", (r"^gauge/(?!queue/).*$",)),
         ),
     ),
@@ -147,3 +171,16 @@ def write_layout(recorder: MetricsRecorder, layout: layout_pb2.Layout | None = N
     (identical) copies.
     """
     recorder.write_summaries([layout_summary_value(layout or run_layout())], step=0)
+
+
+def visible_range(values: list[float]) -> tuple[float, float] | None:
+    """The y range TensorBoard's line chart scales to with its default "Ignore outliers
+    in chart scaling": the extent of the finite ``values`` between their 5th and 95th
+    percentiles (linear interpolation, as d3's quantile), or ``None`` when none is left
+    (the chart then shows an empty 0-1 axis)."""
+    x = np.sort(np.asarray([v for v in values if np.isfinite(v)], np.float64))
+    if not x.size:
+        return None
+    lo, hi = np.quantile(x, 0.05), np.quantile(x, 0.95)
+    kept = x[(x >= lo) & (x <= hi)]
+    return (float(kept[0]), float(kept[-1])) if kept.size else None

@@ -4,7 +4,9 @@ Every run writes ``RUN_DIR/trace/trace-NNN.json.gz``; open it at
 https://ui.perfetto.dev (or ``chrome://tracing``). Three processes:
 
 * ``learner``: thread ``steps`` (``wait_for_batch``, ``train``, ``weight_sync``, and
-  ``sft`` / ``engine_warmup_wait`` before RL) and thread ``eval`` (``eval``);
+  ``sft`` / ``engine_warmup_wait`` before RL) and thread ``eval`` (``eval``: before and
+  after RL, and each ``rl.eval_every`` evaluation beside training, which overlaps the
+  steps; its ``args.step`` is the RL step it ended in);
 * ``engine``: a thread per engine with its device calls (``prefill``, ``decode``)
   and the ``host_gap`` between them (waiting work, no call running; idle is blank);
 * ``episodes``: a thread per sampled episode, named by its episode id: ``episode``,

@@ -30,7 +30,7 @@ from tunix_agentic.agent.chat import ChatFormat
 from tunix_agentic.agent.loop import AgentConfig, run_agent
 from tunix_agentic.envs.base import Environment
 from tunix_agentic.inference.base import InferenceEngine
-from tunix_agentic.metrics.sink import MetricsSink
+from tunix_agentic.metrics.sink import NULL_METRICS, MetricsSink
 from tunix_agentic.metrics.trace import EPISODE
 from tunix_agentic.rollout.config import RolloutConfig
 from tunix_agentic.rollout.outages import HealthProbe, OutageGate, backoff_delay
@@ -134,9 +134,10 @@ class EpisodeRunner:
             backend_health, wait_s=config.backend_wait_s, spawn=spawn, metrics=metrics
         )
         self._jitter = random.Random(config.seed)  # back-off delays only: no episode's seed
-        self._init_sem = StageSlots(config.init_workers)
-        self._run_sem = StageSlots(config.run_workers)
-        self._eval_sem = StageSlots(config.eval_workers)
+        # Each reports gauges queue/<stage>_waiting and queue/<stage>_running.
+        self._init_sem = StageSlots(config.init_workers, "init", metrics)
+        self._run_sem = StageSlots(config.run_workers, "run", metrics)
+        self._eval_sem = StageSlots(config.eval_workers, "eval", metrics)
 
     def stage_load(self) -> dict[str, dict[str, int]]:
         """Per stage (``init``, ``run``, ``eval``): episodes in it now and waiting for a slot."""
@@ -390,25 +391,39 @@ class EpisodeRunner:
 
 
 class StageSlots:
-    """A stage's worker slots (``async with``): a semaphore that counts its holders and
-    waiters, for status pages."""
+    """A stage's worker slots (``async with``): a semaphore that counts the episodes
+    holding a slot (``in_flight``) and those waiting for one (``waiting``: only while
+    every slot is taken, so an episode that finds a free one never counts), and reports
+    both to ``metrics`` as the gauges ``queue/<name>_running`` and ``queue/<name>_waiting``
+    (0 from the start, then each time they change)."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, name: str = "stage", metrics: MetricsSink = NULL_METRICS):
         self._sem = asyncio.Semaphore(n)
+        self._running_gauge, self._waiting_gauge = f"queue/{name}_running", f"queue/{name}_waiting"
+        self._metrics = metrics
         self.in_flight = 0
         self.waiting = 0
+        metrics.gauge(self._running_gauge, 0)
+        metrics.gauge(self._waiting_gauge, 0)
 
     async def __aenter__(self) -> None:
-        self.waiting += 1
-        try:
-            await self._sem.acquire()
-        finally:
-            self.waiting -= 1
+        if self._sem.locked():
+            self.waiting += 1
+            self._metrics.gauge(self._waiting_gauge, self.waiting)
+            try:
+                await self._sem.acquire()
+            finally:
+                self.waiting -= 1
+                self._metrics.gauge(self._waiting_gauge, self.waiting)
+        else:
+            await self._sem.acquire()  # a free slot: taken at once
         self.in_flight += 1
+        self._metrics.gauge(self._running_gauge, self.in_flight)
 
     async def __aexit__(self, *exc: object) -> None:
         self.in_flight -= 1
         self._sem.release()
+        self._metrics.gauge(self._running_gauge, self.in_flight)
 
 
 async def _until_usable(
