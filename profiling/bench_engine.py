@@ -1,6 +1,6 @@
 """Decode throughput of the JAX engine at the peers' fixed dims, printed, never asserted.
 
-Same model and workload as ../shared/peers (a 4.46M-parameter Qwen3-style
+Same model and workload as profiling/peers/ (a 4.46M-parameter Qwen3-style
 decoder, 32-token prompts, 64 new tokens, greedy, no early stop), so the
 figures sit beside Tunix's sampler and HF ``generate`` measured on this
 machine. Also: the same engine serving requests one at a time, the fraction

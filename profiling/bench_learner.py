@@ -1,6 +1,6 @@
 """Our GRPO step beside Tunix's GRPOLearner and TRL's GRPOTrainer, printed, never asserted.
 
-Same model and workload as ../shared/peers (README.md there): a 4.46M-parameter
+Same model and workload as profiling/peers/ (README.md there): a 4.46M-parameter
 Qwen3-style decoder (4 layers, d_model 256, q/k-norm, tied, vocab 2048, fp32);
 per step 4 prompts x G=4 = 16 completions of exactly 64 tokens after 32-token
 prompts (no stop ids, so nothing ends early), temperature 1, a reference model
@@ -12,7 +12,7 @@ alone with rows padded to 128 (multiples of 64, the padding before
 ``learner.length_bucket``) and to 96; the cost of the collapse diagnostic
 (``learner.mi_pairs``, off in the comparison since the peers compute none); the peers'
 s/step from their own scripts run as subprocesses (skipped with a note when
-their venvs are missing; build them with ``bash ../shared/peers/setup_venvs.sh``)
+their venvs are missing; build them with ``bash profiling/peers/setup_venvs.sh``)
 and the ratios. TRL's script reports whole steps only: its train share is
 estimated as its step minus HF ``generate`` (sampled, same shapes) timed by
 ``bench_hf_generate.py`` right after it, and printed as an estimate. Also our
@@ -58,7 +58,10 @@ sys.path.insert(0, str(HERE))
 
 from bench_engine import DECODE_STEPS, NEW, PEER_DIMS, PROMPT, matmul_peak_gflops  # noqa: E402
 from compare_peers import (  # noqa: E402
+    JAX_PY,
     NUMBER,
+    PEERS,
+    TORCH_PY,
     Measurement,
     PairedComparison,
     emit_json,
@@ -73,10 +76,6 @@ from tunix_agentic.learners.batching import pad_rows  # noqa: E402
 from tunix_agentic.learners.grpo import GRPOConfig, GRPOLearner  # noqa: E402
 from tunix_agentic.learners.state import OptimizerConfig  # noqa: E402
 from tunix_agentic.models.transformer import ModelConfig, Transformer, count_params  # noqa: E402
-
-PEERS = Path(os.environ.get("PEERS_DIR", HERE.parents[1] / "shared" / "peers"))
-JAX_PY = os.environ.get("ANCHOR_JAX_PY", "/tmp/peers/venv/bin/python")
-TORCH_PY = os.environ.get("ANCHOR_TORCH_PY", "/tmp/peers/venv-torch/bin/python")
 
 STEPS = int(os.environ.get("LEARNER_STEPS", 8))  # step 1 compiles and is not counted
 PAIRS = int(os.environ.get("LEARNER_PAIRS", 5))

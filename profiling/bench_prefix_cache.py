@@ -2,7 +2,7 @@
 
 G samples of one long prompt (a real template's system prompt and tool schemas
 run to hundreds of tokens) go to the in-process engine at the peers' model
-dims (../shared/peers), once with ``prefix_cache`` on and once off, in
+dims (profiling/peers/), once with ``prefix_cache`` on and once off, in
 interleaved rounds (on, off, on, off, ...), each round a fresh prompt so no
 round reuses an earlier one's KV. Compiles are done in an untimed first round.
 Prints prefill tokens computed per group, the median wall time per group and

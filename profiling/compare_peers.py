@@ -1,8 +1,8 @@
 """Our engine beside the peers' decode benchmarks, as interleaved pairs; printed, never asserted.
 
-Runs the peer scripts in ``../shared/peers`` (Tunix's sampler in its JAX venv,
-HF ``generate`` in its PyTorch venv; build the venvs with
-``bash ../shared/peers/setup_venvs.sh``) and our ``bench_engine.py`` at the
+Runs the peer scripts in ``profiling/peers/`` (Tunix's sampler in its JAX venv,
+HF ``generate`` in its PyTorch venv; ``bash profiling/peers/setup_venvs.sh`` builds
+the venvs under /tmp/peers) and our ``bench_engine.py`` at the
 same dims and workload (batch 16, 32-token prompts, 64 new tokens), for greedy
 and the peers' sampled mode (temperature 1, top_p 1.0).
 
@@ -18,7 +18,9 @@ is not in the figure). Printed per comparison: each pair's figures and ratio
 (ours tok/s / theirs tok/s: above 1 means ours is faster), the median ratio,
 and its spread (min-max over the pairs). The last line is one JSON object with
 the same figures. Peers that are not installed are skipped with a note; a run
-that prints no figure drops its pair (its output tail is printed).
+that prints no figure drops its pair (its output tail is printed). ``PEERS_DIR``
+(the scripts), ``ANCHOR_JAX_PY`` and ``ANCHOR_TORCH_PY`` (the venvs' Pythons)
+point elsewhere.
 
     python profiling/compare_peers.py                   # 5 pairs, greedy and top_p
     python profiling/compare_peers.py --pairs 7 --modes greedy --repeats 3
@@ -39,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-PEERS = Path(os.environ.get("PEERS_DIR", HERE.parents[1] / "shared" / "peers"))
+PEERS = Path(os.environ.get("PEERS_DIR", HERE / "peers"))
 JAX_PY = os.environ.get("ANCHOR_JAX_PY", "/tmp/peers/venv/bin/python")
 TORCH_PY = os.environ.get("ANCHOR_TORCH_PY", "/tmp/peers/venv-torch/bin/python")
 NUMBER = r"([\d,]+(?:\.\d+)?)"
