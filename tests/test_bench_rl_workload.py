@@ -50,7 +50,9 @@ def test_workload_goes_to_the_peers_through_the_environment(mods, monkeypatch):
     assert tc.rl_workload_from_env() == w
 
 
-@pytest.mark.parametrize("field", ["tasks", "group", "turns", "obs_tokens"])
+@pytest.mark.parametrize(
+    "field", ["tasks", "group", "turns", "obs_tokens"], ids=["tasks", "group", "turns", "obs"]
+)
 def test_workload_rejects_a_non_positive_field(mods, field):
     tc, _ = mods
     with pytest.raises(ValueError, match=f"RLWorkload.{field} must be >= 1"):

@@ -4,6 +4,7 @@ its prefill and decode compile for (shared by the engine and its scheduler threa
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 from tunix_agentic.mesh_config import MeshConfig
 
@@ -31,6 +32,13 @@ class EngineConfig:
     seed: int = 0
     # Devices the engine serves from (tunix_agentic.sharding); the default is one device.
     mesh: MeshConfig = MeshConfig()
+    # KV layout. "dense": every slot reserves max_seq_len tokens of KV. "paged": one pool of
+    # kv_blocks blocks of kv_block_size tokens per layer; a slot holds only the blocks its
+    # tokens need, shared prompt prefixes share whole blocks, and a request waits for
+    # blocks to be free (inference/paged.py). kv_blocks 0: half of what dense reserves.
+    kv_layout: Literal["dense", "paged"] = "dense"
+    kv_block_size: int = 16
+    kv_blocks: int = 0
 
     def __post_init__(self):
         for name in ("max_slots", "max_seq_len", "decode_steps", "min_prefill_len"):
@@ -41,6 +49,37 @@ class EngineConfig:
                 raise ValueError(
                     f"engine.{name} must be true or false, got {getattr(self, name)!r}"
                 )
+        if self.kv_layout not in ("dense", "paged"):
+            raise ValueError(f"engine.kv_layout must be 'dense' or 'paged', got {self.kv_layout!r}")
+        bs = self.kv_block_size
+        if not isinstance(bs, int) or bs < 1 or bs & (bs - 1):
+            raise ValueError(f"engine.kv_block_size must be a power of two >= 1, got {bs!r}")
+        if not isinstance(self.kv_blocks, int) or self.kv_blocks < 0:
+            raise ValueError(f"engine.kv_blocks must be an integer >= 0, got {self.kv_blocks!r}")
+        if self.kv_layout == "paged":
+            if self.max_seq_len % bs:
+                raise ValueError(
+                    f"engine.max_seq_len ({self.max_seq_len}) must be a multiple of "
+                    f"engine.kv_block_size ({bs}) with kv_layout 'paged'"
+                )
+            if self.kv_blocks and self.kv_blocks < self.blocks_per_seq:
+                raise ValueError(
+                    f"engine.kv_blocks ({self.kv_blocks}) must hold one max_seq_len sequence: "
+                    f">= {self.blocks_per_seq} blocks of {bs} tokens"
+                )
+
+    @property
+    def blocks_per_seq(self) -> int:
+        """Blocks of one ``max_seq_len`` sequence (the width of a slot's block table)."""
+        return -(-self.max_seq_len // self.kv_block_size)
+
+    @property
+    def num_kv_blocks(self) -> int:
+        """The paged pool's size: ``kv_blocks``, or half of what dense would reserve (at
+        least one max_seq_len sequence)."""
+        if self.kv_blocks:
+            return self.kv_blocks
+        return max(self.blocks_per_seq, self.max_slots * self.blocks_per_seq // 2)
 
     def length_buckets(self) -> list[int]:
         out, n = [], self.min_prefill_len

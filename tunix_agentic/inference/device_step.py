@@ -10,6 +10,10 @@ the cache and the state donated, and the :class:`StepConfig` static).
   writes their KV into the slots they were given, samples each row's first
   token and sets those slots' decode state, so the next decode continues from
   there without the host in between.
+- In the paged layout (``StepConfig.paged``) the cache is one block pool per layer
+  and every row carries its slot's block table (:mod:`.paged`); a reused prefix's
+  full blocks are shared by the host's tables, and only a partly filled block is
+  copied (:func:`copy_blocks`) before the prefill.
 - :func:`decode` runs up to ``decode_steps`` steps over every slot in one
   ``lax.while_loop``; slots marked ``stop`` write nowhere (their position is pushed
   past the cache, where writes are dropped). A slot also stops on device when it
@@ -44,6 +48,7 @@ class StepConfig:
     graphdef: Any  # nnx.GraphDef of the Transformer
     max_seq_len: int
     decode_steps: int
+    paged: bool = False  # the cache is block pools read through block tables (paged.py)
 
 
 @struct.dataclass
@@ -116,10 +121,26 @@ class PrefillBatch:
     copy_from: jax.Array  # [R] int32
     copy_len: jax.Array  # [R] int32
     budget: jax.Array  # [R] int32: tokens each row may sample after its first
+    # Paged layout (else zero-width / unused): each row's block table [R, W], and one block
+    # copied before the prefill (copy on write of a shared prefix's partly filled block):
+    # block_src -> block_dst, block_dst >= the pool's size for none.
+    tables: jax.Array  # [R, W] int32
+    block_src: jax.Array  # [R] int32
+    block_dst: jax.Array  # [R] int32
 
     @classmethod
-    def host(cls, rows: int, length: int, *, num_slots: int, max_seq_len: int) -> PrefillBatch:
-        """Host (numpy) arrays of ``rows`` padding rows, to be filled row by row."""
+    def host(
+        cls,
+        rows: int,
+        length: int,
+        *,
+        num_slots: int,
+        max_seq_len: int,
+        table_width: int = 0,
+        num_blocks: int = 0,
+    ) -> PrefillBatch:
+        """Host (numpy) arrays of ``rows`` padding rows, to be filled row by row
+        (``table_width``, ``num_blocks``: the paged layout's, else 0)."""
         return cls(
             ids=np.zeros((rows, length), np.int32),
             positions=np.full((rows, length), max_seq_len, np.int32),
@@ -131,6 +152,9 @@ class PrefillBatch:
             copy_from=np.zeros(rows, np.int32),
             copy_len=np.zeros(rows, np.int32),
             budget=np.zeros(rows, np.int32),
+            tables=np.full((rows, table_width), num_blocks, np.int32),
+            block_src=np.zeros(rows, np.int32),
+            block_dst=np.full(rows, num_blocks, np.int32),
         )
 
 
@@ -151,15 +175,36 @@ def copy_prefixes(cache: Any, batch: PrefillBatch) -> Any:
     return jax.lax.cond(jnp.any(batch.copy_len > 0), copy, lambda c: c, cache)
 
 
+def copy_blocks(cache: Any, batch: PrefillBatch) -> Any:
+    """Paged layout: copy block ``block_src`` to ``block_dst`` in every layer's pools
+    (rows whose ``block_dst`` is past the pool copy nothing); skipped when no row copies."""
+
+    def copy(cache):
+        def one(x):  # [N, K, bs, D]
+            src = x[jnp.clip(batch.block_src, 0, x.shape[0] - 1)]
+            return x.at[batch.block_dst].set(src, mode="drop")
+
+        return jax.tree.map(one, cache)
+
+    n = jax.tree.leaves(cache)[0].shape[0]
+    return jax.lax.cond(jnp.any(batch.block_dst < n), copy, lambda c: c, cache)
+
+
 def prefill(
     step: StepConfig, params: Any, cache: Any, state: DecodeState, batch: PrefillBatch
 ) -> tuple[Any, DecodeState, jax.Array, jax.Array]:
     """Prefill ``batch`` into its slots; returns (cache, state, tokens [R], logprobs [R])."""
     model = nnx.merge(step.graphdef, params)
-    cache = copy_prefixes(cache, batch)
-    logits, cache = model(
-        batch.ids, batch.positions, cache, batch.slots, logits_at=batch.last_index
-    )
+    if step.paged:
+        cache = copy_blocks(cache, batch)
+        logits, cache = model(
+            batch.ids, batch.positions, cache, logits_at=batch.last_index, tables=batch.tables
+        )
+    else:
+        cache = copy_prefixes(cache, batch)
+        logits, cache = model(
+            batch.ids, batch.positions, cache, batch.slots, logits_at=batch.last_index
+        )
     keys, use = split_keys(batch.keys)
     s = batch.sampling
     tokens, logprobs = sample(logits, use, s.temperature, s.top_k, s.top_p)
@@ -188,6 +233,7 @@ def decode(
     state: DecodeState,
     stop: jax.Array,  # [S] bool: slots that decode no further
     sampling: RowSampling,
+    tables: jax.Array,  # [S, W] int32: each slot's block table (paged layout; else W = 0)
 ) -> tuple[Any, DecodeState, jax.Array, jax.Array]:
     """Up to ``decode_steps`` steps over every slot, until none is live; returns (cache,
     state, tokens [T, S], logprobs [T, S]); the rows of steps not run hold token -1."""
@@ -202,7 +248,8 @@ def decode(
 
     def one(carry):
         i, cache, tokens, positions, keys, budget, out_tokens, out_logprobs = carry
-        logits, cache = model(tokens[:, None], positions[:, None], cache)
+        paged = tables if step.paged else None
+        logits, cache = model(tokens[:, None], positions[:, None], cache, tables=paged)
         keys, use = split_keys(keys)
         new_tokens, logprobs = sample(
             logits[:, 0], use, sampling.temperature, sampling.top_k, sampling.top_p

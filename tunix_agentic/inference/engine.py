@@ -45,6 +45,13 @@ rest is prefilled. ``TokenOutput.cached_tokens`` says how many prompt tokens
 were reused (``meta_info.cached_tokens`` on the wire, as SGLang reports it);
 ``stats["cached_tokens"]`` sums them. A weight update forgets every cached
 prefix made by other weights (unless ``reuse_kv_across_versions``).
+
+KV layout (``EngineConfig.kv_layout``): "dense" (the default) gives every slot
+``max_seq_len`` rows; "paged" keeps one pool of fixed-size blocks per layer and
+a block table per slot (:mod:`.paged`), so the KV held grows with the tokens
+held, a shared prefix's full blocks are shared by reference count instead of
+copied, and a request waits in the queue until its blocks are free. Outputs are
+the same in both layouts.
 """
 
 from __future__ import annotations
@@ -129,7 +136,11 @@ class JaxEngine:
         # Its own copy: device_put to the same place does not copy, and a donating train step
         # on the model would otherwise delete the engine's parameters.
         params = jax.tree.map(jnp.copy, params)
-        cache = init_cache(self.model_config, config.max_slots, config.max_seq_len)
+        paged = config.kv_layout == "paged"
+        if paged:  # per layer one pool of blocks (inference/paged.py), not a row per slot
+            cache = init_cache(self.model_config, config.num_kv_blocks, config.kv_block_size)
+        else:
+            cache = init_cache(self.model_config, config.max_slots, config.max_seq_len)
         if mesh is not None:
             params = shard_tree(params, mesh)
             cache = jax.device_put(cache, cache_sharding(mesh, self.model_config.num_kv_heads))
@@ -140,7 +151,7 @@ class JaxEngine:
         cache = commit(cache)
         self._open = OpenRequests()
         self._scheduler = Scheduler(
-            StepConfig(graphdef, config.max_seq_len, config.decode_steps),
+            StepConfig(graphdef, config.max_seq_len, config.decode_steps, paged=paged),
             config,
             params,
             cache,
@@ -176,10 +187,16 @@ class JaxEngine:
         t = time.perf_counter()
         cfg, sched = self.config, self._scheduler
         n = 0
+        paged = sched.paged
+        shape = {} if paged is None else paged.batch_shape
         for length in cfg.length_buckets():
             for rows in cfg.row_buckets():
                 batch = PrefillBatch.host(
-                    rows, length, num_slots=cfg.max_slots, max_seq_len=cfg.max_seq_len
+                    rows,
+                    length,
+                    num_slots=cfg.max_slots,
+                    max_seq_len=cfg.max_seq_len,
+                    **shape,
                 )
                 with sched.compiles.counting("prefill"):
                     sched.prefill_jit.lower(*self._device_specs, batch).compile()
@@ -187,7 +204,10 @@ class JaxEngine:
         s = cfg.max_slots
         with sched.compiles.counting("decode"):
             sched.decode_jit.lower(
-                *self._device_specs, np.zeros(s, bool), RowSampling.host(s)
+                *self._device_specs,
+                np.zeros(s, bool),
+                RowSampling.host(s),
+                np.zeros((s, shape.get("table_width", 0)), np.int32),
             ).compile()
         return {"shapes": n + 1, "seconds": time.perf_counter() - t}
 
@@ -294,10 +314,14 @@ class JaxEngine:
 
     @property
     def stats(self) -> dict[str, float]:
-        """Counters of the work done, and the clock's busy / host-gap / idle seconds."""
+        """Counters of the work done, the clock's busy / host-gap / idle seconds, and the
+        KV held now: ``kv_tokens_held`` (tokens whose KV is cached: in flight, parked, kept
+        prefixes), ``kv_tokens_reserved`` (what the layout sets aside on device) and, paged,
+        ``kv_blocks_used`` / ``kv_blocks_peak`` / ``kv_blocks_total``."""
         clock = self._scheduler.clock
         return {
             **self._scheduler.counters,
+            **self._scheduler.kv,
             "busy_s": clock.busy_s,
             "sched_gap_s": clock.sched_gap_s,
             "idle_s": clock.idle_s,

@@ -51,6 +51,15 @@ from tunix_agentic.inference.device_step import (
     decode,
     prefill,
 )
+from tunix_agentic.inference.paged import (
+    BlockCopy,
+    PagedKV,
+    chunk_tables,
+    keep_cached,
+    kv_gauges,
+    make_room,
+    release_forgotten,
+)
 from tunix_agentic.inference.params import SamplingParams
 from tunix_agentic.inference.slots import Grant, Parked, SlotTable
 
@@ -82,6 +91,7 @@ class Request:
     slot: int = -1
     cached: int = 0
     grant: Grant | None = None  # where its cached prefix comes from (:class:`~.slots.Grant`)
+    block_copy: BlockCopy | None = None  # paged layout: copied on device before its prefill
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     versions: list[int] = dataclasses.field(default_factory=list)
@@ -191,6 +201,8 @@ class Scheduler:
             s, session_reuse=config.session_reuse, prefix_cache=config.prefix_cache
         )
         self.queue: deque[Request] = deque()
+        self.paged = PagedKV.of(config)  # block tables (None: dense, a slot's rows are its own)
+        self.kv = kv_gauges(self.slots, self.paged, config)  # set each iteration, for stats
         self.clock = EngineClock()
         self.counters = {
             "decode_chunks": 0,
@@ -320,6 +332,8 @@ class Scheduler:
             for op in new:
                 op.waiter = waiter.submit(_wait, op.outputs)
             outstanding.extend(new)
+            # Before the callers hear of what ended (a caller reads them after its request).
+            self.kv = kv_gauges(self.slots, self.paged, self.config)
             self._flush()
             if outstanding:
                 # Collect the oldest op; lockstep collects all before dispatching again.
@@ -369,6 +383,7 @@ class Scheduler:
         self._superseded.clear()
         if not self.config.reuse_kv_across_versions:
             self.slots.drop_parked_except(self.version)
+            release_forgotten(self.paged, self.slots)  # paged: their blocks go back
 
     def _drop_aborted(self) -> None:
         closing = self.closing  # a request that raced with close() is aborted too
@@ -385,12 +400,19 @@ class Scheduler:
         self.slots.new_round()
         while self.queue:
             req = self.queue[0]
+            total, paged = len(req.prompt) + req.max_new, self.paged
+            if paged and not make_room(paged, self.slots, req.session_id, total):
+                break  # waits until requests in flight give blocks back
             grant = self.slots.grant(req.session_id, req.prompt, self.version)
             if grant is None:
                 break
             self.queue.popleft()
             slot = grant.slot
             req.slot, req.cached, req.grant = slot, grant.cached, grant
+            if paged:
+                req.block_copy = paged.assign(
+                    slot, grant.source, grant.cached, len(req.prompt), total
+                )
             self.slots.activate(slot, req)
             s = req.sampling
             self.sampling.set_row(slot, s.temperature, s.top_k, s.top_p, s.stop_token_ids)
@@ -414,11 +436,13 @@ class Scheduler:
 
     def _prefill_group(self, group: list[Request], length: int) -> _Op:
         cfg = self.config
+        paged = self.paged
         batch = PrefillBatch.host(
             bucket(len(group), cfg.row_buckets()),
             length,
             num_slots=cfg.max_slots,
             max_seq_len=cfg.max_seq_len,
+            **({} if paged is None else paged.batch_shape),
         )
         for i, req in enumerate(group):
             new = req.prompt[req.cached :]
@@ -428,7 +452,9 @@ class Scheduler:
             batch.last_index[i] = len(new) - 1
             batch.next_position[i] = len(req.prompt)
             batch.keys[i] = req.key
-            if req.grant.copies:
+            if paged is not None:
+                paged.fill_prefill_row(batch, i, req.slot, req.block_copy)
+            elif req.grant.copies:
                 batch.copy_from[i], batch.copy_len[i] = req.grant.source, req.cached
             s = req.sampling
             batch.sampling.set_row(i, s.temperature, s.top_k, s.top_p, s.stop_token_ids)
@@ -445,8 +471,9 @@ class Scheduler:
         return _Op("prefill", (tokens, logprobs), list(enumerate(group)), self.version, dispatched)
 
     def _dispatch_decode(self) -> _Op:
+        tables = chunk_tables(self.paged, self.slots.active, self.config)  # paged: grown first
         self.cache, self.state, out_tokens, out_logprobs = self.decode_fn(
-            self.params, self.cache, self.state, self.stop.copy(), self.sampling.copy()
+            self.params, self.cache, self.state, self.stop.copy(), self.sampling.copy(), tables
         )
         dispatched = time.perf_counter()
         self.stop[:] = False
@@ -514,6 +541,7 @@ class Scheduler:
                 req.versions[-1] if req.versions else self.version,
             )
         self.slots.release(slot, parked)
+        keep_cached(self.paged, self.slots, slot)  # paged: the blocks of what stays cached
 
     def _finish(self, req: Request, reason: str) -> None:
         self.open.pop(req.rid)

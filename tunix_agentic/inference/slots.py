@@ -192,6 +192,25 @@ class SlotTable(Generic[R]):
         else:
             self.free.append(slot)
 
+    def reclaimable(self, session_id: str | None = None) -> list[int]:
+        """Slots whose cached KV may be dropped to make room (the paged layout's blocks),
+        in the order to drop them: free slots holding a prefix (longest free first), then
+        parked slots least recently used first, ``session_id``'s own last; never a slot
+        this admission round reads."""
+        out = [s for s in self.free if s in self.held and s not in self._pinned]
+        parked = [s for s in self.parked if s not in self._pinned]
+        own = [s for s in parked if self.parked[s].session_id == session_id]
+        return out + [s for s in parked if s not in own] + own
+
+    def forget(self, slot: int) -> None:
+        """Drop what a free or parked slot caches: it is free and holds nothing."""
+        if slot in self.active:
+            raise ValueError(f"slot {slot} is active")
+        if self.parked.pop(slot, None) is not None:
+            self._private.discard(slot)
+            self.free.append(slot)
+        self.held.pop(slot, None)
+
     def drop_parked_except(self, version: int) -> int:
         """New weights (``version``) are in: free the parked caches made by other versions,
         and forget every shared prefix (the weights changed, whatever their version says:

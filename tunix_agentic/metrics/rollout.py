@@ -74,6 +74,12 @@ class EngineWindow:
             # Cumulative: prompt tokens reused from cached KV, decode steps past every end.
             "count/engine/cached_tokens": counters.get("cached_tokens", 0.0),
             "count/engine/void_decode_steps": counters.get("void_decode_steps", 0.0),
+            # KV the engine holds now (paged layout: the blocks in use, and their peak).
+            **{
+                f"gauge/engine/{k}": counters[k]
+                for k in ("kv_tokens_held", "kv_blocks_used", "kv_blocks_peak")
+                if k in counters
+            },
             # Where the engine's wall clock went since RL started: device calls,
             # host-side gaps while work waited, and idle (nothing to generate).
             **engine_fractions(clock, self.clock_at_start, self.since),

@@ -99,7 +99,7 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(cfg.head_dim, eps=cfg.norm_eps, rngs=rngs)
             self.k_norm = RMSNorm(cfg.head_dim, eps=cfg.norm_eps, rngs=rngs)
 
-    def __call__(self, x, positions, cache, rows):
+    def __call__(self, x, positions, cache, rows, tables=None):
         cfg = self.cfg
         b, t, _ = x.shape
         q = dense(self.q_proj, x).reshape(b, t, cfg.num_heads, cfg.head_dim)
@@ -114,6 +114,11 @@ class Attention(nnx.Module):
             keys, values = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, S, D]
             key_pos = positions  # [B, S]
             new_cache = None
+        elif tables is not None:
+            # Keys and values stay in blocks ([B, W, K, bs, D]): no transposed copy.
+            new_cache, keys, values = _paged_update(cache, tables, positions, k, v)
+            span = keys.shape[1] * keys.shape[3]
+            key_pos = jnp.broadcast_to(jnp.arange(span), (b, span))
         else:
             # The cache is kv-head major ([slots, K, S, D]) so attention contracts it
             # without a transposed copy of the whole cache on every decode step.
@@ -131,14 +136,44 @@ class Attention(nnx.Module):
         qg = q.reshape(b, t, cfg.num_kv_heads, groups, cfg.head_dim).transpose(
             0, 2, 3, 1, 4
         )  # [B,K,G,T,D]
-        scores = jnp.einsum("bkgtd,bksd->bkgts", qg, keys.astype(q.dtype)).astype(jnp.float32)
+        if keys.ndim == 5:  # paged blocks: contract (block, offset) as the one key axis
+            scores = jnp.einsum("bkgtd,bwksd->bkgtws", qg, keys.astype(q.dtype))
+            scores = scores.reshape(*scores.shape[:4], -1).astype(jnp.float32)
+        else:
+            scores = jnp.einsum("bkgtd,bksd->bkgts", qg, keys.astype(q.dtype))
+            scores = scores.astype(jnp.float32)
         scores = jnp.where(
             mask[:, None, None], scores * cfg.head_dim**-0.5, jnp.finfo(jnp.float32).min
         )
         probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-        out = jnp.einsum("bkgts,bksd->bkgtd", probs, values.astype(q.dtype))
+        if values.ndim == 5:
+            blocks = probs.reshape(*probs.shape[:4], values.shape[1], values.shape[3])
+            out = jnp.einsum("bkgtws,bwksd->bkgtd", blocks, values.astype(q.dtype))
+        else:
+            out = jnp.einsum("bkgts,bksd->bkgtd", probs, values.astype(q.dtype))
         out = out.transpose(0, 3, 1, 2, 4).reshape(b, t, -1)
         return dense(self.o_proj, out), new_cache
+
+
+def _paged_update(cache, tables, positions, k, v):
+    """Write ``k``/``v`` ([B, T, K, D]) at ``positions`` through the block ``tables``
+    ([B, blocks_per_seq]) into the block pools ([N, K, block_size, D]); return the new
+    pools and each row's keys and values gathered block by block ([B, blocks, K,
+    block_size, D]: position ``w * block_size + s`` at ``[:, w, :, s]``; attention
+    contracts both axes, so no transposed copy). Positions past the table (padding,
+    stopped slots) and table entries ``>= N`` (no block) are dropped."""
+    k_pool, v_pool = cache
+    n, _, bs, _ = k_pool.shape
+    width = tables.shape[1]
+    index = jnp.clip(positions // bs, 0, width - 1)
+    block = jnp.take_along_axis(tables, index, axis=1)  # [B, T]
+    block = jnp.where(positions < width * bs, block, n)
+    offset = positions % bs
+    k_pool = k_pool.at[block, :, offset].set(k.astype(k_pool.dtype), mode="drop")
+    v_pool = v_pool.at[block, :, offset].set(v.astype(v_pool.dtype), mode="drop")
+    # Entries without a block read a clipped one: positions past the row's end, masked.
+    safe = jnp.clip(tables, 0, n - 1)
+    return (k_pool, v_pool), k_pool[safe], v_pool[safe]
 
 
 class MLP(nnx.Module):
@@ -160,8 +195,8 @@ class Block(nnx.Module):
         self.post_attn_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x, positions, cache, rows):
-        h, new_cache = self.attn(self.input_norm(x), positions, cache, rows)
+    def __call__(self, x, positions, cache, rows, tables=None):
+        h, new_cache = self.attn(self.input_norm(x), positions, cache, rows, tables)
         x = x + h
         x = x + self.mlp(self.post_attn_norm(x))
         return x, new_cache
@@ -176,6 +211,10 @@ class Transformer(nnx.Module):
     - cache: ``None`` for a plain forward, else a ``KVCache`` whose rows are the
       engine's slots; ``rows`` ``[B]`` says which slot each batch row updates
       (``None``: batch row i is slot i).
+    - tables: optional ``[B, blocks_per_seq]`` int32 block tables; then the cache is paged
+      (per layer ``[blocks, kv_heads, block_size, head_dim]`` pools, see
+      :mod:`tunix_agentic.inference.paged`) and row ``b`` reads and writes position ``p``
+      in block ``tables[b, p // block_size]``; ``rows`` is not used.
     - logits_at: optional ``[B]`` index; then only those positions' logits are
       computed (``[B, V]``), which is all prefill needs.
     - remat: recompute each layer's activations in the backward pass instead of
@@ -209,6 +248,7 @@ class Transformer(nnx.Module):
         rows=None,
         logits_at=None,
         remat: bool = False,
+        tables=None,
     ):
         x = self.embed(tokens)
         new_cache = []
@@ -216,7 +256,8 @@ class Transformer(nnx.Module):
             if remat and cache is None:
                 x, layer_cache = nnx.remat(_train_block)(layer, x, positions), None
             else:
-                x, layer_cache = layer(x, positions, None if cache is None else cache[i], rows)
+                layer_kv = None if cache is None else cache[i]
+                x, layer_cache = layer(x, positions, layer_kv, rows, tables)
             new_cache.append(layer_cache)
         x = self.final_norm(x)
         if logits_at is not None:
@@ -233,7 +274,8 @@ def _train_block(layer: Block, x: jax.Array, positions: jax.Array) -> jax.Array:
 
 
 def init_cache(cfg: ModelConfig, slots: int, max_len: int) -> KVCache:
-    """Zeroed KV cache for ``slots`` sequences of up to ``max_len`` tokens."""
+    """Zeroed KV cache for ``slots`` sequences of up to ``max_len`` tokens (also the paged
+    layout's pools: ``slots`` blocks of ``max_len`` = block_size tokens)."""
     shape = (slots, cfg.num_kv_heads, max_len, cfg.head_dim)
     return tuple(
         (jnp.zeros(shape, cfg.jnp_dtype), jnp.zeros(shape, cfg.jnp_dtype))
