@@ -172,9 +172,11 @@ def test_loss_parity_names_the_difference(tiny_hf, overrides, difference):
     [
         (("--against", "torchrl"), "comparable peers are trl"),
         (("--against", "trl", "--steps", "0"), "--steps must be >= 1"),
+        (("--against", "trl", "--heldout", "-1"), "--heldout must be >= 0"),
         (("--against", "trl"), "model.source=hf"),
+        (("--against", "tunix"), "--against tunix is not built"),
     ],
-    ids=["unknown-peer", "no-steps", "not-an-hf-model"],
+    ids=["unknown-peer", "no-steps", "bad-heldout", "not-an-hf-model", "tunix-not-built"],
 )
 def test_compare_bad_input_exits_2(args, message, capsys):
     _trl_or_skip()
@@ -203,7 +205,9 @@ def test_compare_cli_writes_both_sides_and_the_parity(tiny_hf, tmp_path):
         "--against",
         "trl",
         "--steps",
-        "1",
+        "2",
+        "--heldout",
+        "3",
         "--out",
         str(out),
         *TINY_RUN_OVERRIDES,
@@ -216,14 +220,80 @@ def test_compare_cli_writes_both_sides_and_the_parity(tiny_hf, tmp_path):
     assert "loss_type = 'dapo'" in proc.stdout  # the mapping is printed
     data = json.loads((out / "compare.json").read_text())
     for side in ("ours", "trl"):
-        (step,) = data[side]["steps"]
-        assert step["step_s"] > 0 and step["generated_tokens"] > 0
+        steps = data[side]["steps"]
+        assert [s["step"] for s in steps] == [1, 2]
+        assert all(s["step_s"] > 0 and s["generated_tokens"] > 0 for s in steps)
+        # Ours: the engine's busy seconds in the step (0 when its batch was made earlier).
+        assert all(s["generation_s"] >= 0 for s in steps)
         assert data[side]["peak_rss_mb"] > 0
-    assert data["trl"]["steps"][0]["generation_s"] > 0
+        # Held-out success before RL and after the last step (ours may skip step 1 when
+        # its weights were superseded before an evaluation could measure them).
+        held = data[side]["heldout_success"]
+        assert {"0", "2"} <= set(held) and all(0 <= v <= 1 for v in held.values())
+    assert set(data["trl"]["heldout_success"]) == {"0", "1", "2"}
+    assert all(s["generation_s"] > 0 for s in data["trl"]["steps"])
+    # TRL has no dynamic sampling: ours trains on unfiltered batches too.
+    assert data["ours_fixed"]["rollout.filter_uniform_groups"].startswith("false")
+    assert "ours: rollout.filter_uniform_groups=false" in proc.stdout
     assert data["trl_plays_single_turn"] is True  # calculator is multi-turn
     probe = data["loss_parity"]["probe"]
     assert probe["semantics_match"] and probe["equal"] and abs(probe["ours"]) > 0
     assert data["loss_parity"]["as_trained"]["equal"]
     md = (out / "compare.md").read_text()
     assert "loss parity" in md and "single-turn form" in md
-    assert "bessel_std" in md
+    assert "bessel_std" in md and "held-out success" in md
+    assert (out / "compare.png").stat().st_size > 0
+
+
+def _side(rewards, held, **parts):
+    steps = [
+        {
+            "step": i + 1,
+            "reward_mean": r,
+            "step_s": 10.0,
+            "wait_for_batch_s": 1.0,
+            "train_s": 6.0,
+            "weight_sync_s": 0.5,
+            "generation_s": 4.0,
+            "reward_s": 0.25,
+            "generated_tokens": 80.0,
+            "tokens_per_s": 8.0,
+            **parts,
+        }
+        for i, r in enumerate(rewards)
+    ]
+    return {"steps": steps, "heldout_success": held, "peak_rss_mb": 2048.0, "wall_s": 30.0}
+
+
+def test_report_puts_reward_and_heldout_of_both_sides_per_step(tmp_path):
+    from tunix_agentic.compare.parity import LossParity
+    from tunix_agentic.compare.report import CompareResult, summary, write_report
+
+    cfg = load_config(CONFIG, [])
+    result = CompareResult(
+        config="run.yaml",
+        model="m",
+        steps=2,
+        mapping=trl_mapping(cfg),
+        ours=_side([0.25, 0.5], {"0": 0.5, "2": 0.75}),
+        # TRL's held-out success comes back from JSON with string keys too.
+        trl=_side([0.0, 0.125], {"0": 0.5, "1": 0.5, "2": 0.625}, train_s=5.0),
+        parity={"probe": LossParity(0.1, 0.1 + 1e-7, True, ())},
+        multi_turn=False,
+        out_dir=str(tmp_path),
+        ours_fixed={"rollout.filter_uniform_groups": "false (no dynamic sampling on TRL's)"},
+        heldout=8,
+    )
+    files = write_report(result, tmp_path)
+    md = files["md"].read_text()
+    assert "| 0 | | | 0.500 | 0.500 |" in md  # before RL
+    assert "| 1 | 0.250 | 0.000 | n/a | 0.500 |" in md  # ours' step 1 not measured
+    assert "| 2 | 0.500 | 0.125 | 0.750 | 0.625 |" in md
+    assert "| held-out success, last evaluation | 0.750 | 0.625 | 1.20x |" in md
+    assert "| training s per step | 6.000 | 5.000 | 1.20x |" in md
+    assert "`rollout.filter_uniform_groups=false (no dynamic sampling on TRL's)`" in md
+    assert summary(result.trl)["heldout_before"] == 0.5
+    data = json.loads(files["json"].read_text())
+    assert data["heldout_tasks"] == 8 and data["summary"]["ours"]["heldout_last"] == 0.75
+    if "png" in files:  # matplotlib is in the dev extra
+        assert files["png"].stat().st_size > 10_000

@@ -13,7 +13,7 @@ def add_compare(sub) -> None:
     cp = sub.add_parser(
         "compare",
         help="train the same model, tasks and settings with ours and with TRL's GRPOTrainer, "
-        "side by side (needs: pip install -e .[compare])",
+        "side by side (needs: pip install -e .[compare]; --against tunix: not built, see its error)",
     )
     cp.add_argument("--config", required=True, help="YAML run config (model.source: hf)")
     cp.add_argument(
@@ -23,6 +23,14 @@ def add_compare(sub) -> None:
         help=f"the PyTorch peer to compare with: {', '.join(PEERS)}",
     )
     cp.add_argument("--steps", type=int, default=5, help="RL steps on each side (default 5)")
+    cp.add_argument(
+        "--heldout",
+        type=int,
+        default=8,
+        metavar="N",
+        help="held-out tasks both policies are evaluated on before RL and after every step "
+        "(rl.eval_temperature; 0: none; default 8)",
+    )
     cp.add_argument("--out", default="runs/compare", metavar="DIR", help="where the report goes")
     cp.add_argument(
         "overrides", nargs="*", help="dotted overrides for both sides, e.g. model.path=DIR"
@@ -40,6 +48,7 @@ def _compare(args: argparse.Namespace) -> int:
             against=args.against,
             steps=args.steps,
             out_dir=args.out,
+            heldout=args.heldout,
             overrides=args.overrides,
         )
     except (ConfigError, ImportError, ValueError, FileNotFoundError) as exc:

@@ -3,11 +3,14 @@
 
 It trains ``rl.steps`` steps with no warm start and keeps the first GRPO batch the
 learner trains on (ids, loss mask, the sampler's logprobs, advantages) for the loss
-parity check.
+parity check. Held-out success per step comes from the run's own evaluations
+(``rl.eval_every=1``: before RL, beside training after each step, after RL), read back
+from its ``metrics.jsonl``.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import resource
 import sys
@@ -49,6 +52,21 @@ def _num(x: Any) -> float:
         return math.nan
 
 
+def heldout_success(run_dir: str | Path) -> dict[int, float]:
+    """``eval/success`` by the step it was logged at (0: before RL), from the run's
+    ``tensorboard/metrics.jsonl``; steps whose version was never on the engine while an
+    evaluation could measure it are absent."""
+    path = Path(run_dir) / "tensorboard" / "metrics.jsonl"
+    out: dict[int, float] = {}
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        if "eval/success" in row:
+            out[int(row["step"])] = float(row["eval/success"])
+    return out
+
+
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
     from tunix_agentic.config import load_config
     from tunix_agentic.trainer import Trainer
@@ -60,8 +78,18 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     cfg = load_config(job["config"], job["overrides"])
     result = Trainer(cfg, progress=False).run()
     steps = []
+    busy_before = math.nan
     for i, h in enumerate(result.history):
         step_s = _num(h.get("throughput/step_s"))
+        # The engine's device seconds in this step (they overlap training: asynchronous
+        # RL): the step's share of its cumulative busy seconds; the first step's from its
+        # busy fraction since RL started (the counter includes the evaluation before RL).
+        busy = _num(h.get("engine/busy_s_total"))
+        if i == 0:
+            generation_s = _num(h.get("engine/busy_fraction")) * step_s
+        else:
+            generation_s = busy - busy_before
+        busy_before = busy
         tokens = _num(h.get("rollout/generated_tokens"))
         steps.append(
             {
@@ -70,6 +98,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
                 "step_s": step_s,
                 # Generation overlaps training (asynchronous RL): what the step waited for it.
                 "wait_for_batch_s": _num(h.get("time/wait_for_batch_s")),
+                "generation_s": generation_s,
                 "train_s": _num(h.get("time/train_s")),
                 "weight_sync_s": _num(h.get("time/weight_sync_s")),
                 "model_call_s": _num(h.get("time/model_call_s")),
@@ -81,6 +110,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     return {
         "run_dir": result.run_dir,
         "steps": steps,
+        "heldout_success": heldout_success(result.run_dir),
         "train_wall_s": result.seconds,
         "wall_s": time.perf_counter() - t0,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

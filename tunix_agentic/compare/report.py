@@ -25,6 +25,8 @@ class CompareResult:
     parity: dict[str, LossParity]  # "as_trained", "probe" (see parity_batches)
     multi_turn: bool
     out_dir: str
+    ours_fixed: dict[str, str] = dataclasses.field(default_factory=dict)  # key: "value (why)"
+    heldout: int = 0  # held-out tasks per evaluation (0: none)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -37,6 +39,8 @@ class CompareResult:
             "trl": self.trl,
             "loss_parity": {name: p.to_dict() for name, p in self.parity.items()},
             "trl_plays_single_turn": self.multi_turn,
+            "ours_fixed": self.ours_fixed,
+            "heldout_tasks": self.heldout,
         }
 
 
@@ -48,11 +52,23 @@ def _mean(steps: list[dict[str, Any]], key: str, *, skip_first: bool = False) ->
     return sum(values) / len(values) if values else math.nan
 
 
+def heldout(side: dict[str, Any]) -> dict[int, float]:
+    """Held-out success by step (0: before RL), keys as ints (JSON makes them strings)."""
+    return {int(k): float(v) for k, v in sorted(side.get("heldout_success", {}).items())}
+
+
 def summary(side: dict[str, Any]) -> dict[str, float]:
-    """Per-side headline figures: step seconds (mean over steps after the first),
-    generated tokens per second, final and mean reward, peak RSS."""
+    """Per-side headline figures: step seconds (mean over steps after the first) and their
+    parts, generated tokens per second, final and mean reward, held-out success before RL
+    and at the last step evaluated, peak RSS."""
     steps = side["steps"]
+    held = heldout(side)
     return {
+        "heldout_before": held.get(0, math.nan),
+        "heldout_last": held[max(held)] if len(held) > 1 else math.nan,
+        "generation_s": _mean(steps, "generation_s", skip_first=True),
+        "train_s": _mean(steps, "train_s", skip_first=True),
+        "weight_sync_s": _mean(steps, "weight_sync_s", skip_first=True),
         "step_s": _mean(steps, "step_s", skip_first=True),
         "first_step_s": float(steps[0]["step_s"]) if steps else math.nan,
         "tokens_per_s": _mean(steps, "tokens_per_s", skip_first=True),
@@ -105,34 +121,67 @@ def markdown(result: CompareResult) -> str:
         ("tokens_per_s", "generated tokens per second"),
         ("reward_mean", "mean reward over steps"),
         ("reward_last", "reward, last step"),
+        ("heldout_before", "held-out success before RL"),
+        ("heldout_last", "held-out success, last evaluation"),
+        ("generation_s", "generation s per step (ours: engine busy, overlapping)"),
+        ("train_s", "training s per step"),
+        ("weight_sync_s", "weight sync s per step"),
         ("peak_rss_mb", "peak RSS MB"),
         ("wall_s", "process wall s"),
     ):
         lines.append(
             f"| {label} | {_f(ours[key])} | {_f(trl[key])} | {_ratio(ours[key], trl[key])} |"
         )
+    held_ours, held_trl = heldout(result.ours), heldout(result.trl)
+    if result.heldout:
+        lines += [
+            "",
+            f"Held-out success: {result.heldout} held-out tasks per task source, the same on "
+            "both sides, one completion each at `rl.eval_temperature` (0: greedy), success = "
+            "reward > 0 by our environment; step 0 is before RL. Ours evaluates beside "
+            "training (`rl.eval_every=1`): an evaluation holds the next weights back and "
+            "pauses admission while it runs, so ours' step seconds include that; TRL's "
+            "evaluation runs between steps, outside its step seconds. A step missing on "
+            "ours was superseded on the engine before an evaluation could measure it.",
+        ]
     lines += [
         "",
         "## Per step",
         "",
         "Ours: asynchronous (generation overlaps training; `wait` is what the step waited "
-        "for its batch). TRL: generation, reward and training in turn; `train` includes "
-        "its old/reference logprob passes; no separate engine, so no weight sync.",
+        "for its batch, `engine` the engine's busy seconds in the step, held-out evaluation's "
+        "included; a device call counts when collected, so a step's figure may hold the "
+        "previous step's calls, the sum over steps is exact). TRL: generation, "
+        "reward and training in turn; `train` includes its old/reference logprob passes; "
+        "no separate engine, so no weight sync.",
         "",
-        "| step | reward ours | reward TRL | step s ours | wait | train | sync | "
-        "step s TRL | gen | reward fn | train |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| step | reward ours | reward TRL | held-out ours | held-out TRL | step s ours | "
+        "wait | engine | train | sync | step s TRL | gen | reward fn | train |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for a, b in zip(result.ours["steps"], result.trl["steps"], strict=False):
+    if held_ours or held_trl:
         lines.append(
-            f"| {a['step']} | {_f(a['reward_mean'])} | {_f(b['reward_mean'])} | "
-            f"{_f(a['step_s'], 2)} | {_f(a['wait_for_batch_s'], 2)} | {_f(a['train_s'], 2)} | "
+            f"| 0 | | | {_f(held_ours.get(0, math.nan))} | {_f(held_trl.get(0, math.nan))} "
+            "| | | | | | | | | |"
+        )
+    for a, b in zip(result.ours["steps"], result.trl["steps"], strict=False):
+        step = a["step"]
+        lines.append(
+            f"| {step} | {_f(a['reward_mean'])} | {_f(b['reward_mean'])} | "
+            f"{_f(held_ours.get(step, math.nan))} | {_f(held_trl.get(step, math.nan))} | "
+            f"{_f(a['step_s'], 2)} | {_f(a['wait_for_batch_s'], 2)} | "
+            f"{_f(a.get('generation_s', math.nan), 2)} | {_f(a['train_s'], 2)} | "
             f"{_f(a['weight_sync_s'], 2)} | {_f(b['step_s'], 2)} | {_f(b['generation_s'], 2)} | "
             f"{_f(b['reward_s'], 2)} | {_f(b['train_s'], 2)} |"
         )
     lines += ["", "## Settings mapped to TRL's GRPOConfig", "", "```"]
     lines += result.mapping.lines()
-    lines += ["```", "", "## Known differences for these settings", ""]
+    lines += ["```", ""]
+    if result.ours_fixed:
+        lines += ["Settings of ours fixed for the comparison:", ""]
+        lines += [f"- `{k}={v}`" for k, v in result.ours_fixed.items()]
+        lines.append("")
+    lines += ["## Known differences for these settings", ""]
     diffs = result.mapping.to_dict()["differences"]
     lines += [f"- **{k}**: {v}" for k, v in diffs.items()] or ["- none"]
     if result.trl.get("prompt_ids_identical") is False:
@@ -144,7 +193,9 @@ def markdown(result: CompareResult) -> str:
 
 
 def plot(result: CompareResult, path: Path) -> Path | None:
-    """Reward and seconds per step of both sides; None without matplotlib."""
+    """Three panels: reward (solid) and held-out success (dashed) per step for both sides
+    on one chart; each step's seconds split into their parts; generated tokens per second
+    with each process's peak RSS. None without matplotlib."""
     try:
         import matplotlib
 
@@ -152,18 +203,93 @@ def plot(result: CompareResult, path: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    for name, side in (("ours (JAX)", result.ours), ("TRL (PyTorch)", result.trl)):
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.5))
+    sides = (("ours (JAX)", result.ours, "tab:blue"), ("TRL (PyTorch)", result.trl, "tab:orange"))
+    for name, side, color in sides:
         steps = [s["step"] for s in side["steps"]]
-        ax1.plot(steps, [s["reward_mean"] for s in side["steps"]], marker="o", label=name)
-        ax2.plot(steps, [s["step_s"] for s in side["steps"]], marker="o", label=name)
-    ax1.set(xlabel="step", ylabel="mean reward", title="reward per step")
-    ax2.set(xlabel="step", ylabel="seconds", title="seconds per step")
-    ax1.legend()
+        ax1.plot(
+            steps,
+            [s["reward_mean"] for s in side["steps"]],
+            "o-",
+            color=color,
+            label=f"{name}: train reward",
+        )
+        held = heldout(side)
+        if held:
+            ax1.plot(
+                list(held),
+                list(held.values()),
+                "s--",
+                color=color,
+                label=f"{name}: held-out success",
+            )
+        ax3.plot(
+            steps,
+            [s["tokens_per_s"] for s in side["steps"]],
+            "o-",
+            color=color,
+            label=f"{name}: peak RSS {float(side['peak_rss_mb']) / 1024:.2f} GB",
+        )
+    ax1.set(
+        xlabel="step (0: before RL)",
+        ylabel="mean reward / success rate",
+        title="reward and held-out success per step",
+        ylim=(-0.05, 1.05),
+    )
+    ax1.legend(fontsize=8)
+    _step_bars(ax2, result)
+    ax3.set(xlabel="step", ylabel="generated tokens / s", title="generation throughput")
+    ax3.set_ylim(bottom=0)
+    ax3.legend(fontsize=8)
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in (ax1, ax2, ax3):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def _step_bars(ax, result: CompareResult) -> None:
+    """Each step's seconds as stacked parts, ours (left bar) beside TRL (right bar)."""
+    width = 0.38
+    parts = {
+        "ours": (
+            ("wait_for_batch_s", "ours: wait for batch", "#9ecae1"),
+            ("train_s", "ours: train", "#3182bd"),
+            ("weight_sync_s", "ours: weight sync", "#08306b"),
+        ),
+        "trl": (
+            ("generation_s", "TRL: generation", "#fdd0a2"),
+            ("reward_s", "TRL: reward fn", "#fd8d3c"),
+            ("train_s", "TRL: train", "#a63603"),
+        ),
+    }
+    for offset, key, side in ((-width / 2, "ours", result.ours), (width / 2, "trl", result.trl)):
+        steps = side["steps"]
+        x = [s["step"] + offset for s in steps]
+        bottom = [0.0] * len(steps)
+        for field, label, color in parts[key]:
+            h = [
+                0.0 if math.isnan(float(s.get(field, math.nan))) else float(s[field]) for s in steps
+            ]
+            ax.bar(x, h, width, bottom=bottom, color=color, label=label)
+            bottom = [b + v for b, v in zip(bottom, h, strict=True)]
+        rest = [max(float(s["step_s"]) - b, 0.0) for s, b in zip(steps, bottom, strict=True)]
+        ax.bar(
+            x, rest, width, bottom=bottom, color="#d9d9d9", label="other" if key == "trl" else None
+        )
+        if key == "ours":
+            ax.plot(
+                x,
+                [float(s.get("generation_s", math.nan)) for s in steps],
+                "k_",
+                markersize=12,
+                label="ours: engine busy (overlaps)",
+            )
+    ax.set(xlabel="step", ylabel="seconds", title="seconds per step, by part")
+    ax.legend(fontsize=7)
 
 
 def write_report(result: CompareResult, out: Path) -> dict[str, Path]:

@@ -3,7 +3,9 @@ tasks, reward and settings, side by side.
 
 Each side trains in a process of its own (JAX in one, torch in the other), one after the
 other; then the first batch ours trained on goes through both losses on the initial
-weights (:mod:`tunix_agentic.compare.parity`). The output directory gets
+weights (:mod:`tunix_agentic.compare.parity`). Both policies are evaluated on the same
+held-out tasks before RL and after every step. Settings of ours that TRL has no
+counterpart of are fixed (:data:`OURS_FIXED`, printed). The output directory gets
 ``compare.json``, ``compare.md`` and, with matplotlib, ``compare.png``.
 """
 
@@ -28,6 +30,33 @@ from tunix_agentic.compare.report import CompareResult, write_report
 from tunix_agentic.config import ConfigError, RunConfig, load_config
 
 PEERS = ("trl",)
+# Why ``--against tunix`` stops, and what it would take (checked against google-tunix 0.1.7).
+TUNIX_NOT_BUILT = (
+    "--against tunix is not built: google-tunix 0.1.7 cannot run this model as it is. Its "
+    "Llama 3 model (tunix.models.llama3) loads SmolLM2's safetensors "
+    "(params.create_model_from_safe_tensors with SmolLM2's dims and weight_tying=True), "
+    "but its attention calls apply_rope without the config's rope_theta, so every model "
+    "gets RoPE base 1,000,000; SmolLM2 needs 100,000 (measured: logits up to 5.2 apart "
+    "from transformers' on 12 tokens, 83 % of next-token argmaxes equal; with the base "
+    "patched to 100,000 they agree within 2e-4). Needed: a Tunix that passes rope_theta "
+    "(or a patch of tunix.models.llama3.model.apply_rope), then a Tunix side in a "
+    "process of its virtual environment: an RLCluster (its vanilla sampler, an optax "
+    "optimizer, a mesh, the HF tokenizer) under tunix.rl.grpo's GRPOLearner, our "
+    "environment's reward as a Tunix reward function on the single-turn form of the "
+    "task, per-step timings from its metrics, held-out success per step, and the first "
+    "batch through Tunix's GRPO loss. profiling/compare_peers.py and "
+    "profiling/bench_learner.py time Tunix's sampler and learner meanwhile"
+)
+# Settings of ours that compare fixes, because TRL has no counterpart: why, by key.
+OURS_FIXED = {
+    "sft.steps": ("0", "the same starting weights on both sides"),
+    "rollout.filter_uniform_groups": (
+        "false",
+        "TRL has no dynamic sampling: a filtered batch keeps only groups with reward "
+        "spread, so its mean reward is not the policy's (and it generates more groups)",
+    ),
+    "learner.mi_pairs": ("0", "a diagnostic TRL has no counterpart of"),
+}
 
 
 def _worker(module: str, job: dict[str, Any], log: Path, timeout_s: float | None) -> dict:
@@ -74,17 +103,25 @@ def compare(
     overrides: Sequence[str] = (),
     log: Callable[[str], None] = print,
     timeout_s: float | None = None,
+    heldout: int = 8,
 ) -> CompareResult:
     """Run both sides for ``steps`` steps and write the report to ``out_dir``.
+
+    ``heldout``: held-out tasks each side's policy is evaluated on before RL and after
+    every step (``rl.eval_temperature``; 0: greedy, as our evaluation), 0 for none.
 
     Raises ValueError for an unknown ``against`` or bad steps, ConfigError for a run TRL
     cannot share (not an HF model, not float32), ImportError naming ``pip install -e
     .[compare]`` without the extra, RuntimeError with a side's log when it fails.
     """
+    if against == "tunix":
+        raise ValueError(TUNIX_NOT_BUILT)
     if against not in PEERS:
         raise ValueError(f"--against {against!r}: comparable peers are {', '.join(PEERS)}")
     if steps < 1:
         raise ValueError(f"--steps must be >= 1, got {steps}")
+    if heldout < 0:
+        raise ValueError(f"--heldout must be >= 0, got {heldout}")
     from tunix_agentic.compare.trl_side import require_trl
 
     require_trl()
@@ -92,10 +129,10 @@ def compare(
     ours_overrides = [
         *overrides,
         f"rl.steps={steps}",
-        "sft.steps=0",  # the same starting weights on both sides
-        "rl.eval_tasks=0",
+        *(f"{key}={value}" for key, (value, _) in OURS_FIXED.items()),
+        f"rl.eval_tasks={heldout}",
+        f"rl.eval_every={1 if heldout else 0}",  # held-out success after every step
         "rl.checkpoint_every=0",
-        "learner.mi_pairs=0",  # a diagnostic TRL has no counterpart of
         f"run_dir={out / 'ours'}",
     ]
     cfg = load_config(config, ours_overrides)
@@ -118,6 +155,8 @@ def compare(
             f"note: the task is multi-turn (agent.max_turns={cfg.agent.max_turns}); TRL plays "
             "its single-turn form (one completion, scored by our environment's reward)"
         )
+    for key, (value, why) in OURS_FIXED.items():
+        log(f"ours: {key}={value} ({why})")
     for name in mapping.differences:
         log(f"known difference: {name}")
 
@@ -151,6 +190,7 @@ def compare(
             "lora": mapping.lora,
             "batches": {name: str(out / f"parity_{name}.npz") for name in batches},
             "out_dir": str(out / "trl"),
+            "heldout": heldout,
             "result": str(out / "trl.json"),
         },
         out / "trl.log",
@@ -169,6 +209,8 @@ def compare(
         trl=trl,
         parity=parity,
         multi_turn=cfg.agent.max_turns > 1,
+        ours_fixed={k: f"{v} ({why})" for k, (v, why) in OURS_FIXED.items()},
+        heldout=heldout,
         out_dir=str(out),
     )
     write_report(result, out)

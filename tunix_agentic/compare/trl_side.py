@@ -73,20 +73,24 @@ class SingleTurnTasks:
         finally:
             await env.close()
 
-    def prompts(self) -> list[list[int]]:
-        """Each task's prompt ids, as our rollout renders them."""
+    def prompts(self, tasks: list[Any] | None = None) -> list[list[int]]:
+        """Each task's prompt ids (the train tasks' by default), as our rollout renders
+        them."""
 
         async def all_prompts():
-            return [await self._prompt(t) for t in self.tasks]
+            return [await self._prompt(t) for t in (self.tasks if tasks is None else tasks)]
 
         return asyncio.run(all_prompts())
 
     async def score(self, index: int, completion: str) -> float:
         """Our environment's reward for ``completion`` as the only turn of task ``index``
         (0.0 when the environment fails on it, as our EVAL stage scores an env error)."""
+        return await self.score_task(self.tasks[index], completion, index)
+
+    async def score_task(self, task: Any, completion: str, index: int = 0) -> float:
+        """Our environment's reward for ``completion`` as the only turn of ``task``."""
         from tunix_agentic.trajectory import Step, Trajectory
 
-        task = self.tasks[index]
         env = self.sources.make_env(task)
         try:
             prompt = await env.reset(task)
@@ -105,6 +109,66 @@ class SingleTurnTasks:
             return 0.0
         finally:
             await env.close()
+
+
+class HeldOutEval:
+    """Success (reward > 0, as our evaluation counts it) of a TRL policy on ``n`` held-out
+    tasks of each source, the tasks our evaluation draws for this seed: one completion
+    each from ``transformers``' ``generate`` (greedy at ``rl.eval_temperature`` 0, else
+    sampled at it), up to ``agent.max_new_tokens``, stopped at the tokenizer's EOS,
+    decoded without special tokens (as TRL decodes for its reward functions), scored
+    by our environment."""
+
+    def __init__(self, tasks: SingleTurnTasks, n: int):
+        self.tasks = tasks
+        held = tasks.sources.heldout(n, seed=tasks.cfg.seed)
+        self.heldout = [t for ts in held.values() for t in ts]
+        self.prompt_ids = tasks.prompts(self.heldout)
+        self.seconds = 0.0
+
+    def __call__(self, model, tokenizer) -> float:
+        import torch
+
+        t0 = time.perf_counter()
+        cfg = self.tasks.cfg
+        width = max(len(ids) for ids in self.prompt_ids)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in self.prompt_ids])
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in self.prompt_ids])
+        temperature = cfg.rl.eval_temperature
+        sampling = (
+            {"do_sample": False}
+            if temperature == 0
+            else {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0}
+        )
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                out = model.generate(
+                    input_ids=ids,
+                    attention_mask=attention,
+                    max_new_tokens=cfg.agent.max_new_tokens,
+                    eos_token_id=tokenizer.eos_token_id,
+                    pad_token_id=pad,
+                    **sampling,
+                )
+        finally:
+            model.train(was_training)
+        texts = []
+        for row in out[:, width:].tolist():
+            if tokenizer.eos_token_id in row:
+                row = row[: row.index(tokenizer.eos_token_id)]
+            texts.append(tokenizer.decode(row, skip_special_tokens=True))
+
+        async def all_scores():
+            return await asyncio.gather(
+                *(self.tasks.score_task(t, c) for t, c in zip(self.heldout, texts, strict=True))
+            )
+
+        rewards = asyncio.run(all_scores())
+        self.seconds += time.perf_counter() - t0
+        return float(np.mean([r > 0 for r in rewards]))
 
 
 class SingleTurnReward:
@@ -272,6 +336,18 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             reward_s.append(reward.seconds - self.marks[1])
 
     trainer.add_callback(Timer())
+    heldout: dict[int, float] = {}
+    n_heldout = int(job.get("heldout", 0))
+    if n_heldout:
+        evaluate = HeldOutEval(tasks, n_heldout)
+        heldout[0] = evaluate(trainer.model, trainer.processing_class)
+
+        class Evaluate(TrainerCallback):
+            # Added after Timer: its seconds fall outside the step's.
+            def on_step_end(self, args, state, control, **kw):
+                heldout[state.global_step] = evaluate(trainer.model, trainer.processing_class)
+
+        trainer.add_callback(Evaluate())
     t_train = time.perf_counter()
     trainer.train()
     train_wall = time.perf_counter() - t_train
@@ -299,6 +375,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     result.update(
         {
             "steps": steps_out,
+            "heldout_success": heldout,
             "train_wall_s": train_wall,
             "wall_s": time.perf_counter() - t_start,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
