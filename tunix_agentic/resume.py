@@ -109,7 +109,9 @@ def _check_same_model(saved: dict[str, Any] | None, model: Any) -> None:
         return
     now = to_dict(model)
     for key, value in now.items():
-        if key == "path":  # a model directory may move; its shape is what must match
+        # A model directory may move, and attention may be computed another way: the
+        # shape and weights are what must match.
+        if key in ("path", "attention"):
             continue
         if key in saved and saved[key] != value:
             raise ConfigError(

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+ATTENTION_IMPLS = ("einsum", "dot_product")
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -36,6 +38,14 @@ class ModelConfig:
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_max_len: int = 8192
+    # How attention is computed; the weights, shapes and checkpoints are the same either way.
+    # "einsum" (the default): our grouped einsums with an f32 softmax, the reference the
+    # tests compare against. "dot_product": jax.nn.dot_product_attention with
+    # implementation=None, i.e. whatever JAX picks for the platform (XLA in jax 0.10, which
+    # also keeps an f32 softmax; a fused kernel where a later JAX picks one). There is no
+    # "auto": as long as JAX's own choice is XLA, choosing dot_product by platform would
+    # change nothing but the op graph, so the default stays the einsum path everywhere.
+    attention: str = "einsum"
     source: str = "builtin"
     path: str = ""
 
@@ -74,6 +84,11 @@ class ModelConfig:
             raise ValueError(
                 "model.rope_scaling=llama3 needs rope_scaling_factor > 0, "
                 "rope_high_freq_factor > rope_low_freq_factor > 0 and rope_original_max_len > 0"
+            )
+        if self.attention not in ATTENTION_IMPLS:
+            raise ValueError(
+                f"model.attention must be one of {', '.join(ATTENTION_IMPLS)}, "
+                f"got {self.attention!r}"
             )
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(

@@ -217,16 +217,16 @@ def _tensor_files(directory: Path) -> dict[str, Path]:
 
 def resolve_model_config(cfg: ModelConfig) -> ModelConfig:
     """``cfg`` with its shape read from ``cfg.path`` when ``cfg.source == "hf"``
-    (source, path and dtype kept); a built-in config unchanged."""
+    (source, path, dtype and attention kept); a built-in config unchanged."""
     if cfg.source != "hf":
         return cfg
-    return read_hf_config(cfg.path, dtype=cfg.dtype)
+    return dataclasses.replace(read_hf_config(cfg.path, dtype=cfg.dtype), attention=cfg.attention)
 
 
 def build_model(cfg: ModelConfig, *, seed: int = 0) -> Transformer:
     """The run's model: loaded from ``cfg.path`` (source hf) or freshly initialised."""
     if cfg.source == "hf":
-        return load_hf_model(cfg.path, dtype=cfg.dtype)
+        return load_hf_model(cfg.path, dtype=cfg.dtype, attention=cfg.attention)
     return Transformer(cfg, rngs=nnx.Rngs(seed))
 
 
@@ -252,15 +252,17 @@ def load_hf_model(
     *,
     dtype: str | None = None,
     sharding: Callable[[tuple[Any, ...], tuple[int, ...]], jax.sharding.Sharding] | None = None,
+    attention: str = "einsum",
 ) -> Transformer:
     """A :class:`Transformer` with the weights of the HF model directory ``path``.
 
     ``dtype`` casts the weights (norm scales stay float32, as the model keeps
     them); ``sharding(param_path, shape)`` places each parameter (default: the
-    default device; see :func:`first_axis_sharding`). Tensors are read one at a
-    time from the memory-mapped files; with a sharding, shard by shard.
+    default device; see :func:`first_axis_sharding`); ``attention`` is the model's
+    ``model.attention``. Tensors are read one at a time from the memory-mapped files;
+    with a sharding, shard by shard.
     """
-    cfg = read_hf_config(path, dtype=dtype)
+    cfg = dataclasses.replace(read_hf_config(path, dtype=dtype), attention=attention)
     abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
     return nnx.merge(graphdef, load_hf_params(path, state, cfg=cfg, sharding=sharding))

@@ -132,6 +132,9 @@ class Attention(nnx.Module):
             values = v_cache if rows is None else v_cache[rows]
             key_pos = jnp.broadcast_to(jnp.arange(k_cache.shape[2]), (b, k_cache.shape[2]))
         mask = key_pos[:, None, :] <= positions[:, :, None]  # [B, T, S], causal by position
+        if cfg.attention == "dot_product":
+            out = _dot_product(q, keys, values, mask, cfg.head_dim**-0.5)
+            return dense(self.o_proj, out.reshape(b, t, -1)), new_cache
         groups = cfg.num_heads // cfg.num_kv_heads
         qg = q.reshape(b, t, cfg.num_kv_heads, groups, cfg.head_dim).transpose(
             0, 2, 3, 1, 4
@@ -153,6 +156,34 @@ class Attention(nnx.Module):
             out = jnp.einsum("bkgts,bksd->bkgtd", probs, values.astype(q.dtype))
         out = out.transpose(0, 3, 1, 2, 4).reshape(b, t, -1)
         return dense(self.o_proj, out), new_cache
+
+
+def _dot_product(q, keys, values, mask, scale):
+    """``model.attention: dot_product``: ``jax.nn.dot_product_attention`` with the einsum
+    path's scale and mask and ``implementation=None`` (JAX picks; XLA in jax 0.10 on every
+    platform, softmax in f32 like ours). q ``[B, T, N, D]``; keys/values as ``__call__``
+    holds them: ``[B, K, S, D]`` (training, dense cache) or ``[B, W, K, bs, D]`` (paged
+    blocks); mask ``[B, T, S]``. Returns ``[B, T, N, D]``.
+
+    The function wants keys ``[B, S, K, D]``. In training that undoes ``__call__``'s own
+    transpose (XLA folds the two). The dense cache and the paged blocks are transposed into
+    that layout: a copy of every row's keys and values per layer per call (per decode
+    step), which the einsum path avoids by contracting them in place."""
+
+    def key_major(x):
+        if x.ndim == 5:  # [B, W, K, bs, D] -> [B, W*bs, K, D]: position w*bs+s
+            bsz, w, k, bs, d = x.shape
+            return x.transpose(0, 1, 3, 2, 4).reshape(bsz, w * bs, k, d)
+        return x.transpose(0, 2, 1, 3)  # [B, K, S, D] -> [B, S, K, D]
+
+    return jax.nn.dot_product_attention(
+        q,
+        key_major(keys).astype(q.dtype),
+        key_major(values).astype(q.dtype),
+        mask=mask[:, None],  # [B, 1, T, S]: the same for every head
+        scale=scale,
+        implementation=None,
+    )
 
 
 def _paged_update(cache, tables, positions, k, v):

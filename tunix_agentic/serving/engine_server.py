@@ -756,7 +756,8 @@ def engine_from_config(
     model_path = f"random-init(seed={cfg.seed})"
     path = None if params_path is None else Path(params_path)
     if path is not None and is_hf_dir(path):
-        model = load_hf_model(path)  # at the checkpoint's own dtype (bf16 stays bf16)
+        # At the checkpoint's own dtype (bf16 stays bf16), attention as configured.
+        model = load_hf_model(path, attention=cfg.model.attention)
         cfg = dataclasses.replace(cfg, model=model.cfg)
     elif path is not None and (path / "checkpoints").is_dir():
         model, version = load_run_policy(path, cfg)  # no random init, no source weights read
