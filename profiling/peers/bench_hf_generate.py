@@ -87,15 +87,7 @@ def main() -> None:
         new = out[:, tc.PROMPT_LEN :]
         return time.perf_counter() - t, new.numel(), new
 
-    first_s, _, new = call(0)  # warm-up
-    times, counts = [], []
-    for r in range(tc.REPEATS):
-        dt, n, _ = call(r + 1)
-        times.append(dt)
-        counts.append(n)
-    if any(c != tc.BATCH * tc.NEW_TOKENS for c in counts):
-        raise SystemExit(f"a completion ended early: {counts} tokens")
-    tps = [c / s for c, s in zip(counts, times, strict=True)]
+    first_s, new, times, tps = tc.timed_calls(call)  # warm-up
     res = {
         "bench": "hf_generate",
         "sampling": mode,

@@ -39,12 +39,7 @@ BETA = float(os.environ.get("ANCHOR_GRPO_BETA", 0.04))
 
 
 def even_word_reward(completions, **kwargs) -> list[float]:
-    out = []
-    for text in completions:
-        ws = text.split()
-        even = sum(1 for w in ws if w[1:].isdigit() and int(w[1:]) % 2 == 0)
-        out.append(even / max(len(ws), 1))
-    return out
+    return tc.even_word_fraction(completions)
 
 
 class StepTimer(TrainerCallback):

@@ -57,12 +57,7 @@ sampler_lib.Sampler.__call__ = _call_without_special_ids
 
 
 def even_word_reward(prompts, completions, **kwargs) -> list[float]:
-    out = []
-    for text in completions:
-        ws = text.split()
-        even = sum(1 for w in ws if w[1:].isdigit() and int(w[1:]) % 2 == 0)
-        out.append(even / max(len(ws), 1))
-    return out
+    return tc.even_word_fraction(completions)
 
 
 def training_metrics(cluster) -> dict:

@@ -88,17 +88,9 @@ def main() -> None:
         jax.block_until_ready(out.tokens)
         return time.perf_counter() - t, sum(len(x) for x in out.tokens), out
 
-    first_s, _, out = call(0)  # compiles prefill and decode
+    first_s, out, times, tps = tc.timed_calls(call)  # compiles prefill and decode
     if out.padded_prompt_tokens.shape != (tc.BATCH, tc.PROMPT_LEN):
         raise SystemExit(f"unexpected prompt shape {out.padded_prompt_tokens.shape}")
-    times, counts = [], []
-    for r in range(tc.REPEATS):
-        dt, n, _ = call(r + 1)
-        times.append(dt)
-        counts.append(n)
-    if any(c != tc.BATCH * tc.NEW_TOKENS for c in counts):
-        raise SystemExit(f"a completion ended early: {counts} tokens")
-    tps = [c / s for c, s in zip(counts, times, strict=True)]
     median_tps = sorted(tps)[len(tps) // 2]
     gen = tc.summarize(times)
     res = {

@@ -89,6 +89,32 @@ def make_prompts(
     ]
 
 
+def timed_calls(call) -> tuple[float, object, list[float], list[float]]:
+    """``call(0)`` once untimed (compiles, warms caches), then ``call(1..REPEATS)``, each
+    returning (seconds, tokens generated, output). Returns the first call's seconds and
+    output, the timed calls' seconds and tokens per second; SystemExit when a completion
+    ended before ``NEW_TOKENS`` (the peers' workload has every row run to the end)."""
+    first_s, _, first = call(0)
+    times, counts = [], []
+    for r in range(REPEATS):
+        dt, n, _ = call(r + 1)
+        times.append(dt)
+        counts.append(n)
+    if any(c != BATCH * NEW_TOKENS for c in counts):
+        raise SystemExit(f"a completion ended early: {counts} tokens")
+    return first_s, first, times, [c / s for c, s in zip(counts, times, strict=True)]
+
+
+def even_word_fraction(completions) -> list[float]:
+    """The peers' GRPO reward: the share of a completion's words ``wN`` with N even."""
+    out = []
+    for text in completions:
+        ws = text.split()
+        even = sum(1 for w in ws if w[1:].isdigit() and int(w[1:]) % 2 == 0)
+        out.append(even / max(len(ws), 1))
+    return out
+
+
 def summarize(xs: list[float]) -> dict:
     return {"median": statistics.median(xs), "runs": [round(x, 4) for x in xs]}
 
