@@ -297,3 +297,13 @@ def test_report_puts_reward_and_heldout_of_both_sides_per_step(tmp_path):
     assert data["heldout_tasks"] == 8 and data["summary"]["ours"]["heldout_last"] == 0.75
     if "png" in files:  # matplotlib is in the dev extra
         assert files["png"].stat().st_size > 10_000
+
+
+def test_heldout_success_comes_back_in_step_order_past_step_nine():
+    """JSON keys are strings: sorted as such, step 10 came before step 2 and the report's
+    held-out line was drawn back and forth."""
+    from tunix_agentic.compare.report import heldout
+
+    side = {"heldout_success": {str(k): k / 10 for k in (0, 10, 1, 2, 9, 11)}}
+    assert list(heldout(side)) == [0, 1, 2, 9, 10, 11]
+    assert heldout(side)[10] == 1.0

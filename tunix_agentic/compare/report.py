@@ -53,8 +53,10 @@ def _mean(steps: list[dict[str, Any]], key: str, *, skip_first: bool = False) ->
 
 
 def heldout(side: dict[str, Any]) -> dict[int, float]:
-    """Held-out success by step (0: before RL), keys as ints (JSON makes them strings)."""
-    return {int(k): float(v) for k, v in sorted(side.get("heldout_success", {}).items())}
+    """Held-out success by step (0: before RL), keys as ints (JSON makes them strings),
+    in step order (sorted as numbers: as strings "10" came before "2" and the chart's line
+    went back and forth)."""
+    return dict(sorted((int(k), float(v)) for k, v in side.get("heldout_success", {}).items()))
 
 
 def summary(side: dict[str, Any]) -> dict[str, float]:
