@@ -318,14 +318,15 @@ def test_a_short_rl_run_raises_the_success_rate(tmp_path):
     """configs/frozenlake_tiny.yaml as shipped (SFT on shortest walks, 40 GRPO steps): the
     success rate of the episodes RL trains on rises from its first ten steps to its last
     ten (640 fresh train-split episodes each). Held-out success is printed, not asserted:
-    50 held-out maps per evaluation here, too few to tell a few points apart."""
+    16 held-out maps per evaluation here (its seeds are apart from training's, so the
+    count changes nothing trained), too few to tell a few points apart."""
     from pathlib import Path
 
     from tunix_agentic.metrics import read_scalars
     from tunix_agentic.trainer import train
 
     config = Path(__file__).parents[1] / "configs" / "frozenlake_tiny.yaml"
-    result = train(str(config), [f"run_dir={tmp_path}", "rl.eval_tasks=50"], progress=False)
+    result = train(str(config), [f"run_dir={tmp_path}", "rl.eval_tasks=16"], progress=False)
     success = [v for _, v in read_scalars(tmp_path / "tensorboard")["rollout/success"]]
     assert len(success) == 40
     first, last = float(np.mean(success[:10])), float(np.mean(success[-10:]))
