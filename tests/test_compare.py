@@ -81,6 +81,7 @@ def test_mapping_names_each_trl_argument_and_the_differences():
     assert kw["num_generations"] == 8 and kw["per_device_train_batch_size"] == 64
     assert kw["learning_rate"] == 3e-4 and kw["lr_scheduler_type"] == "constant"
     assert kw["gradient_checkpointing"] is False  # learner.remat (TRL defaults to True)
+    assert kw["shuffle_dataset"] is False  # TRL's step k draws our step k's prompts
     assert {"bessel_std", "single_turn"} <= set(mapping.differences)
     assert "loss_type = 'dapo'  <- learner.aggregation" in mapping.lines()
     bessel = trl_mapping(
@@ -115,6 +116,28 @@ PARITY_CASES = [
     ("seq_mean_token_mean", 0.05, False),
     ("seq_mean_token_sum_norm", 0.0, False),
 ]
+
+
+def test_sampler_gap_is_float_noise_for_the_models_logprobs_and_not_for_others(tiny_hf, tmp_path):
+    """The sampler check: logprobs computed by our JAX model are TRL's own per-token
+    logprobs of the same tokens (float noise); logprobs 0.25 off are reported as 0.25."""
+    _trl_or_skip()
+    import dataclasses
+
+    from tunix_agentic.compare.parity import reference_logprobs
+    from tunix_agentic.compare.report import sampler_lines
+    from tunix_agentic.compare.trl_side import build_trainer, sampler_gap
+    from tunix_agentic.models.hf import load_hf_model
+
+    batch = _batch(tiny_hf)
+    exact = reference_logprobs(load_hf_model(tiny_hf, dtype="float32"), batch.input_ids, 1.0)
+    trainer = build_trainer(tiny_hf, trl_mapping(_run_config(tiny_hf)).kwargs(), out_dir=tmp_path)
+    same = sampler_gap(trainer, dataclasses.replace(batch, old_logprobs=exact))
+    assert same["tokens"] == int(batch.loss_mask.sum()) and same["max"] < 1e-4, same
+    off = sampler_gap(trainer, dataclasses.replace(batch, old_logprobs=exact - 0.25))
+    assert off["max"] == pytest.approx(0.25, abs=1e-4) and off["mean"] == pytest.approx(0.25, abs=1e-4)
+    assert "same distribution" in sampler_lines(same)[-1]
+    assert "distributions differ" in sampler_lines(off)[-1]
 
 
 @pytest.mark.parametrize(
@@ -239,8 +262,12 @@ def test_compare_cli_writes_both_sides_and_the_parity(tiny_hf, tmp_path):
     probe = data["loss_parity"]["probe"]
     assert probe["semantics_match"] and probe["equal"] and abs(probe["ours"]) > 0
     assert data["loss_parity"]["as_trained"]["equal"]
+    # The tokens our engine sampled have TRL's probabilities (same weights, same temperature).
+    gap = data["trl"]["sampler_logprob_gap"]
+    assert gap["tokens"] > 0 and gap["max"] < 1e-3, gap
     md = (out / "compare.md").read_text()
     assert "loss parity" in md and "single-turn form" in md
+    assert "Sampler check" in md and "same distribution" in md
     assert "bessel_std" in md and "held-out success" in md
     assert (out / "compare.png").stat().st_size > 0
 

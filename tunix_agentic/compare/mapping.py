@@ -147,6 +147,10 @@ def trl_mapping(cfg: RunConfig) -> TRLMapping:
         Mapped("steps_per_generation", 1, "(one update per batch)"),
         Mapped("num_iterations", 1, "(one update per batch)"),
         Mapped("max_steps", cfg.rl.steps, "rl.steps"),
+        # The dataset holds our train stream's first tasks in order: unshuffled, TRL's step k
+        # draws the prompts our step k draws (ours may take a step's groups in the order
+        # they finish, within rollout.max_staleness).
+        Mapped("shuffle_dataset", False, "(our task stream's order)"),
         Mapped("learning_rate", opt.learning_rate, "learner.optimizer.learning_rate"),
         Mapped("lr_scheduler_type", schedule, "learner.optimizer.warmup_steps / decay_steps"),
         Mapped("warmup_steps", opt.warmup_steps, "learner.optimizer.warmup_steps"),

@@ -11,6 +11,9 @@ from typing import Any
 from tunix_agentic.compare.mapping import TRLMapping
 from tunix_agentic.compare.parity import LossParity
 
+# A float32 engine against float32 torch on the same weights: summation order only.
+SAMPLER_TOLERANCE = 1e-3
+
 
 @dataclasses.dataclass(frozen=True)
 class CompareResult:
@@ -111,6 +114,7 @@ def markdown(result: CompareResult) -> str:
         "",
         "`as_trained`: the batch with its own advantages; `probe`: the same rows with "
         "advantages +1, -1, +1, ... (a batch without reward spread has a loss of 0).",
+        *sampler_lines(result.trl.get("sampler_logprob_gap")),
         "",
         "## Headline figures",
         "",
@@ -192,6 +196,25 @@ def markdown(result: CompareResult) -> str:
             "every prompt (it re-tokenises the rendered text)"
         ]
     return "\n".join(lines) + "\n"
+
+
+def sampler_lines(gap: dict[str, float] | None) -> list[str]:
+    """The sampler check in words: the logprobs our engine sampled the first batch's
+    tokens with, against TRL's logprobs of the same tokens on the same initial weights."""
+    if not gap:
+        return []
+    same = gap["max"] <= SAMPLER_TOLERANCE
+    verdict = (
+        "both sides sample from the same distribution"
+        if same
+        else f"over {SAMPLER_TOLERANCE:g}: the two models' distributions differ"
+    )
+    return [
+        "",
+        f"Sampler check: the logprobs our engine sampled the first batch's {gap['tokens']} "
+        f"trained tokens with, against TRL's of the same tokens at its temperature: "
+        f"max |gap| {gap['max']:.2e}, mean {gap['mean']:.2e} ({verdict}).",
+    ]
 
 
 def plot(result: CompareResult, path: Path) -> Path | None:

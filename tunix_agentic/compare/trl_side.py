@@ -289,6 +289,34 @@ def trl_loss(trainer, batch: ParityBatch) -> float:
     return float(loss)
 
 
+def sampler_gap(trainer, batch: ParityBatch) -> dict[str, float]:
+    """How far the logprobs our engine sampled the batch's trained tokens with are from
+    TRL's own per-token logprobs of the same tokens (``_get_per_token_logps_and_entropies``,
+    at TRL's temperature) on the trainer's current weights: both sides sample from the
+    same distribution when the gap is float noise. ``max``/``mean`` over trained tokens."""
+    import torch
+
+    parts = split_for_trl(batch)
+    ids = np.concatenate([parts["prompt_ids"], parts["completion_ids"]], axis=1)
+    keep = parts["completion_ids"].shape[1]
+    model = trainer.model
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            logps, _, _ = trainer._get_per_token_logps_and_entropies(
+                model,
+                torch.from_numpy(ids),
+                torch.ones(ids.shape, dtype=torch.int64),
+                keep,
+            )
+    finally:
+        model.train(was_training)
+    trained = parts["tool_mask"] > 0
+    gap = np.abs(logps.float().numpy() - parts["old_per_token_logps"])[trained]
+    return {"max": float(gap.max()), "mean": float(gap.mean()), "tokens": int(gap.size)}
+
+
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
     """What the subprocess does: TRL's loss on our first batch, then ``steps`` steps."""
     from transformers import TrainerCallback
@@ -320,7 +348,12 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     result["parity_losses"] = {
         name: trl_loss(trainer, ParityBatch.load(path)) for name, path in job["batches"].items()
     }
-    # TRL samples prompts in its own shuffled order; the tasks are the same set.
+    # The first batch ours trained on was sampled by our engine from the initial weights:
+    # its logprobs against TRL's of the same tokens, before TRL trains.
+    result["sampler_logprob_gap"] = sampler_gap(
+        trainer, ParityBatch.load(job["batches"]["as_trained"])
+    )
+    # shuffle_dataset=False (the mapping): TRL takes the prompts in our stream's order.
     per_step_s: list[float] = []
     gen_s: list[float] = []
     reward_s: list[float] = []
