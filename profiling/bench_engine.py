@@ -8,6 +8,10 @@ of this machine's measured f32 matmul peak, and prefill tokens of a 5-turn
 episode with and without per-session KV reuse.
 
     python profiling/bench_engine.py            # ENGINE_BATCHES=1,16,64 ENGINE_REPEATS=5
+
+``ENGINE_DECODE_WINDOW`` sets ``engine.decode_window`` (``bucketed``, the default, or
+``full``); ``ab`` measures both on one model for each batch, interleaved repeat by repeat
+(bucketed, full, bucketed, ...), and prints their median ratio.
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ BATCHES = [int(b) for b in os.environ.get("ENGINE_BATCHES", "1,16,64").split(","
 DECODE_STEPS = int(os.environ.get("ENGINE_DECODE_STEPS", 16))
 # ENGINE_SAMPLING=top_p is the peers' sampled mode: temperature 1, top_p 1.0 (nothing cut).
 SAMPLING_MODE = os.environ.get("ENGINE_SAMPLING", "greedy")
+DECODE_WINDOW = os.environ.get("ENGINE_DECODE_WINDOW", "bucketed")
+if DECODE_WINDOW not in ("bucketed", "full", "ab"):
+    raise SystemExit(f"ENGINE_DECODE_WINDOW must be bucketed, full or ab, got {DECODE_WINDOW!r}")
 if SAMPLING_MODE not in ("greedy", "top_p"):
     raise SystemExit(f"ENGINE_SAMPLING must be greedy or top_p, got {SAMPLING_MODE!r}")
 GREEDY = (
@@ -90,6 +97,49 @@ async def timed_calls(
     return batch * NEW / statistics.median(times), first
 
 
+async def window_ab(model: Transformer, batch: int) -> None:
+    """``decode_window`` bucketed against full on one batch size: two warm engines, one
+    timed call each in turn (``REPEATS`` pairs), the median of the per-pair ratios."""
+    engines = {
+        mode: JaxEngine(
+            model,
+            EngineConfig(
+                max_slots=batch,
+                max_seq_len=PROMPT + NEW,
+                decode_steps=DECODE_STEPS,
+                decode_window=mode,
+            ),
+        )
+        for mode in ("bucketed", "full")
+    }
+    ps = prompts(batch)
+
+    async def once(engine: JaxEngine) -> float:
+        t = time.perf_counter()
+        await asyncio.gather(*(engine.generate(p, GREEDY) for p in ps))
+        return batch * NEW / (time.perf_counter() - t)
+
+    for engine in engines.values():
+        await once(engine)  # compiles
+    tps: dict[str, list[float]] = {"bucketed": [], "full": []}
+    for i in range(REPEATS):
+        order = ("bucketed", "full") if i % 2 == 0 else ("full", "bucketed")
+        for mode in order:
+            tps[mode].append(await once(engines[mode]))
+    ratios = [b / f for b, f in zip(tps["bucketed"], tps["full"], strict=True)]
+    windows = engines["bucketed"].config.window_buckets()
+    print(
+        f"RESULT decode_window B={batch} P={PROMPT} N={NEW} max_seq_len {PROMPT + NEW} "
+        f"(windows {windows}): bucketed {statistics.median(tps['bucketed']):,.0f} gen tok/s, "
+        f"full {statistics.median(tps['full']):,.0f}; RATIO bucketed/full "
+        f"{statistics.median(ratios):.2f}x (median of {REPEATS} pairs, min {min(ratios):.2f}, "
+        f"max {max(ratios):.2f}); decode compiles {engines['bucketed'].compiles['decode']} vs "
+        f"{engines['full'].compiles['decode']}"
+    )
+    for engine in engines.values():
+        await engine.close()
+
+
 async def session_prefill(model: Transformer) -> tuple[int, int]:
     """Prefill tokens for one 5-turn episode (16 new tokens, 8 observation tokens a turn)."""
     out = []
@@ -122,10 +172,19 @@ async def main() -> None:
         f"model: {n_params:,} parameters; devices {jax.devices()}; f32 matmul peak {peak:.1f} GFLOP/s"
     )
     results = {}
+    if DECODE_WINDOW == "ab":
+        for batch in BATCHES:
+            await window_ab(model, batch)
+        return
     for batch in BATCHES:
         engine = JaxEngine(
             model,
-            EngineConfig(max_slots=batch, max_seq_len=PROMPT + NEW, decode_steps=DECODE_STEPS),
+            EngineConfig(
+                max_slots=batch,
+                max_seq_len=PROMPT + NEW,
+                decode_steps=DECODE_STEPS,
+                decode_window=DECODE_WINDOW,
+            ),
         )
         tps, first = await timed_calls(engine, batch)
         results[batch] = tps

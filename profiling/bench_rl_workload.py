@@ -163,7 +163,13 @@ class Ours:
     """Our engine at the peers' dims, warm, one step per round (each round a new step)."""
 
     def __init__(
-        self, w: tc.RLWorkload, rounds: int, *, kv_layout: str = "dense", decode_steps: int = 16
+        self,
+        w: tc.RLWorkload,
+        rounds: int,
+        *,
+        kv_layout: str = "dense",
+        decode_steps: int = 16,
+        decode_window: str = "bucketed",
     ):
         from flax import nnx
 
@@ -175,6 +181,8 @@ class Ours:
         model = Transformer(peer_model_config(), rngs=nnx.Rngs(0))
         # kv_layout only when not the default, so this runs on engines without the option.
         layout = {} if kv_layout == "dense" else {"kv_layout": kv_layout}
+        if decode_window != "bucketed":
+            layout["decode_window"] = decode_window
         config = EngineConfig(
             max_slots=w.episodes,  # one slot an episode: its KV stays parked between turns
             max_seq_len=w.final_length,
@@ -316,6 +324,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="our engine's KV layout (dense)",
     )
     p.add_argument(
+        "--decode-window",
+        choices=("bucketed", "full"),
+        default="bucketed",
+        help="our engine's engine.decode_window (bucketed; full: every step over max_seq_len)",
+    )
+    p.add_argument(
         "--torch-threads",
         type=int,
         default=None,
@@ -357,12 +371,13 @@ def main(argv: list[str] | None = None, workload: tc.RLWorkload | None = None) -
                 f"ANCHOR_JAX_PY / ANCHOR_TORCH_PY point elsewhere)"
             )
             skipped.append(name)
-    ours = Ours(w, args.rounds, kv_layout=args.kv_layout)
+    ours = Ours(w, args.rounds, kv_layout=args.kv_layout, decode_window=args.decode_window)
     print(
         f"ours: first (compiling) step {ours.first_s:.1f}s, prefill tokens "
         f"{ours.first['prefilled']:.0f}, KV reserved {ours.kv_bytes / 2**20:.1f} MiB "
         f"({args.kv_layout} layout, {ours.engine.config.max_slots} slots x "
-        f"{ours.engine.config.max_seq_len} tokens)"
+        f"{ours.engine.config.max_seq_len} tokens; decode windows "
+        f"{ours.engine.config.window_buckets()})"
     )
     comparisons, verdicts = [], {}
     try:
@@ -389,6 +404,7 @@ def main(argv: list[str] | None = None, workload: tc.RLWorkload | None = None) -
         workload=vars(w),
         rounds=args.rounds,
         kv_layout=args.kv_layout,
+        decode_window=args.decode_window,
         torch_threads=args.torch_threads,
         verdicts=verdicts,
     )

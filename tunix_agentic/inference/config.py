@@ -39,6 +39,10 @@ class EngineConfig:
     kv_layout: Literal["dense", "paged"] = "dense"
     kv_block_size: int = 16
     kv_blocks: int = 0
+    # How much of the cache a decode chunk attends over. "bucketed": the smallest of
+    # window_buckets() that holds every live slot's position at the chunk's end (one compiled
+    # decode per bucket); "full": all max_seq_len positions every step (one shape).
+    decode_window: Literal["bucketed", "full"] = "bucketed"
 
     def __post_init__(self):
         for name in ("max_slots", "max_seq_len", "decode_steps", "min_prefill_len"):
@@ -49,6 +53,10 @@ class EngineConfig:
                 raise ValueError(
                     f"engine.{name} must be true or false, got {getattr(self, name)!r}"
                 )
+        if self.decode_window not in ("bucketed", "full"):
+            raise ValueError(
+                f"engine.decode_window must be 'bucketed' or 'full', got {self.decode_window!r}"
+            )
         if self.kv_layout not in ("dense", "paged"):
             raise ValueError(f"engine.kv_layout must be 'dense' or 'paged', got {self.kv_layout!r}")
         bs = self.kv_block_size
@@ -88,12 +96,61 @@ class EngineConfig:
             n *= 2
         return out + [self.max_seq_len]
 
+    def window_buckets(self) -> list[int]:
+        """The decode windows this engine compiles for (:func:`window_buckets`; paged:
+        multiples of the block size; ``decode_window: full``: only ``max_seq_len``).
+
+        Dense, a window is a sliced copy of the cache's keys and values, which the whole
+        cache is not (up to ``DENSE_KEY_SPAN`` positions; past it attention reads the
+        cache in sliced pieces anyway): there only windows of at most half the cache
+        are kept, as one read of a smaller copy costs more than a read of the cache
+        beyond that (measured on CPU: window 64 of a 96-token cache ran a decode chunk
+        ~25 % slower than the whole cache)."""
+        if self.decode_window == "full":
+            return [self.max_seq_len]
+        if self.kv_layout == "paged":  # its blocks are gathered (a copy) whatever the window
+            return window_buckets(self.max_seq_len, multiple=self.kv_block_size)
+        sizes = window_buckets(self.max_seq_len)
+        if self.max_seq_len <= DENSE_KEY_SPAN:
+            sizes = [w for w in sizes if 2 * w <= self.max_seq_len] + [self.max_seq_len]
+        return sizes
+
     def row_buckets(self) -> list[int]:
         out, n = [], 1
         while n < self.max_slots:
             out.append(n)
             n *= 2
         return out + [self.max_slots]
+
+
+# The smallest decode window: below it the attention saved is too small to pay for a shape.
+WINDOW_BASE = 64
+# The dense einsum path reads keys in pieces of at most this many positions (it is
+# tunix_agentic.models.transformer.KEY_SPAN; kept here so configs import no JAX).
+DENSE_KEY_SPAN = 512
+
+
+def window_buckets(max_seq_len: int, *, multiple: int = 1, base: int = WINDOW_BASE) -> list[int]:
+    """Decode window sizes up to ``max_seq_len``: ``base`` times powers of two and the
+    midpoints between them (64, 96, 128, 192, 256, 384, ...), each rounded up to a
+    ``multiple``, then ``max_seq_len`` itself (always the last). A window never overshoots
+    what it must hold by more than half (and the cap), and a cache of length L compiles
+    about 2 log2(L / base) + 1 shapes."""
+    if max_seq_len < 1 or multiple < 1 or base < 1:
+        raise ValueError(
+            f"window_buckets needs positive sizes, got max_seq_len={max_seq_len}, "
+            f"multiple={multiple}, base={base}"
+        )
+    out: list[int] = []
+    n = base
+    while True:
+        for size in (n, n * 3 // 2):
+            size = -(-size // multiple) * multiple
+            if size >= max_seq_len:
+                return out + [max_seq_len]
+            if not out or size > out[-1]:
+                out.append(size)
+        n *= 2
 
 
 def bucket(n: int, buckets: list[int]) -> int:

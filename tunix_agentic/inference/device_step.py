@@ -20,6 +20,10 @@ the cache and the state donated, and the :class:`StepConfig` static).
   samples one of its stop ids or spends its token budget, and the loop ends as
   soon as no slot is live: a chunk queued ahead whose requests all ended in the
   chunk before it costs next to nothing (steps it skips come back as ``-1`` tokens).
+  Its attention reads only the cache's first ``window`` positions (a static argument: one
+  compiled decode per window bucket, :meth:`~.config.EngineConfig.window_buckets`); the
+  host picks the smallest bucket that holds every live slot to the chunk's end
+  (:func:`~.scheduler.chunk_window`), so short sequences do not pay for ``max_seq_len``.
 
 Each row carries its own sampling values (:class:`RowSampling`) as arrays, so
 one compiled step serves every mix of requests.
@@ -234,9 +238,14 @@ def decode(
     stop: jax.Array,  # [S] bool: slots that decode no further
     sampling: RowSampling,
     tables: jax.Array,  # [S, W] int32: each slot's block table (paged layout; else W = 0)
+    window: int | None = None,  # static: attend over positions [0, window) (None: all)
 ) -> tuple[Any, DecodeState, jax.Array, jax.Array]:
     """Up to ``decode_steps`` steps over every slot, until none is live; returns (cache,
-    state, tokens [T, S], logprobs [T, S]); the rows of steps not run hold token -1."""
+    state, tokens [T, S], logprobs [T, S]); the rows of steps not run hold token -1.
+
+    ``window`` must hold every position a live slot feeds in this chunk (the caller's
+    bound: its position now plus ``decode_steps``); stopped slots are not bounded by it
+    (their writes are dropped and their outputs unused)."""
     model = nnx.merge(step.graphdef, params)
     limit, t = step.max_seq_len, step.decode_steps
     positions = jnp.where(stop, limit, state.positions)  # a stopped slot writes nowhere
@@ -249,7 +258,9 @@ def decode(
     def one(carry):
         i, cache, tokens, positions, keys, budget, out_tokens, out_logprobs = carry
         paged = tables if step.paged else None
-        logits, cache = model(tokens[:, None], positions[:, None], cache, tables=paged)
+        logits, cache = model(
+            tokens[:, None], positions[:, None], cache, tables=paged, window=window
+        )
         keys, use = split_keys(keys)
         new_tokens, logprobs = sample(
             logits[:, 0], use, sampling.temperature, sampling.top_k, sampling.top_p

@@ -15,7 +15,9 @@ calls; the host only says which slots stop. A slot also stops on device when it
 samples a stop id or spends its budget, and a chunk ends once no slot is live,
 so a chunk queued ahead whose requests all ended in the chunk before it runs no
 step (``stats``: ``decode_steps`` run, ``void_decode_steps`` run past every
-request's end).
+request's end). A chunk's attention reads only the first ``window`` cache positions,
+the smallest of a few buckets that holds its live slots to the chunk's end
+(``EngineConfig.decode_window``), so short sequences do not pay for ``max_seq_len``.
 
 The scheduler runs on its own thread, not on the callers' event loop: when a
 chunk completes it dispatches the next at once, whatever the agents' coroutines
@@ -177,7 +179,8 @@ class JaxEngine:
 
     # ------------------------------------------------------------- public API
     def warmup(self) -> dict[str, float]:
-        """Compile every prefill shape (row bucket x length bucket) and the decode chunk now.
+        """Compile every prefill shape (row bucket x length bucket) and the decode chunk at
+        every window bucket (``EngineConfig.window_buckets``) now.
 
         Ahead-of-time, from shapes alone: it reads no engine state, so it may run on
         another thread while the engine serves, or while the caller does other work (the
@@ -202,14 +205,17 @@ class JaxEngine:
                     sched.prefill_jit.lower(*self._device_specs, batch).compile()
                 n += 1
         s = cfg.max_slots
-        with sched.compiles.counting("decode"):
-            sched.decode_jit.lower(
-                *self._device_specs,
-                np.zeros(s, bool),
-                RowSampling.host(s),
-                np.zeros((s, shape.get("table_width", 0)), np.int32),
-            ).compile()
-        return {"shapes": n + 1, "seconds": time.perf_counter() - t}
+        for window in cfg.window_buckets():
+            with sched.compiles.counting("decode"):
+                sched.decode_jit.lower(
+                    *self._device_specs,
+                    np.zeros(s, bool),
+                    RowSampling.host(s),
+                    np.zeros((s, shape.get("table_width", 0)), np.int32),
+                    window,
+                ).compile()
+            n += 1
+        return {"shapes": n, "seconds": time.perf_counter() - t}
 
     async def generate(
         self,

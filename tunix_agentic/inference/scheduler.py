@@ -13,7 +13,8 @@ iteration. The thread:
 4. queues the next decode chunk before collecting the previous one, so host
    work overlaps the device's (``overlap``; a chunk queued ahead may decode
    slots whose request just ended: those tokens are void, and the device ends
-   a chunk once none of its slots is live);
+   a chunk once none of its slots is live); a chunk attends over the smallest
+   window bucket that holds its live slots (:func:`chunk_window`);
 5. collects the oldest call (a waiter thread blocks on each dispatched call,
    so completion times are exact for the :class:`~.clock.EngineClock`).
 
@@ -169,6 +170,35 @@ class _Op:
     waiter: concurrent.futures.Future | None = None  # -> (done time, host arrays)
 
 
+def jit_decode(step: StepConfig) -> Any:
+    """The jitted :func:`~.device_step.decode`: cache and state donated, the window
+    (argument 6 after ``step``) static."""
+    return jax.jit(functools.partial(decode, step), donate_argnums=(1, 2), static_argnums=6)
+
+
+def chunk_window(active: dict[int, Request], config: EngineConfig) -> int:
+    """The decode window of the next chunk: the smallest of ``config.window_buckets()``
+    that holds every position a live slot may attend to in it. A request fed its token
+    at ``prompt + generated - 1`` (generated counting tokens dispatched and not yet
+    collected) reads positions up to ``decode_steps - 1`` further, and never past
+    ``prompt + max_new - 1`` (its device budget stops it there). Slots not active are
+    stopped (their writes are dropped), so they need no room."""
+    need = 1
+    for req in active.values():
+        n = len(req.prompt)
+        fed = n + len(req.tokens) + req.pending - 1
+        need = max(need, min(fed + config.decode_steps, n + req.max_new))
+    return bucket(need, config.window_buckets())
+
+
+def chunk_inputs(
+    paged: PagedKV | None, active: dict[int, Request], config: EngineConfig
+) -> tuple[np.ndarray, int]:
+    """What a decode chunk takes besides the state: the block tables (paged: grown first to
+    every position it may write; :func:`~.paged.chunk_tables`) and its window."""
+    return chunk_tables(paged, active, config), chunk_window(active, config)
+
+
 def _wait(outputs: tuple[jax.Array, ...]) -> tuple[float, tuple[np.ndarray, ...]]:
     """Block until the device has computed ``outputs``; returns (when, host copies)."""
     jax.block_until_ready(outputs)
@@ -224,7 +254,7 @@ class Scheduler:
         # The jitted steps (``.lower`` for ahead-of-time compiles) and their calls, whose
         # compilations ``compiles`` counts.
         self.prefill_jit = jax.jit(functools.partial(prefill, step), donate_argnums=(1, 2))
-        self.decode_jit = jax.jit(functools.partial(decode, step), donate_argnums=(1, 2))
+        self.decode_jit = jit_decode(step)  # one executable per window bucket
         self.compiles = CompileCounter()
         self.prefill_fn = self.compiles.wrap("prefill", self.prefill_jit)
         self.decode_fn = self.compiles.wrap("decode", self.decode_jit)
@@ -471,9 +501,9 @@ class Scheduler:
         return _Op("prefill", (tokens, logprobs), list(enumerate(group)), self.version, dispatched)
 
     def _dispatch_decode(self) -> _Op:
-        tables = chunk_tables(self.paged, self.slots.active, self.config)  # paged: grown first
+        chunk = chunk_inputs(self.paged, self.slots.active, self.config)  # (tables, window)
         self.cache, self.state, out_tokens, out_logprobs = self.decode_fn(
-            self.params, self.cache, self.state, self.stop.copy(), self.sampling.copy(), tables
+            self.params, self.cache, self.state, self.stop.copy(), self.sampling.copy(), *chunk
         )
         dispatched = time.perf_counter()
         self.stop[:] = False

@@ -99,7 +99,7 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(cfg.head_dim, eps=cfg.norm_eps, rngs=rngs)
             self.k_norm = RMSNorm(cfg.head_dim, eps=cfg.norm_eps, rngs=rngs)
 
-    def __call__(self, x, positions, cache, rows, tables=None):
+    def __call__(self, x, positions, cache, rows, tables=None, window=None):
         cfg = self.cfg
         b, t, _ = x.shape
         q = dense(self.q_proj, x).reshape(b, t, cfg.num_heads, cfg.head_dim)
@@ -116,7 +116,7 @@ class Attention(nnx.Module):
             new_cache = None
         elif tables is not None:
             # Keys and values stay in blocks ([B, W, K, bs, D]): no transposed copy.
-            new_cache, keys, values = _paged_update(cache, tables, positions, k, v)
+            new_cache, keys, values = _paged_update(cache, tables, positions, k, v, window)
             span = keys.shape[1] * keys.shape[3]
             key_pos = jnp.broadcast_to(jnp.arange(span), (b, span))
         else:
@@ -130,7 +130,9 @@ class Attention(nnx.Module):
             new_cache = (k_cache, v_cache)
             keys = k_cache if rows is None else k_cache[rows]
             values = v_cache if rows is None else v_cache[rows]
-            key_pos = jnp.broadcast_to(jnp.arange(k_cache.shape[2]), (b, k_cache.shape[2]))
+            if window is not None and window < keys.shape[2]:  # attend over [0, window) only
+                keys, values = keys[:, :, :window], values[:, :, :window]
+            key_pos = jnp.broadcast_to(jnp.arange(keys.shape[2]), (b, keys.shape[2]))
         mask = key_pos[:, None, :] <= positions[:, :, None]  # [B, T, S], causal by position
         if cfg.attention == "dot_product":
             out = _dot_product(q, keys, values, mask, cfg.head_dim**-0.5)
@@ -143,8 +145,13 @@ class Attention(nnx.Module):
             scores = jnp.einsum("bkgtd,bwksd->bkgtws", qg, keys.astype(q.dtype))
             scores = scores.reshape(*scores.shape[:4], -1).astype(jnp.float32)
         else:
-            scores = jnp.einsum("bkgtd,bksd->bkgts", qg, keys.astype(q.dtype))
-            scores = scores.astype(jnp.float32)
+            scores = jnp.concatenate(  # in pieces: see KEY_SPAN
+                [
+                    jnp.einsum("bkgtd,bksd->bkgts", qg, keys[:, :, a:e].astype(q.dtype))
+                    for a, e in _key_spans(keys.shape[2])
+                ],
+                axis=-1,
+            ).astype(jnp.float32)
         scores = jnp.where(
             mask[:, None, None], scores * cfg.head_dim**-0.5, jnp.finfo(jnp.float32).min
         )
@@ -153,9 +160,24 @@ class Attention(nnx.Module):
             blocks = probs.reshape(*probs.shape[:4], values.shape[1], values.shape[3])
             out = jnp.einsum("bkgtws,bwksd->bkgtd", blocks, values.astype(q.dtype))
         else:
-            out = jnp.einsum("bkgts,bksd->bkgtd", probs, values.astype(q.dtype))
+            out = sum(
+                jnp.einsum("bkgts,bksd->bkgtd", probs[..., a:e], values[:, :, a:e].astype(q.dtype))
+                for a, e in _key_spans(values.shape[2])
+            )
         out = out.transpose(0, 3, 1, 2, 4).reshape(b, t, -1)
         return dense(self.o_proj, out), new_cache
+
+
+# The einsum path contracts a dense cache's keys in pieces of at most this many positions.
+# XLA's dot on CPU falls off a cliff past 512 keys: a 16-step decode chunk of 64 slots at
+# the peers' toy dims took ~2.0 s at 544 and at 576 keys against ~0.6 s at 512 (a 2-core
+# machine), and ~0.6 s at 576 in two pieces (512 + 64). Elsewhere: one more dot a piece.
+KEY_SPAN = 512
+
+
+def _key_spans(n: int) -> list[tuple[int, int]]:
+    """``[start, end)`` pieces of ``n`` key positions, each at most :data:`KEY_SPAN`."""
+    return [(a, min(a + KEY_SPAN, n)) for a in range(0, n, KEY_SPAN)]
 
 
 def _dot_product(q, keys, values, mask, scale):
@@ -186,13 +208,14 @@ def _dot_product(q, keys, values, mask, scale):
     )
 
 
-def _paged_update(cache, tables, positions, k, v):
+def _paged_update(cache, tables, positions, k, v, window=None):
     """Write ``k``/``v`` ([B, T, K, D]) at ``positions`` through the block ``tables``
     ([B, blocks_per_seq]) into the block pools ([N, K, block_size, D]); return the new
     pools and each row's keys and values gathered block by block ([B, blocks, K,
     block_size, D]: position ``w * block_size + s`` at ``[:, w, :, s]``; attention
     contracts both axes, so no transposed copy). Positions past the table (padding,
-    stopped slots) and table entries ``>= N`` (no block) are dropped."""
+    stopped slots) and table entries ``>= N`` (no block) are dropped. ``window``: gather
+    only the blocks of positions ``[0, window)`` (writes still go through the whole table)."""
     k_pool, v_pool = cache
     n, _, bs, _ = k_pool.shape
     width = tables.shape[1]
@@ -203,6 +226,8 @@ def _paged_update(cache, tables, positions, k, v):
     k_pool = k_pool.at[block, :, offset].set(k.astype(k_pool.dtype), mode="drop")
     v_pool = v_pool.at[block, :, offset].set(v.astype(v_pool.dtype), mode="drop")
     # Entries without a block read a clipped one: positions past the row's end, masked.
+    if window is not None:
+        tables = tables[:, : -(-window // bs)]
     safe = jnp.clip(tables, 0, n - 1)
     return (k_pool, v_pool), k_pool[safe], v_pool[safe]
 
@@ -226,8 +251,8 @@ class Block(nnx.Module):
         self.post_attn_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x, positions, cache, rows, tables=None):
-        h, new_cache = self.attn(self.input_norm(x), positions, cache, rows, tables)
+    def __call__(self, x, positions, cache, rows, tables=None, window=None):
+        h, new_cache = self.attn(self.input_norm(x), positions, cache, rows, tables, window)
         x = x + h
         x = x + self.mlp(self.post_attn_norm(x))
         return x, new_cache
@@ -246,6 +271,9 @@ class Transformer(nnx.Module):
       (per layer ``[blocks, kv_heads, block_size, head_dim]`` pools, see
       :mod:`tunix_agentic.inference.paged`) and row ``b`` reads and writes position ``p``
       in block ``tables[b, p // block_size]``; ``rows`` is not used.
+    - window: optional static int; attention reads only cache positions ``[0, window)``
+      (every position the batch attends to must lie below it; the engine's decode picks
+      the smallest bucket that holds its live slots). Writes are not limited by it.
     - logits_at: optional ``[B]`` index; then only those positions' logits are
       computed (``[B, V]``), which is all prefill needs.
     - remat: recompute each layer's activations in the backward pass instead of
@@ -280,6 +308,7 @@ class Transformer(nnx.Module):
         logits_at=None,
         remat: bool = False,
         tables=None,
+        window: int | None = None,
     ):
         x = self.embed(tokens)
         new_cache = []
@@ -288,7 +317,7 @@ class Transformer(nnx.Module):
                 x, layer_cache = nnx.remat(_train_block)(layer, x, positions), None
             else:
                 layer_kv = None if cache is None else cache[i]
-                x, layer_cache = layer(x, positions, layer_kv, rows, tables)
+                x, layer_cache = layer(x, positions, layer_kv, rows, tables, window)
             new_cache.append(layer_cache)
         x = self.final_norm(x)
         if logits_at is not None:
