@@ -135,7 +135,9 @@ def test_sampler_gap_is_float_noise_for_the_models_logprobs_and_not_for_others(t
     same = sampler_gap(trainer, dataclasses.replace(batch, old_logprobs=exact))
     assert same["tokens"] == int(batch.loss_mask.sum()) and same["max"] < 1e-4, same
     off = sampler_gap(trainer, dataclasses.replace(batch, old_logprobs=exact - 0.25))
-    assert off["max"] == pytest.approx(0.25, abs=1e-4) and off["mean"] == pytest.approx(0.25, abs=1e-4)
+    assert off["max"] == pytest.approx(0.25, abs=1e-4) and off["mean"] == pytest.approx(
+        0.25, abs=1e-4
+    )
     assert "same distribution" in sampler_lines(same)[-1]
     assert "distributions differ" in sampler_lines(off)[-1]
 
