@@ -83,6 +83,7 @@ from pathlib import Path
 import jax
 from common import env_int
 
+from tunix_agentic.compiles import BACKEND_COMPILE_EVENT
 from tunix_agentic.config import load_config
 from tunix_agentic.inference.clock import EngineClock
 from tunix_agentic.metrics import recorder
@@ -94,7 +95,6 @@ CONFIG = str(Path(__file__).resolve().parents[1] / "configs" / "calculator_tiny.
 # The instrumentation the issue prices, and nothing more.
 OFF = ["metrics.latency_samples=0", "metrics.layout=false", "trace.enabled=false"]
 RECIPE_RL_STEPS = load_config(CONFIG).rl.steps
-_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 # Every call into the instrumentation a step makes: (owner, attribute). The engine
 # clock's ``_notify`` runs only when an observer (the trace) listens, and holds the
 # trace's ``on_device`` calls.
@@ -117,7 +117,7 @@ class CompileLog:
         jax.monitoring.register_event_duration_secs_listener(self._on_duration)
 
     def _on_duration(self, event: str, duration_secs: float, **kwargs) -> None:
-        if event == _COMPILE_EVENT:
+        if event == BACKEND_COMPILE_EVENT:
             end = time.time()
             with self._lock:
                 self.intervals.append((end - duration_secs, end))

@@ -14,6 +14,7 @@ environment's reward for that one turn (:class:`SingleTurnReward`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import resource
 import sys
 import time
@@ -25,6 +26,20 @@ import numpy as np
 from tunix_agentic.compare.batch import ParityBatch, split_for_trl
 from tunix_agentic.compare.jobs import job_main
 from tunix_agentic.config import RunConfig, load_config
+
+
+@contextlib.contextmanager
+def inference_mode(model):
+    """``model`` in eval mode without gradients for the block, its mode restored after."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
 
 
 def require_trl() -> None:
@@ -141,20 +156,15 @@ class HeldOutEval:
             if temperature == 0
             else {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0}
         )
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                out = model.generate(
-                    input_ids=ids,
-                    attention_mask=attention,
-                    max_new_tokens=cfg.agent.max_new_tokens,
-                    eos_token_id=tokenizer.eos_token_id,
-                    pad_token_id=pad,
-                    **sampling,
-                )
-        finally:
-            model.train(was_training)
+        with inference_mode(model):
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=attention,
+                max_new_tokens=cfg.agent.max_new_tokens,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=pad,
+                **sampling,
+            )
         texts = []
         for row in out[:, width:].tolist():
             if tokenizer.eos_token_id in row:
@@ -278,14 +288,8 @@ def trl_loss(trainer, batch: ParityBatch) -> float:
     parts = split_for_trl(batch)
     inputs = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in parts.items()}
     inputs["num_items_in_batch"] = inputs["tool_mask"].sum()
-    model = trainer.model
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            loss = trainer._compute_loss(model, inputs)
-    finally:
-        model.train(was_training)
+    with inference_mode(trainer.model):
+        loss = trainer._compute_loss(trainer.model, inputs)
     return float(loss)
 
 
@@ -299,19 +303,10 @@ def sampler_gap(trainer, batch: ParityBatch) -> dict[str, float]:
     parts = split_for_trl(batch)
     ids = np.concatenate([parts["prompt_ids"], parts["completion_ids"]], axis=1)
     keep = parts["completion_ids"].shape[1]
-    model = trainer.model
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            logps, _, _ = trainer._get_per_token_logps_and_entropies(
-                model,
-                torch.from_numpy(ids),
-                torch.ones(ids.shape, dtype=torch.int64),
-                keep,
-            )
-    finally:
-        model.train(was_training)
+    with inference_mode(trainer.model):
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, torch.from_numpy(ids), torch.ones(ids.shape, dtype=torch.int64), keep
+        )
     trained = parts["tool_mask"] > 0
     gap = np.abs(logps.float().numpy() - parts["old_per_token_logps"])[trained]
     return {"max": float(gap.max()), "mean": float(gap.mean()), "tokens": int(gap.size)}
@@ -345,14 +340,11 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         for r, ids in zip(rows, prompt_ids, strict=True)
     ]
     result: dict[str, Any] = {"prompt_ids_identical": all(same_ids)}
-    result["parity_losses"] = {
-        name: trl_loss(trainer, ParityBatch.load(path)) for name, path in job["batches"].items()
-    }
+    batches = {name: ParityBatch.load(path) for name, path in job["batches"].items()}
+    result["parity_losses"] = {name: trl_loss(trainer, b) for name, b in batches.items()}
     # The first batch ours trained on was sampled by our engine from the initial weights:
     # its logprobs against TRL's of the same tokens, before TRL trains.
-    result["sampler_logprob_gap"] = sampler_gap(
-        trainer, ParityBatch.load(job["batches"]["as_trained"])
-    )
+    result["sampler_logprob_gap"] = sampler_gap(trainer, batches["as_trained"])
     # shuffle_dataset=False (the mapping): TRL takes the prompts in our stream's order.
     per_step_s: list[float] = []
     gen_s: list[float] = []
