@@ -100,20 +100,14 @@ class EngineConfig:
         """The decode windows this engine compiles for (:func:`window_buckets`; paged:
         multiples of the block size; ``decode_window: full``: only ``max_seq_len``).
 
-        Dense, a window is a sliced copy of the cache's keys and values, which the whole
-        cache is not (up to ``DENSE_KEY_SPAN`` positions; past it attention reads the
-        cache in sliced pieces anyway): there only windows of at most half the cache
-        are kept, as one read of a smaller copy costs more than a read of the cache
-        beyond that (measured on CPU: window 64 of a 96-token cache ran a decode chunk
-        ~25 % slower than the whole cache)."""
+        Dense, the cache is stored in pieces cut at these windows
+        (:func:`~tunix_agentic.models.transformer.cache_chunks`), so a window reads whole
+        pieces and copies nothing."""
         if self.decode_window == "full":
             return [self.max_seq_len]
         if self.kv_layout == "paged":  # its blocks are gathered (a copy) whatever the window
             return window_buckets(self.max_seq_len, multiple=self.kv_block_size)
-        sizes = window_buckets(self.max_seq_len)
-        if self.max_seq_len <= DENSE_KEY_SPAN:
-            sizes = [w for w in sizes if 2 * w <= self.max_seq_len] + [self.max_seq_len]
-        return sizes
+        return window_buckets(self.max_seq_len)
 
     def row_buckets(self) -> list[int]:
         out, n = [], 1
@@ -125,9 +119,6 @@ class EngineConfig:
 
 # The smallest decode window: below it the attention saved is too small to pay for a shape.
 WINDOW_BASE = 64
-# The dense einsum path reads keys in pieces of at most this many positions (it is
-# tunix_agentic.models.transformer.KEY_SPAN; kept here so configs import no JAX).
-DENSE_KEY_SPAN = 512
 
 
 def window_buckets(max_seq_len: int, *, multiple: int = 1, base: int = WINDOW_BASE) -> list[int]:

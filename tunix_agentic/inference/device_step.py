@@ -40,6 +40,7 @@ import numpy as np
 from flax import nnx, struct
 
 from tunix_agentic.inference.sampling import sample, split_keys
+from tunix_agentic.models.transformer import map_cache_pieces
 
 # Stop ids per row that end a request on the device itself (the host checks them all).
 MAX_DEVICE_STOP_IDS = 8
@@ -167,14 +168,14 @@ def copy_prefixes(cache: Any, batch: PrefillBatch) -> Any:
     its slot; the whole cache pass is skipped when no row copies."""
 
     def copy(cache):
-        def one(x):  # [S, K, T, D]
+        def one(x, start):  # [S, K, T, D], positions [start, start + T)
             src = x[jnp.clip(batch.copy_from, 0, x.shape[0] - 1)]  # [R, K, T, D]
             dst = x[jnp.clip(batch.slots, 0, x.shape[0] - 1)]
-            take = jnp.arange(x.shape[2])[None, :] < batch.copy_len[:, None]  # [R, T]
+            take = start + jnp.arange(x.shape[2])[None, :] < batch.copy_len[:, None]  # [R, T]
             rows = jnp.where(take[:, None, :, None], src, dst)
             return x.at[batch.slots].set(rows, mode="drop")  # padding rows: dropped
 
-        return jax.tree.map(one, cache)
+        return map_cache_pieces(one, cache)
 
     return jax.lax.cond(jnp.any(batch.copy_len > 0), copy, lambda c: c, cache)
 

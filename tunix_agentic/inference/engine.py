@@ -18,6 +18,9 @@ step (``stats``: ``decode_steps`` run, ``void_decode_steps`` run past every
 request's end). A chunk's attention reads only the first ``window`` cache positions,
 the smallest of a few buckets that holds its live slots to the chunk's end
 (``EngineConfig.decode_window``), so short sequences do not pay for ``max_seq_len``.
+The dense cache is stored in pieces cut at those windows (and every 512 positions:
+:func:`~tunix_agentic.models.transformer.cache_chunks`), so a window reads whole arrays
+instead of a sliced copy of every slot's keys and values.
 
 The scheduler runs on its own thread, not on the callers' event loop: when a
 chunk completes it dispatches the next at once, whatever the agents' coroutines
@@ -91,7 +94,12 @@ from tunix_agentic.inference.scheduler import (
     Weights,
     commit,
 )
-from tunix_agentic.models.transformer import ModelConfig, Transformer, init_cache
+from tunix_agentic.models.transformer import (
+    ModelConfig,
+    Transformer,
+    cache_chunks,
+    init_cache,
+)
 from tunix_agentic.sharding import (
     cache_sharding,
     make_mesh,
@@ -142,7 +150,9 @@ class JaxEngine:
         if paged:  # per layer one pool of blocks (inference/paged.py), not a row per slot
             cache = init_cache(self.model_config, config.num_kv_blocks, config.kv_block_size)
         else:
-            cache = init_cache(self.model_config, config.max_slots, config.max_seq_len)
+            # In pieces cut at the decode windows: a window reads whole arrays, no copy.
+            chunks = cache_chunks(config.max_seq_len, config.window_buckets())
+            cache = init_cache(self.model_config, config.max_slots, config.max_seq_len, chunks)
         if mesh is not None:
             params = shard_tree(params, mesh)
             cache = jax.device_put(cache, cache_sharding(mesh, self.model_config.num_kv_heads))

@@ -9,6 +9,9 @@ index it by slot. One code path serves training (no cache), prefill and decode.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,8 +19,9 @@ from flax import nnx
 
 from tunix_agentic.models.config import ModelConfig  # noqa: F401  (re-exported)
 
-# A cache is one (k, v) pair per layer; each is [slots, kv_heads, max_len, head_dim].
-KVCache = tuple[tuple[jax.Array, jax.Array], ...]
+# A cache is one (k, v) pair per layer; each is [slots, kv_heads, max_len, head_dim], or a
+# tuple of such arrays that split max_len into pieces (a chunked cache: cache_chunks).
+KVCache = tuple[tuple[Any, Any], ...]
 
 
 def rope_frequencies(cfg: ModelConfig) -> np.ndarray:
@@ -121,18 +125,14 @@ class Attention(nnx.Module):
             key_pos = jnp.broadcast_to(jnp.arange(span), (b, span))
         else:
             # The cache is kv-head major ([slots, K, S, D]) so attention contracts it
-            # without a transposed copy of the whole cache on every decode step.
+            # without a transposed copy of the whole cache on every decode step; each of K
+            # and V is one array or a tuple of pieces along S (see cache_chunks).
             k_cache, v_cache = cache
             r = (jnp.arange(b) if rows is None else rows)[:, None]
-            # Positions past the cache (padding) are dropped, never clamped onto real rows.
-            k_cache = k_cache.at[r, :, positions].set(k.astype(k_cache.dtype), mode="drop")
-            v_cache = v_cache.at[r, :, positions].set(v.astype(v_cache.dtype), mode="drop")
-            new_cache = (k_cache, v_cache)
-            keys = k_cache if rows is None else k_cache[rows]
-            values = v_cache if rows is None else v_cache[rows]
-            if window is not None and window < keys.shape[2]:  # attend over [0, window) only
-                keys, values = keys[:, :, :window], values[:, :, :window]
-            key_pos = jnp.broadcast_to(jnp.arange(keys.shape[2]), (b, keys.shape[2]))
+            new_cache = (_write(k_cache, r, positions, k), _write(v_cache, r, positions, v))
+            keys, values = (_read(side, rows, window) for side in new_cache)
+            span = sum(x.shape[2] for x in keys) if isinstance(keys, tuple) else keys.shape[2]
+            key_pos = jnp.broadcast_to(jnp.arange(span), (b, span))
         mask = key_pos[:, None, :] <= positions[:, :, None]  # [B, T, S], causal by position
         if cfg.attention == "dot_product":
             out = _dot_product(q, keys, values, mask, cfg.head_dim**-0.5)
@@ -141,37 +141,35 @@ class Attention(nnx.Module):
         qg = q.reshape(b, t, cfg.num_kv_heads, groups, cfg.head_dim).transpose(
             0, 2, 3, 1, 4
         )  # [B,K,G,T,D]
-        if keys.ndim == 5:  # paged blocks: contract (block, offset) as the one key axis
-            scores = jnp.einsum("bkgtd,bwksd->bkgtws", qg, keys.astype(q.dtype))
-            scores = scores.reshape(*scores.shape[:4], -1).astype(jnp.float32)
-        else:
-            scores = jnp.concatenate(  # in pieces: see KEY_SPAN
-                [
-                    jnp.einsum("bkgtd,bksd->bkgts", qg, keys[:, :, a:e].astype(q.dtype))
-                    for a, e in _key_spans(keys.shape[2])
-                ],
-                axis=-1,
+        if not isinstance(keys, tuple) and keys.ndim == 5:  # paged blocks: contract
+            scores = jnp.einsum("bkgtd,bwksd->bkgtws", qg, keys.astype(q.dtype))  # (block,
+            scores = scores.reshape(*scores.shape[:4], -1).astype(jnp.float32)  # offset)
+        else:  # in pieces of at most KEY_SPAN positions
+            keys, values = _pieces(keys), _pieces(values)
+            scores = jnp.concatenate(
+                [jnp.einsum("bkgtd,bksd->bkgts", qg, x.astype(q.dtype)) for x in keys], axis=-1
             ).astype(jnp.float32)
         scores = jnp.where(
             mask[:, None, None], scores * cfg.head_dim**-0.5, jnp.finfo(jnp.float32).min
         )
         probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-        if values.ndim == 5:
+        if not isinstance(values, tuple):
             blocks = probs.reshape(*probs.shape[:4], values.shape[1], values.shape[3])
             out = jnp.einsum("bkgtws,bwksd->bkgtd", blocks, values.astype(q.dtype))
         else:
+            starts = np.cumsum([0] + [x.shape[2] for x in values])
             out = sum(
-                jnp.einsum("bkgts,bksd->bkgtd", probs[..., a:e], values[:, :, a:e].astype(q.dtype))
-                for a, e in _key_spans(values.shape[2])
+                jnp.einsum("bkgts,bksd->bkgtd", probs[..., a:e], x.astype(q.dtype))
+                for x, a, e in zip(values, starts[:-1], starts[1:], strict=True)
             )
         out = out.transpose(0, 3, 1, 2, 4).reshape(b, t, -1)
         return dense(self.o_proj, out), new_cache
 
 
-# The einsum path contracts a dense cache's keys in pieces of at most this many positions.
-# XLA's dot on CPU falls off a cliff past 512 keys: a 16-step decode chunk of 64 slots at
-# the peers' toy dims took ~2.0 s at 544 and at 576 keys against ~0.6 s at 512 (a 2-core
-# machine), and ~0.6 s at 576 in two pieces (512 + 64). Elsewhere: one more dot a piece.
+# The einsum path contracts keys in pieces of at most this many positions. XLA's dot on
+# CPU falls off a cliff past 512 keys: a 16-step decode chunk of 64 slots at the peers'
+# toy dims took ~2.0 s at 544 and at 576 keys against ~0.6 s at 512 (a 2-core machine),
+# and ~0.6 s at 576 in two pieces (512 + 64). Elsewhere: one more dot a piece.
 KEY_SPAN = 512
 
 
@@ -180,12 +178,80 @@ def _key_spans(n: int) -> list[tuple[int, int]]:
     return [(a, min(a + KEY_SPAN, n)) for a in range(0, n, KEY_SPAN)]
 
 
+def _pieces(x) -> tuple[jax.Array, ...]:
+    """Keys or values ``[B, K, S, D]`` as pieces along S of at most :data:`KEY_SPAN`: a
+    chunked cache's own pieces as they are, else slices of the one array (copies)."""
+    if isinstance(x, tuple):
+        return x
+    return tuple(x[:, :, a:e] for a, e in _key_spans(x.shape[2]))
+
+
+def cache_chunks(max_len: int, cuts: Sequence[int] = ()) -> tuple[int, ...]:
+    """The sizes of a dense cache's pieces along the position axis (``init_cache(chunks=)``):
+    cut at every one of ``cuts`` below ``max_len`` (the engine's decode windows) and at every
+    multiple of :data:`KEY_SPAN`.
+
+    A decode step reads the pieces that hold its window, each a whole array: no sliced copy
+    of the cache per layer per step, which a window or a key span of one array costs (the
+    copy is the bulk of the step: at the peers' toy dims, 64 slots, a decode step's
+    attention over 384 of 576 positions took ~16 ms sliced from one array against ~6 ms
+    read as whole pieces, a 2-core machine)."""
+    ends = {c for c in cuts if 0 < c < max_len} | set(range(KEY_SPAN, max_len, KEY_SPAN))
+    ends = sorted(ends | {max_len})
+    return tuple(e - a for a, e in zip([0, *ends[:-1]], ends, strict=True))
+
+
+def _write(side, r: jax.Array, positions: jax.Array, new: jax.Array):
+    """Write ``new`` ([B, T, K, D]) at rows ``r`` ([B, 1]) and ``positions`` ([B, T]) of one
+    side (K or V) of a dense cache, an array or a tuple of pieces; positions past the
+    cache (padding, stopped slots) are dropped, never clamped onto real rows."""
+    if not isinstance(side, tuple):
+        return side.at[r, :, positions].set(new.astype(side.dtype), mode="drop")
+    out, start = [], 0
+    for piece in side:
+        n = piece.shape[2]
+        local = positions - start
+        local = jnp.where((local >= 0) & (local < n), local, n)  # another piece's: dropped
+        out.append(piece.at[r, :, local].set(new.astype(piece.dtype), mode="drop"))
+        start += n
+    return tuple(out)
+
+
+def _read(side, rows: jax.Array | None, window: int | None):
+    """One side of a dense cache as attention reads it: the ``rows`` it attends from (all
+    when None) and positions ``[0, window)`` (a chunked cache: the pieces that hold them,
+    whole; the rest of the last is masked by position)."""
+    if not isinstance(side, tuple):
+        x = side if rows is None else side[rows]
+        return x if window is None or window >= x.shape[2] else x[:, :, :window]
+    out, start = [], 0
+    for piece in side:
+        if window is not None and start >= window:
+            break
+        out.append(piece if rows is None else piece[rows])
+        start += piece.shape[2]
+    return tuple(out)
+
+
+def map_cache_pieces(fn: Callable[[jax.Array, int], jax.Array], cache: KVCache) -> KVCache:
+    """``fn(array, start)`` over every array of a dense cache: each layer's K and V, or
+    each of their pieces, with the position its axis 2 starts at."""
+
+    def side(x):
+        if not isinstance(x, tuple):
+            return fn(x, 0)
+        starts = np.cumsum([0] + [p.shape[2] for p in x])
+        return tuple(fn(p, int(a)) for p, a in zip(x, starts[:-1], strict=True))
+
+    return tuple((side(k), side(v)) for k, v in cache)
+
+
 def _dot_product(q, keys, values, mask, scale):
     """``model.attention: dot_product``: ``jax.nn.dot_product_attention`` with the einsum
     path's scale and mask and ``implementation=None`` (JAX picks; XLA in jax 0.10 on every
     platform, softmax in f32 like ours). q ``[B, T, N, D]``; keys/values as ``__call__``
-    holds them: ``[B, K, S, D]`` (training, dense cache) or ``[B, W, K, bs, D]`` (paged
-    blocks); mask ``[B, T, S]``. Returns ``[B, T, N, D]``.
+    holds them: ``[B, K, S, D]`` (training, dense cache; a chunked cache's pieces are joined
+    first) or ``[B, W, K, bs, D]`` (paged blocks); mask ``[B, T, S]``. Returns ``[B, T, N, D]``.
 
     The function wants keys ``[B, S, K, D]``. In training that undoes ``__call__``'s own
     transpose (XLA folds the two). The dense cache and the paged blocks are transposed into
@@ -193,6 +259,8 @@ def _dot_product(q, keys, values, mask, scale):
     step), which the einsum path avoids by contracting them in place."""
 
     def key_major(x):
+        if isinstance(x, tuple):  # a chunked cache's pieces, joined
+            x = jnp.concatenate(x, axis=2)
         if x.ndim == 5:  # [B, W, K, bs, D] -> [B, W*bs, K, D]: position w*bs+s
             bsz, w, k, bs, d = x.shape
             return x.transpose(0, 1, 3, 2, 4).reshape(bsz, w * bs, k, d)
@@ -333,14 +401,26 @@ def _train_block(layer: Block, x: jax.Array, positions: jax.Array) -> jax.Array:
     return layer(x, positions, None, None)[0]
 
 
-def init_cache(cfg: ModelConfig, slots: int, max_len: int) -> KVCache:
+def init_cache(
+    cfg: ModelConfig, slots: int, max_len: int, chunks: Sequence[int] | None = None
+) -> KVCache:
     """Zeroed KV cache for ``slots`` sequences of up to ``max_len`` tokens (also the paged
-    layout's pools: ``slots`` blocks of ``max_len`` = block_size tokens)."""
-    shape = (slots, cfg.num_kv_heads, max_len, cfg.head_dim)
-    return tuple(
-        (jnp.zeros(shape, cfg.jnp_dtype), jnp.zeros(shape, cfg.jnp_dtype))
-        for _ in range(cfg.num_layers)
-    )
+    layout's pools: ``slots`` blocks of ``max_len`` = block_size tokens).
+
+    ``chunks``: the sizes (summing to ``max_len``) of pieces along the position axis
+    (:func:`cache_chunks`); then each layer's K and V are tuples of ``[slots, kv_heads,
+    size, head_dim]`` arrays, which hold the same values as one array and read faster."""
+    sizes = (max_len,) if chunks is None else tuple(chunks)
+    if sum(sizes) != max_len or min(sizes) < 1:
+        raise ValueError(f"cache chunks {sizes} must be positive and sum to {max_len}")
+
+    def side():
+        arrays = tuple(
+            jnp.zeros((slots, cfg.num_kv_heads, n, cfg.head_dim), cfg.jnp_dtype) for n in sizes
+        )
+        return arrays[0] if chunks is None else arrays
+
+    return tuple((side(), side()) for _ in range(cfg.num_layers))
 
 
 def token_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:
