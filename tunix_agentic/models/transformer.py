@@ -141,9 +141,10 @@ class Attention(nnx.Module):
         qg = q.reshape(b, t, cfg.num_kv_heads, groups, cfg.head_dim).transpose(
             0, 2, 3, 1, 4
         )  # [B,K,G,T,D]
-        if not isinstance(keys, tuple) and keys.ndim == 5:  # paged blocks: contract
-            scores = jnp.einsum("bkgtd,bwksd->bkgtws", qg, keys.astype(q.dtype))  # (block,
-            scores = scores.reshape(*scores.shape[:4], -1).astype(jnp.float32)  # offset)
+        if not isinstance(keys, tuple) and keys.ndim == 5:
+            # Paged blocks: contract (block, offset) as the one key axis.
+            scores = jnp.einsum("bkgtd,bwksd->bkgtws", qg, keys.astype(q.dtype))
+            scores = scores.reshape(*scores.shape[:4], -1).astype(jnp.float32)
         else:  # in pieces of at most KEY_SPAN positions
             keys, values = _pieces(keys), _pieces(values)
             scores = jnp.concatenate(
@@ -157,10 +158,9 @@ class Attention(nnx.Module):
             blocks = probs.reshape(*probs.shape[:4], values.shape[1], values.shape[3])
             out = jnp.einsum("bkgtws,bwksd->bkgtd", blocks, values.astype(q.dtype))
         else:
-            starts = np.cumsum([0] + [x.shape[2] for x in values])
             out = sum(
-                jnp.einsum("bkgts,bksd->bkgtd", probs[..., a:e], x.astype(q.dtype))
-                for x, a, e in zip(values, starts[:-1], starts[1:], strict=True)
+                jnp.einsum("bkgts,bksd->bkgtd", probs[..., a : a + x.shape[2]], x.astype(q.dtype))
+                for x, a in zip(values, _starts(values), strict=True)
             )
         out = out.transpose(0, 3, 1, 2, 4).reshape(b, t, -1)
         return dense(self.o_proj, out), new_cache
@@ -186,6 +186,11 @@ def _pieces(x) -> tuple[jax.Array, ...]:
     return tuple(x[:, :, a:e] for a, e in _key_spans(x.shape[2]))
 
 
+def _starts(pieces: tuple[jax.Array, ...]) -> list[int]:
+    """The position each piece of a chunked cache's K or V starts at (axis 2 runs on)."""
+    return [int(a) for a in np.cumsum([0] + [x.shape[2] for x in pieces])[:-1]]
+
+
 def cache_chunks(max_len: int, cuts: Sequence[int] = ()) -> tuple[int, ...]:
     """The sizes of a dense cache's pieces along the position axis (``init_cache(chunks=)``):
     cut at every one of ``cuts`` below ``max_len`` (the engine's decode windows) and at every
@@ -207,13 +212,12 @@ def _write(side, r: jax.Array, positions: jax.Array, new: jax.Array):
     cache (padding, stopped slots) are dropped, never clamped onto real rows."""
     if not isinstance(side, tuple):
         return side.at[r, :, positions].set(new.astype(side.dtype), mode="drop")
-    out, start = [], 0
-    for piece in side:
+    out = []
+    for piece, start in zip(side, _starts(side), strict=True):
         n = piece.shape[2]
         local = positions - start
         local = jnp.where((local >= 0) & (local < n), local, n)  # another piece's: dropped
         out.append(piece.at[r, :, local].set(new.astype(piece.dtype), mode="drop"))
-        start += n
     return tuple(out)
 
 
@@ -224,13 +228,11 @@ def _read(side, rows: jax.Array | None, window: int | None):
     if not isinstance(side, tuple):
         x = side if rows is None else side[rows]
         return x if window is None or window >= x.shape[2] else x[:, :, :window]
-    out, start = [], 0
-    for piece in side:
-        if window is not None and start >= window:
-            break
-        out.append(piece if rows is None else piece[rows])
-        start += piece.shape[2]
-    return tuple(out)
+    return tuple(
+        piece if rows is None else piece[rows]
+        for piece, start in zip(side, _starts(side), strict=True)
+        if window is None or start < window
+    )
 
 
 def map_cache_pieces(fn: Callable[[jax.Array, int], jax.Array], cache: KVCache) -> KVCache:
@@ -240,8 +242,7 @@ def map_cache_pieces(fn: Callable[[jax.Array, int], jax.Array], cache: KVCache) 
     def side(x):
         if not isinstance(x, tuple):
             return fn(x, 0)
-        starts = np.cumsum([0] + [p.shape[2] for p in x])
-        return tuple(fn(p, int(a)) for p, a in zip(x, starts[:-1], strict=True))
+        return tuple(fn(p, a) for p, a in zip(x, _starts(x), strict=True))
 
     return tuple((side(k), side(v)) for k, v in cache)
 
