@@ -263,6 +263,7 @@ class RemoteEnv(Environment):
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._session: aiohttp.ClientSession | None = None
         self._episode: str | None = None
+        self._token: str | None = None  # the episode's X-Episode-Token (serve-env's answer)
         self._schemas: list[dict[str, Any]] = []
 
     @property
@@ -285,8 +286,9 @@ class RemoteEnv(Environment):
         )
         where = f"remote environment {self.url}{path}"
         try:
+            headers = {"X-Episode-Token": self._token} if self._token else None
             async with self._session.request(
-                method, self.url + path, json=payload, timeout=timeout
+                method, self.url + path, json=payload, timeout=timeout, headers=headers
             ) as resp:
                 text = await resp.text()
                 status = resp.status
@@ -344,6 +346,8 @@ class RemoteEnv(Environment):
             if not isinstance(data, dict) or not isinstance(data.get("episode_id"), str):
                 raise RemoteEnvError(f"{self.url}/envs answered without an episode_id: {data!r}")
             self._episode = data["episode_id"]
+            token = data.get("episode_token")
+            self._token = token if isinstance(token, str) else None
         data = await self._call("POST", f"/envs/{self._episode}/reset", {"task": wire_task})
         if not isinstance(data, dict) or not isinstance(data.get("observation"), str):
             raise RemoteEnvError(f"{self.url}: reset answered without an observation: {data!r}")
@@ -386,6 +390,7 @@ class RemoteEnv(Environment):
                 except (RemoteEnvError, ToolUnavailable):
                     pass  # the server is gone or reaped it already: nothing left to free
         finally:
+            self._token = None
             session, self._session = self._session, None
             if session is not None:
                 await asyncio.shield(session.close())

@@ -36,7 +36,8 @@ TOOLS = ArithmeticEnv().tool_schemas()  # OpenAI function schemas
 async def calculator_agent(client: openai.AsyncOpenAI, claim: dict) -> tuple[float, int]:
     """One claimed episode: ``(reward, tool calls made)``."""
     messages = [{"role": "user", "content": claim["prompt"]}]
-    headers = {"X-Episode-Id": claim["episode_id"]}
+    # The claim's token makes the episode this agent's alone (its calls and its reward).
+    headers = {"X-Episode-Id": claim["episode_id"], "X-Episode-Token": claim["episode_token"]}
     calls = 0
     for _ in range(claim["max_turns"]):
         reply = await client.chat.completions.create(
@@ -57,7 +58,10 @@ async def calculator_agent(client: openai.AsyncOpenAI, claim: dict) -> tuple[flo
     expected = claim["task"]["fields"]["answer"]
     reward = float(answer is not None and answers_match(answer.group(1), expected))
     await client.post(
-        f"/episodes/{claim['episode_id']}/reward", body={"reward": reward}, cast_to=object
+        f"/episodes/{claim['episode_id']}/reward",
+        body={"reward": reward},
+        cast_to=object,
+        options={"headers": headers},
     )
     return reward, calls
 

@@ -109,9 +109,11 @@ async def test_an_external_group_is_its_agents_recorded_episodes(node):
     assert group.dropped == [] and group.lost == 0
     members = {m["episode_id"]: m for m in got["members"]}
     async with aiohttp.ClientSession() as http:
+        tokens = {c["episode_id"]: c["episode_token"] for c in claims}
         for traj in group.trajectories:
             assert traj.task_id == TASK.task_id and traj.group_id == "ext-a"
-            async with http.get(f"{url}/v1/episodes/{traj.episode_id}") as resp:
+            holder = {"X-Episode-Token": tokens[traj.episode_id]}
+            async with http.get(f"{url}/v1/episodes/{traj.episode_id}", headers=holder) as resp:
                 calls = (await resp.json())["calls"]
             # The learner's row is the recorded ids; the mask is 1 on the completions only.
             assert traj.token_ids[: len(calls[0]["prompt_ids"])] == calls[0]["prompt_ids"]

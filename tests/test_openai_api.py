@@ -33,9 +33,11 @@ from tunix_agentic.rollout.service.openai_api import (
     OpenAIConfig,
     add_openai_routes,
 )
+from tunix_agentic.rollout.service.engines import EngineSet
 from tunix_agentic.rollout.service.openai_episodes import (
     EpisodeLimits,
     ExternalEpisodes,
+    episode_key,
     episode_trajectory,
 )
 from tunix_agentic.rollout.service.openai_schema import parse_chat_request
@@ -72,10 +74,22 @@ TEMPLATE = """
 {% endif %}"""
 
 
+TOKEN = "a-token-the-client-chose"  # X-Episode-Token: the episodes below are its holder's
+
+
+def ep(episode_id):
+    """The headers of a call in episode ``episode_id`` of the token's holder."""
+    return {"X-Episode-Id": episode_id, "X-Episode-Token": TOKEN}
+
+
+def key(episode_id):
+    return episode_key(episode_id, TOKEN)
+
+
 async def calculator_agent(client, task, episode_id, **sampling):
     """A tool-calling agent that knows nothing of this project but the endpoint's URL."""
     messages = [{"role": "user", "content": task.prompt}]
-    headers = {"X-Episode-Id": episode_id}
+    headers = ep(episode_id)
     for _ in range(3):
         reply = await client.chat.completions.create(
             model="policy", messages=messages, tools=TOOLS, extra_headers=headers, **sampling
@@ -96,6 +110,7 @@ async def calculator_agent(client, task, episode_id, **sampling):
         f"/episodes/{episode_id}/reward",
         body={"reward": reward, "task_id": task.task_id},
         cast_to=object,
+        options={"headers": headers},
     )
     return messages, reward
 
@@ -170,7 +185,7 @@ async def test_a_tool_calling_agent_records_the_template_rendering_of_its_conver
     )
 
     async with aiohttp.ClientSession() as http:
-        async with http.get(f"{url}/v1/episodes/ep-1") as resp:
+        async with http.get(f"{url}/v1/episodes/ep-1", headers=ep("ep-1")) as resp:
             recorded = await resp.json()
     assert recorded["status"] == "closed" and recorded["reward"] == 1.0
     assert recorded["task_id"] == TASK.task_id
@@ -190,7 +205,7 @@ async def test_a_tool_calling_agent_records_the_template_rendering_of_its_conver
         assert choice["versions"] == [0] * len(choice["completion_ids"])
         assert all(lp <= 0 for lp in choice["logprobs"])
     # ... and the episode is one learner row: the whole conversation, mask on the replies.
-    traj = episode_trajectory(api.store.get("ep-1"))
+    traj = episode_trajectory(api.store.get(key("ep-1")))
     assert traj.whole_history and traj.reward == 1.0
     (row,) = traj.learner_rows()
     whole = rendering(messages)
@@ -244,7 +259,7 @@ async def test_random_policy_episodes_in_the_built_in_framing(serve, make_engine
     for i, task in enumerate(tasks):
         await calculator_agent(client, task, f"rand-{i}", temperature=1.0, max_tokens=24, seed=i)
     for i, task in enumerate(tasks):
-        episode = api.store.get(f"rand-{i}")
+        episode = api.store.get(key(f"rand-{i}"))
         assert episode.closed and episode.task_id == task.task_id
         assert episode.calls[0].prompt_ids == BUILTIN.prompt_ids(task.prompt)
         traj = episode_trajectory(episode)
@@ -263,7 +278,7 @@ async def test_choices_and_rewritten_histories_give_one_row_per_call(serve, tool
     engine, _ = tool_user
     api, url = await serve(engine, BUILTIN)
     client = client_of(url)
-    head = {"X-Episode-Id": "branchy"}
+    head = ep("branchy")
     first = [{"role": "user", "content": TASK.prompt}]
     reply = await client.chat.completions.create(
         model="m",
@@ -274,7 +289,7 @@ async def test_choices_and_rewritten_histories_give_one_row_per_call(serve, tool
         max_tokens=40,
         extra_headers=head,
     )
-    recorded = api.store.get("branchy").calls[0].completions
+    recorded = api.store.get(key("branchy")).calls[0].completions
     assert len(reply.choices) == 2 and len(recorded) == 2
     assert reply.usage.completion_tokens == sum(len(c.token_ids) for c in recorded)
     assert reply.choices[0].finish_reason == "tool_calls"
@@ -284,8 +299,10 @@ async def test_choices_and_rewritten_histories_give_one_row_per_call(serve, tool
     await client.chat.completions.create(
         model="m", messages=rewritten, max_tokens=8, temperature=0, extra_headers=head
     )
-    await client.post("/episodes/branchy/reward", body={"reward": 0.5}, cast_to=object)
-    episode = api.store.get("branchy")
+    await client.post(
+        "/episodes/branchy/reward", body={"reward": 0.5}, cast_to=object, options={"headers": head}
+    )
+    episode = api.store.get(key("branchy"))
     assert [len(c.completions) for c in episode.calls] == [2, 1]
     traj = episode_trajectory(episode)
     rows = traj.learner_rows()
@@ -376,7 +393,7 @@ async def test_episodes_are_bounded_and_closed_once(serve, tool_user):
     body = {"messages": [{"role": "user", "content": TASK.prompt}], "max_tokens": 4}
 
     async def post(path, payload, episode=None):
-        headers = {"X-Episode-Id": episode} if episode else {}
+        headers = ep(episode) if episode else {"X-Episode-Token": TOKEN}
         async with http.post(f"{url}{path}", json=payload, headers=headers) as resp:
             return resp.status, await resp.json()
 
@@ -402,8 +419,8 @@ async def test_episodes_are_bounded_and_closed_once(serve, tool_user):
         )
         # An idle open episode expires (its clock moved back instead of waiting).
         assert (await post("/v1/chat/completions", body, "b"))[0] == 200
-        api.store.open["b"].touched -= 61
-        async with http.get(f"{url}/v1/episodes/b") as resp:
+        api.store.open[key("b")].touched -= 61
+        async with http.get(f"{url}/v1/episodes/b", headers=ep("b")) as resp:
             assert resp.status == 404
         assert api.store.expired == 1
 
@@ -423,12 +440,10 @@ async def test_what_the_engine_refuses_is_a_4xx_naming_the_field(serve, tool_use
         **{k: extra[k] for k in extra.keys() - {"content"}},
     }
     async with aiohttp.ClientSession() as http:
-        async with http.post(
-            f"{url}/v1/chat/completions", json=body, headers={"X-Episode-Id": "e"}
-        ) as resp:
+        async with http.post(f"{url}/v1/chat/completions", json=body, headers=ep("e")) as resp:
             assert resp.status == 400
             assert (await resp.json())["error"]["message"].startswith(field)
-    assert api.store.get("e").calls == [] and api.store.get("e").in_flight == 0
+    assert api.store.get(key("e")) is None and not api.store.open  # a failed call opens nothing
 
 
 async def test_external_episodes_make_a_group_of_one_task(serve, tool_user):
@@ -443,6 +458,85 @@ async def test_external_episodes_make_a_group_of_one_task(serve, tool_user):
     assert {t.episode_id for t in group.trajectories} == {"g-0", "g-1"}
     assert api.store.take_closed() == []
     await client.close()
+
+
+async def test_another_client_can_neither_read_nor_close_nor_continue_an_episode(serve, tool_user):
+    """Item 2 of issue 32: a client that knows (or guesses) an episode id, without its
+    token, reads nothing, rewards nothing and records into an episode of its own."""
+    engine, _ = tool_user
+    api, url = await serve(engine, BUILTIN)
+    body = {"messages": [{"role": "user", "content": TASK.prompt}], "max_tokens": 4}
+    other = {"X-Episode-Id": "victim", "X-Episode-Token": "the-attacker-s-own-token"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{url}/v1/chat/completions", json=body, headers=ep("victim")) as r:
+            assert r.status == 200 and r.headers["X-Episode-Token"] == TOKEN
+        for headers, status in ((other, 404), ({"X-Episode-Id": "victim"}, 401)):
+            hdrs = {k: v for k, v in headers.items() if k != "X-Episode-Id"}
+            async with http.get(f"{url}/v1/episodes/victim", headers=hdrs) as r:
+                assert r.status == status, await r.text()
+            async with http.post(
+                f"{url}/v1/episodes/victim/reward", json={"reward": 9}, headers=hdrs
+            ) as r:
+                assert r.status == status
+        # The same id without the token: a new episode under a token the server makes.
+        async with http.post(
+            f"{url}/v1/chat/completions", json=body, headers={"X-Episode-Id": "victim"}
+        ) as r:
+            assert r.status == 200
+            issued = r.headers["X-Episode-Token"]
+        assert issued != TOKEN and len(issued) >= 16
+        async with http.post(f"{url}/v1/chat/completions", json=body, headers=other) as r:
+            assert r.status == 200
+        assert len(api.store.get(key("victim")).calls) == 1  # untouched by the others
+        async with http.post(
+            f"{url}/v1/episodes/victim/reward", json={"reward": 1}, headers=ep("victim")
+        ) as r:
+            assert r.status == 200 and (await r.json())["calls"] == 1
+
+
+async def test_failing_calls_open_no_episode_and_each_client_has_its_own_cap(serve, tool_user):
+    """Item 3 of issue 32: 503s (no engine) leave nothing open, so they cannot fill the
+    open-episode cap; a client past its own cap gets a 429 naming it, others do not."""
+    limits = EpisodeLimits(max_open=3, max_open_per_client=1)
+    _, down = await serve(EngineSet([]), BUILTIN, episodes=limits)
+    engine, _ = tool_user
+    api, up = await serve(engine, BUILTIN, episodes=limits)
+    body = {"messages": [{"role": "user", "content": TASK.prompt}], "max_tokens": 4}
+    async with aiohttp.ClientSession() as http:
+        for i in range(8):
+            async with http.post(
+                f"{down}/v1/chat/completions", json=body, headers=ep(f"f{i}")
+            ) as r:
+                assert r.status == 503  # never 429: the failed ones hold nothing
+        mine, theirs = {"Authorization": "Bearer one"}, {"Authorization": "Bearer two"}
+        for headers, status in ((mine, 200), (mine, 429), (theirs, 200)):
+            async with http.post(
+                f"{up}/v1/chat/completions",
+                json=body,
+                headers={**headers, "X-Episode-Id": "x"},
+            ) as r:
+                assert r.status == status
+                if status == 429:
+                    assert "max_open_per_client" in (await r.json())["error"]["message"]
+    assert len(api.store.open) == 2
+
+
+@pytest.mark.parametrize("where", ["body", "arguments"], ids=str)
+async def test_deeply_nested_json_is_a_400_naming_the_depth_limit(serve, where):
+    """Item 7 of issue 32: nesting past the limit (a body, tool-call arguments) is the
+    client's 400, not a 500 from a RecursionError (which OpenAI clients retry)."""
+    _, url = await serve(None, BUILTIN)
+    deep = "[" * 100_000 + "]" * 100_000
+    if where == "body":
+        data, field = deep, "request body"
+    else:
+        call = {"type": "function", "function": {"name": "c", "arguments": '{"a":' + deep + "}"}}
+        message = {"role": "assistant", "content": None, "tool_calls": [call]}
+        data, field = json.dumps({"messages": [message]}), "tool_calls[0].function.arguments"
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{url}/v1/chat/completions", data=data) as resp:
+            message = (await resp.json())["error"]["message"]
+    assert resp.status == 400 and field in message and "limit is 64" in message
 
 
 def test_the_endpoint_imports_no_jax():

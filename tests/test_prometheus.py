@@ -66,12 +66,13 @@ async def test_the_env_server_exports_its_open_episodes_by_route_template():
         async with aiohttp.ClientSession() as s:
             async with s.post(f"{base}/envs", json={"env": "arithmetic"}) as r:
                 assert r.status == 200, await r.text()
-                episode = (await r.json())["episode_id"]
+                created = await r.json()
+            episode, holder = created["episode_id"], {"X-Episode-Token": created["episode_token"]}
             _, text = await _metrics(s, base)
             assert _samples(text)[("tunix_env_episodes_open", ())] == 1
-            async with s.delete(f"{base}/envs/{episode}") as r:
+            async with s.delete(f"{base}/envs/{episode}", headers=holder) as r:
                 assert r.status == 200
-            async with s.delete(f"{base}/envs/{episode}") as r:  # gone: one 404 more
+            async with s.delete(f"{base}/envs/{episode}", headers=holder) as r:  # one 404 more
                 assert r.status == 404
             _, text = await _metrics(s, base)
         got = _samples(text)

@@ -225,8 +225,10 @@ async def start(**cfg):
     return runner, f"http://127.0.0.1:{port}"
 
 
-async def http(method: str, url: str, body=None, key: str | None = None):
+async def http(method: str, url: str, body=None, key: str | None = None, token: str | None = None):
     headers = {"Authorization": f"Bearer {key}"} if key else {}
+    if token is not None:
+        headers["X-Episode-Token"] = token
     async with (
         aiohttp.ClientSession() as s,
         s.request(method, url, json=body, headers=headers) as r,
@@ -252,14 +254,46 @@ async def test_errors_tool_failures_and_unknown_episodes():
         status, body = await http("DELETE", url + "/envs/nope")
         assert status == 404 and body["error"]["type"] == "KeyError"
         # Only Task and the environment's own dataclasses are ever built from a request.
-        episode = env.episode_id
+        episode, token = env.episode_id, env._token
         task = {"type": "subprocess:CompletedProcess", "fields": {"args": "x", "returncode": 0}}
-        status, body = await http("POST", f"{url}/envs/{episode}/reset", {"task": task})
+        status, body = await http(
+            "POST", f"{url}/envs/{episode}/reset", {"task": task}, token=token
+        )
         assert status == 400 and "not accepted" in body["error"]["message"]
-        status, body = await http("POST", f"{url}/envs/{episode}/step", {"action": {"text": 3}})
+        action = {"action": {"text": 3}}
+        status, body = await http("POST", f"{url}/envs/{episode}/step", action, token=token)
         assert status == 400 and "'text' must be a string" in body["error"]["message"]
     finally:
         await env.close()
+        await runner.cleanup()
+
+
+async def test_another_client_can_neither_step_nor_close_an_episode():
+    """Item 2 of issue 32: serve-env episode ids are unguessable (no prefix and counter)
+    and every request on an episode needs its token: another client's step, evaluate or
+    delete, with no token or a wrong one, is a 403 that leaves the episode as it was."""
+    runner, url = await start()
+    owner, other = RemoteEnv(url), RemoteEnv(url)
+    try:
+        await owner.reset(Task("t", "hi"))
+        await other.reset(Task("t", "hi"))
+        ids = [owner.episode_id, other.episode_id]
+        # 128 random bits each: not a shared prefix with a counter after it.
+        assert all(len(i) >= 22 for i in ids) and ids[0][:8] != ids[1][:8]
+        mine = owner.episode_id
+        for token in (None, other._token):
+            for method, path, body in (
+                ("POST", f"/envs/{mine}/step", {"action": {"text": "", "answer": "end"}}),
+                ("POST", f"/envs/{mine}/evaluate", None),
+                ("DELETE", f"/envs/{mine}", None),
+            ):
+                status, answer = await http(method, url + path, body, token=token)
+                assert status == 403 and "X-Episode-Token" in answer["error"]["message"]
+        step = await owner.step(Action(text="", answer="x"))  # still the owner's, still open
+        assert step.observation == "echo x"
+    finally:
+        await owner.close()
+        await other.close()
         await runner.cleanup()
 
 

@@ -130,7 +130,7 @@ def _trajectory() -> Trajectory:
         Step(
             context_len=3,
             action_ids=[8, 9],
-            logprobs=[0.1 + 0.2, -1e-300],
+            logprobs=[-(0.1 + 0.2), -1e-300],
             versions=[3, 4],
             finish_reason="stop",
             action_text="<tool_call>x</tool_call>",
@@ -150,7 +150,7 @@ def test_trajectories_and_groups_round_trip_exactly():
     t = _trajectory()
     back = trajectory_from_json(json.loads(json.dumps(trajectory_to_json(t))))
     assert back == t
-    assert back.steps[0].logprobs[0] == 0.1 + 0.2  # the float itself, bit for bit
+    assert back.steps[0].logprobs[0] == -(0.1 + 0.2)  # the float itself, bit for bit
     g = Group("g0-t", 0, Task("t", "Compute 1+1.", "2", {"a": 1}), 4, [t], [_trajectory()], 1)
     assert group_from_json(json.loads(json.dumps(group_to_json(g)))) == g
 
@@ -465,8 +465,9 @@ async def test_the_node_serves_openai_chat_completions_on_its_engines(node_url):
         ) as resp:
             assert resp.status == 200, await resp.text()
             reply = await resp.json()
+            holder = {"X-Episode-Token": resp.headers["X-Episode-Token"]}  # the server's
         assert reply["object"] == "chat.completion" and reply["usage"]["completion_tokens"] >= 1
-        async with s.get(f"{node_url}/v1/episodes/chat-1") as resp:
+        async with s.get(f"{node_url}/v1/episodes/chat-1", headers=holder) as resp:
             assert resp.status == 200
 
 
@@ -601,12 +602,18 @@ async def test_a_prompt_past_the_engines_window_is_too_long_as_in_process(engine
         ("token_ids", [5, True], r"trajectory\.token_ids\[1\] must be an integer"),
         ("token_ids", [5, 6.0], r"trajectory\.token_ids\[1\] must be an integer"),
         ("timings", {"episode_s": "1"}, r"trajectory\.timings\.episode_s must be a number"),
+        # A node's answer with impossible logprobs is refused (issue 32, item 1).
+        ("logprobs", [-1.0, float("nan")], r"steps\[0\]\.logprobs\[1\] must be a finite logprob"),
+        ("logprobs", [0.5, -1.0], r"steps\[0\]\.logprobs\[0\] must be a finite logprob"),
     ],
-    ids=["bool-id", "float-id", "string-time"],
+    ids=["bool-id", "float-id", "string-time", "nan-logprob", "positive-logprob"],
 )
 def test_a_trajectory_with_a_bad_element_names_it(field, value, message):
     obj = trajectory_to_json(_trajectory())
-    obj[field] = value
+    if field == "logprobs":
+        obj["steps"][0]["logprobs"] = value
+    else:
+        obj[field] = value
     with pytest.raises(ValueError, match=message):
         trajectory_from_json(obj)
 

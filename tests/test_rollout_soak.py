@@ -50,3 +50,24 @@ def test_the_fault_soak_loses_no_group_and_leaves_nothing_behind():
     assert result["tool_calls"] >= result["scored"]  # turns end, and run the tool
     assert result["tool_crashes"] + result["hangs_cut"] >= 1
     assert not result["leftovers"]["idle"][0] and not result["leftovers"]["after_stop"][1]
+
+
+@pytest.mark.parametrize(
+    "taken_at, on_time",
+    [(24, True), (36, True), (37, False), (47, False)],
+    ids=["at-the-planned-episode", "half-the-span-left", "past-half", "next-to-last"],
+)
+def test_the_soaks_memory_check_fails_when_its_baseline_came_too_late(
+    monkeypatch, taken_at, on_time
+):
+    monkeypatch.syspath_prepend(str(REPO / "profiling"))
+    import soak_rollout
+
+    # Memory flat from baseline to end: the check passes only when it measured a span.
+    got = soak_rollout.rss_verdict(24, taken_at, 48, [1000, 2000], [1000, 2000])
+    assert got["on_time"] is on_time and got["within_10pct"] is on_time
+    assert (got["note"] is None) is on_time
+    if not on_time:
+        assert f"taken at {taken_at} of 48" in got["note"] and "not checked" in got["note"]
+    grown = soak_rollout.rss_verdict(24, 24, 48, [1000, 2000], [1000, 2300])
+    assert grown["change"] == [0.0, 0.15] and not grown["within_10pct"]

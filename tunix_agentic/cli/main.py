@@ -2,17 +2,21 @@
 
 ``tunix-agentic train [--config PATH] [--resume RUN_DIR] [--profile-steps A:B] [key.path=value ...]``
 ``tunix-agentic export RUN_DIR --to OUT_DIR [--dtype bfloat16]``
-``tunix-agentic eval RUN_DIR [--step N] [--tasks K]`` (held-out figures of a checkpoint, JSON)
+``tunix-agentic eval RUN_DIR [--step N] [--tasks K] [--show K]`` (held-out figures of a checkpoint)
+``tunix-agentic show RUN_DIR [--step N] [--heldout] [--task ID]`` (the episodes a run kept)
 ``tunix-agentic report RUN_DIR [--out DIR]`` (PNGs and report.md with a bottleneck verdict)
 ``tunix-agentic convert --gguf FILE --to OUT_DIR [--dtype bfloat16]``
 ``tunix-agentic compare --config RUN.yaml --against trl [--steps N] [--out DIR]`` (vs TRL)
+``tunix-agentic aot --config RUN.yaml --topology v5e:2x4 [--json FILE] [key.path=value ...]``
+(compile for a TPU that is not here: memory per chip, FLOPs, fit)
 ``tunix-agentic serve-engine [--config PATH] [--params DIR] [--host H] [--port P]
 [--api-key KEY] [--weights-dir DIR ...] [--header-timeout S] [--body-timeout S] [key.path=value ...]``
 ``tunix-agentic sandbox [--config PATH] [--backend auto|bwrap|process] [--timeout S] -- CMD ...``
 ``tunix-agentic serve-env --env NAME [--config PATH] [--sandbox-backend B] [--import MODULE ...]
 [--host H] [--port P] [--api-key KEY] [--header-timeout S] [--body-timeout S]``
-``tunix-agentic serve-rollout [--config PATH] [--engine-url URL ...] [--state-dir DIR]
-[--host H] [--port P] [--api-key KEY] [--header-timeout S] [--body-timeout S] [key.path=value ...]``
+``tunix-agentic serve-rollout [--config PATH] [--engine-url URL ...] [--state-dir DIR] [--repair-log]
+[--host H] [--port P] [--api-key KEY] [--admin-key KEY] [--max-queued N] [--max-task-kb KB]
+[--max-log-mb MB] [--header-timeout S] [--body-timeout S] [key.path=value ...]``
 
 Give the servers' API key in ``$TUNIX_AGENTIC_API_KEY``: ``--api-key`` works, but a
 command line is readable by every user of the machine (``/proc/PID/cmdline``, ``ps``).
@@ -24,7 +28,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from tunix_agentic.aot.cli import add_aot
 from tunix_agentic.cli.eval_cmd import add_eval
+from tunix_agentic.cli.show import add_show
 from tunix_agentic.compare.cli import add_compare
 from tunix_agentic.report import add_report
 
@@ -113,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
         add_eval,
         add_compare,
         add_report,
+        add_show,
+        add_aot,
     ):
         add(sub)
     return parser
@@ -250,6 +258,12 @@ def _add_serve_rollout(sub) -> None:
         "to serve them again); default runs/rollout_node",
     )
     sr.add_argument(
+        "--repair-log",
+        action="store_true",
+        help="before serving, drop the damaged lines of DIR's log (printing each); a "
+        "damaged log otherwise stops the node with an error naming the line",
+    )
+    sr.add_argument(
         "--host", default="127.0.0.1", help="address (beyond loopback an API key is required)"
     )
     sr.add_argument("--port", type=int, default=8200, help="port to listen on (0: a free one)")
@@ -267,6 +281,37 @@ def _add_serve_rollout(sub) -> None:
         metavar="N",
         help="groups run at once; the rest wait, higher priority first (default: as many "
         "as fill the config's rollout INIT, RUN and EVAL pools)",
+    )
+    sr.add_argument(
+        "--admin-key",
+        default=None,
+        metavar="KEY",
+        help="the operator's key (better: $TUNIX_AGENTIC_ADMIN_KEY), apart from the API key: "
+        "POST/DELETE /v1/engines, POST /v1/policy and DELETE /v1/groups/ID need it. Default: "
+        "a random token the node leaves, for its own user only, where a trainer on this "
+        "machine finds it; give one when the trainer runs elsewhere",
+    )
+    sr.add_argument(
+        "--max-queued",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="groups waiting for a slot; more answer 429 (default 1024)",
+    )
+    sr.add_argument(
+        "--max-task-kb",
+        type=int,
+        default=1024,
+        metavar="KB",
+        help="a group's inline task as JSON; larger answer 413 (default 1024; a task_ref "
+        "is never large)",
+    )
+    sr.add_argument(
+        "--max-log-mb",
+        type=int,
+        default=16384,
+        metavar="MB",
+        help="the state dir's log; past it new groups answer 429 (default 16384; 0: no cap)",
     )
     _add_timeouts(sr)
     sr.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.run_workers=32")
@@ -372,11 +417,17 @@ def _serve_env(args: argparse.Namespace) -> int:
 
 
 def _serve_rollout(args: argparse.Namespace) -> int:
+    from tunix_agentic.rollout.service.caps import NodeCaps
     from tunix_agentic.rollout.service.node_http import serve_rollout_main
 
     _warn_api_key_flag(args)
     try:
         timeouts = _timeouts(args)
+        caps = NodeCaps(
+            max_queued=args.max_queued,
+            max_task_bytes=args.max_task_kb << 10,
+            max_log_bytes=args.max_log_mb << 20,
+        )
     except ValueError as exc:
         print(f"tunix-agentic: error: {exc}", file=sys.stderr)
         return 2
@@ -391,6 +442,9 @@ def _serve_rollout(args: argparse.Namespace) -> int:
         engine_api_key=args.engine_api_key,
         timeouts=timeouts,
         max_groups=args.max_groups,
+        repair_log=args.repair_log,
+        admin_key=args.admin_key,
+        caps=caps,
     )
 
 

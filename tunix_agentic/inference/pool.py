@@ -218,6 +218,9 @@ class EnginePool:
         """
         version = int(version)
         loop = asyncio.get_running_loop()
+        # A pool that only publishes (its engines serve others) must still probe a backend
+        # it takes out, and bring it back with these weights.
+        self._ensure_health_task()
         handed: list[tuple[Backend, WeightUpdate]] = []
         errors: list[str] = []
         for b in self._backends:

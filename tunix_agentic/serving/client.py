@@ -15,8 +15,9 @@ has applied them (``await wait_weights()`` awaits every update sent). The
 server must see ``weights_dir`` (a shared filesystem). Several clients may share one
 ``weights_dir`` (a pool, one client per server, in one process or several): each
 writes its own directories, ``v{version}-{writer_id}`` with a name unique to the
-client, and removes only its own; the clients of one process write one at a time
-(concurrent orbax saves in a process break each other).
+client, and removes only its own (on close, at interpreter exit, or after a crash at the
+next client's first write: :mod:`~tunix_agentic.serving.weights_dir`); the clients of one
+process write one at a time (concurrent orbax saves in a process break each other).
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import shutil
-import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,7 @@ import aiohttp
 
 from tunix_agentic.inference.base import EngineError, TokenOutput, WeightUpdate
 from tunix_agentic.inference.params import SamplingParams
+from tunix_agentic.serving.weights_dir import WeightsDirs
 
 _MAX_CONNECTIONS = 1024  # one per in-flight request; aiohttp's default of 100 would queue
 # orbax saves running at once in one process break each other (shared temporary state),
@@ -72,8 +75,26 @@ def _as_int(value: Any, default: int) -> int:
         return default
 
 
-def parse_generate_response(body: Any, *, default_version: int = 0) -> TokenOutput:
-    """An SGLang ``/generate`` answer -> :class:`TokenOutput`; EngineError if malformed.
+# How far above 0 a reported logprob may be and still count as float noise: a softmax in
+# low precision can round log(p ~ 1) up by a few ulps. Such values are kept as reported.
+LOGPROB_TOLERANCE = 1e-4
+
+
+class BadReply(EngineError):
+    """An engine answered 200 with a reply that cannot be true (a logprob that is NaN or
+    positive, a token id outside the vocabulary, a policy version ahead of the published
+    one): an infrastructure error of that backend, never recorded into a trajectory."""
+
+
+def parse_generate_response(
+    body: Any,
+    *,
+    default_version: int = 0,
+    vocab_size: int | None = None,
+    max_version: int | None = None,
+) -> TokenOutput:
+    """An SGLang ``/generate`` answer -> :class:`TokenOutput`; EngineError if malformed,
+    :class:`BadReply` if impossible (see :func:`check_reply`).
 
     Per-token versions come from our ``output_token_versions`` extension, else
     every token gets the answer's ``weight_version`` (``default_version`` when
@@ -89,7 +110,7 @@ def parse_generate_response(body: Any, *, default_version: int = 0) -> TokenOutp
         versions = meta.get("output_token_versions")
         if versions is None:
             versions = [_as_int(meta.get("weight_version"), default_version)] * len(ids)
-        return TokenOutput(
+        out = TokenOutput(
             token_ids=ids,
             logprobs=logprobs,
             finish_reason=reason,
@@ -101,6 +122,35 @@ def parse_generate_response(body: Any, *, default_version: int = 0) -> TokenOutp
         )
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise EngineError(f"malformed /generate response: {exc!r}") from exc
+    why = check_reply(out, vocab_size=vocab_size, max_version=max_version)
+    if why is not None:
+        raise BadReply(f"impossible /generate reply: {why}")
+    return out
+
+
+def check_reply(
+    out: TokenOutput, *, vocab_size: int | None = None, max_version: int | None = None
+) -> str | None:
+    """Why ``out`` cannot be a true reply (the first field at fault), or None: logprobs
+    finite and <= :data:`LOGPROB_TOLERANCE`, one per token when given; token ids in
+    ``[0, vocab_size)``; versions one per token, in ``[0, max_version]``."""
+    ids, logprobs, versions = out.token_ids, out.logprobs, out.versions
+    if logprobs and len(logprobs) != len(ids):
+        return f"output_token_logprobs: {len(logprobs)} for {len(ids)} tokens"
+    for i, lp in enumerate(logprobs):
+        if not (math.isfinite(lp) and lp <= LOGPROB_TOLERANCE):
+            return f"output_token_logprobs[{i}] is {lp!r} (must be finite and <= 0)"
+    for i, t in enumerate(ids):
+        if t < 0 or (vocab_size is not None and t >= vocab_size):
+            return f"output_ids[{i}] is {t}, outside the vocabulary [0, {vocab_size})"
+    if versions and len(versions) != len(ids):
+        return f"output_token_versions: {len(versions)} for {len(ids)} tokens"
+    for i, v in enumerate(versions):
+        if v < 0 or (max_version is not None and v > max_version):
+            return f"output_token_versions[{i}] is {v}, " + (
+                "negative" if v < 0 else f"ahead of the published version {max_version}"
+            )
+    return None
 
 
 def _save_alone(path: Path, params: Any) -> None:
@@ -143,15 +193,19 @@ class SGLangEngine:
         weights_dir: str | None = None,
         health_timeout_s: float = 5.0,
         api_key: str | None = None,
+        vocab_size: int | None = None,
+        max_version: Callable[[], int | None] | None = None,
     ):
         self.base_url = base_url.rstrip("/")
+        # What a reply is checked against (BadReply otherwise): the model's vocabulary,
+        # and the newest version it may carry (a rollout node's published one, read per reply).
+        self.vocab_size = vocab_size
+        self.max_version = max_version
         # Sent as ``Authorization: Bearer KEY`` (the scheme of SGLang's --api-key and ours).
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.name = name or self.base_url
         self.request_timeout_s = request_timeout_s
         self.health_timeout_s = health_timeout_s
-        self._weights_dir = Path(weights_dir) if weights_dir is not None else None
-        self._owns_weights_dir = weights_dir is None
         self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
         self._in_flight = 0
         self._rid_prefix = f"{uuid.uuid4().hex[:12]}"
@@ -164,6 +218,8 @@ class SGLangEngine:
         self._background: set[asyncio.Task] = set()
         self._weight_tasks: list[asyncio.Task] = []
         self._written: Path | None = None  # our last weights directory, removed when replaced
+        # Locked while we live, removed on close or exit, or by the next client after a crash.
+        self._weights = WeightsDirs(weights_dir, self.writer_id)
 
     # ------------------------------------------------------------- plumbing
     def _session(self) -> aiohttp.ClientSession:
@@ -250,7 +306,16 @@ class SGLangEngine:
             if 400 <= status < 500 and status not in (404, 405):
                 raise ValueError(message)
             raise EngineError(f"{self.name}: /generate answered HTTP {status}: {message}")
-        out = parse_generate_response(data, default_version=self._version or 0)
+        try:
+            out = parse_generate_response(
+                data,
+                default_version=self._version or 0,
+                vocab_size=self.vocab_size,
+                max_version=None if self.max_version is None else self.max_version(),
+            )
+        except EngineError as exc:  # malformed or impossible: this backend's fault, named
+            self._mark(False, status="bad reply", error=str(exc))
+            raise type(exc)(f"{self.name}: {exc}") from exc
         self._counters["prefill_tokens"] += out.prompt_tokens - out.cached_tokens
         self._counters["cached_tokens"] += out.cached_tokens
         self._counters["generated_tokens"] += len(out.token_ids)
@@ -277,6 +342,12 @@ class SGLangEngine:
         """The weight version this client last had the server load; ``None`` before the
         first update (the server's own is not known here)."""
         return self._version
+
+    @property
+    def weights_path(self) -> Path | None:
+        """The directory this client last had the server load (:attr:`version`'s), kept
+        on disk until the next one is loaded or the client closes."""
+        return self._written
 
     @property
     def stats(self) -> dict[str, float]:
@@ -353,10 +424,8 @@ class SGLangEngine:
     async def _write_and_load(self, params: Any, version: int, previous: asyncio.Task | None):
         if previous is not None:
             await asyncio.gather(previous, return_exceptions=True)
-        if self._weights_dir is None:
-            self._weights_dir = Path(tempfile.mkdtemp(prefix="tunix-weights-"))
-        path = self._weights_dir / f"v{version}-{self.writer_id}"
         loop = asyncio.get_running_loop()
+        path = await loop.run_in_executor(None, self._weights.path_for, version)
         await loop.run_in_executor(None, _save_alone, path, params)
         await self.update_weights_from_disk(path, version)
         old, self._written = self._written, path
@@ -383,9 +452,5 @@ class SGLangEngine:
         session = self._sessions.pop(loop, None)
         if session is not None:
             await session.close()
-        mine = self._weights_dir if self._owns_weights_dir else self._written
-        if mine is not None:
-            await loop.run_in_executor(None, shutil.rmtree, mine, True)
-        if self._owns_weights_dir:
-            self._weights_dir = None
+        await loop.run_in_executor(None, self._weights.close)
         self._written = None

@@ -5,8 +5,10 @@ is its client. Routes (JSON in, JSON out; the wire format of tasks, actions and 
 results is in :mod:`tunix_agentic.envs.remote`):
 
 - ``POST /envs`` ``{"env": NAME or null, "kwargs": {...}}``: builds an environment
-  (``make_env(NAME, **operator_kwargs, **kwargs)``), answers ``{"episode_id", "env",
-  "tools"}``. ``kwargs`` may hold only the keywords NAME was registered to take from a
+  (``make_env(NAME, **operator_kwargs, **kwargs)``), answers ``{"episode_id",
+  "episode_token", "env", "tools"}``: both unguessable (``secrets``); every request on the
+  episode below must send the token as ``X-Episode-Token`` (403 otherwise), so no other
+  client can step, evaluate or close it. ``kwargs`` may hold only the keywords NAME was registered to take from a
   client (``register_env(..., client_kwargs=...)``: task-level knobs); the sandbox and
   resource limits are the operator's (:class:`EnvServerConfig`, ``serve-env --config``).
 - ``POST /envs/{id}/reset`` ``{"task": {"type", "fields"}}``: answers
@@ -20,7 +22,7 @@ results is in :mod:`tunix_agentic.envs.remote`):
 Errors are ``{"error": {"message", "type"}}``: 400 for a malformed body, a task type
 the server does not accept, a ``kwargs`` key a client may not set (the message names
 it) or factory arguments the environment refuses; 401 for a missing or wrong API key;
-404 for an unknown (or reaped) episode; 408 for a body not received within
+403 for a missing or wrong episode token; 404 for an unknown (or reaped) episode; 408 for a body not received within
 ``timeouts.body_s``; 413 for one over ``MAX_BODY_BYTES``; 500 when the environment
 raised (``type`` names the exception, so a client can re-raise ``ToolUnavailable``);
 503 when the episode limit is reached or the server is stopping. A connection whose
@@ -38,14 +40,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hmac
 import inspect
-import itertools
 import json
 import math
 import os
+import secrets
 import sys
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -74,6 +76,7 @@ from tunix_agentic.serving.http import (
     api_key_guard,
     check_exposure,
     json_error,
+    load_json,
     serve_app,
     serve_until_signal,
     url,
@@ -132,10 +135,14 @@ class EnvServerConfig:
         object.__setattr__(self, "env_kwargs", MappingProxyType(dict(self.env_kwargs)))
 
 
+TOKEN_HEADER = "X-Episode-Token"
+
+
 @dataclasses.dataclass
 class _Episode:
     env: Environment
     last_used: float
+    token: str = dataclasses.field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
     busy: int = 0  # requests holding or awaiting the lock; the reaper skips busy episodes
 
@@ -154,8 +161,6 @@ class _State:
             self.accept_tasks_of(module)
         self.episodes: dict[str, _Episode] = {}
         self.stopping = False
-        self._prefix = uuid.uuid4().hex[:8]
-        self._counter = itertools.count()
 
     @staticmethod
     def check_name(env_name: str) -> None:
@@ -177,7 +182,11 @@ class _State:
                 self.task_types[type_name(obj)] = obj
 
     def new_id(self) -> str:
-        return f"{self._prefix}-{next(self._counter)}"
+        """An unguessable episode id (128 random bits): not a prefix and a counter."""
+        while True:
+            episode_id = secrets.token_urlsafe(16)
+            if episode_id not in self.episodes:
+                return episode_id
 
 
 _STATE = web.AppKey("env_state", _State)
@@ -226,10 +235,7 @@ async def _body(request: web.Request) -> dict[str, Any]:
     raw = await request.read()
     if not raw.strip():
         return {}
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise ValueError(f"request body is not valid JSON: {exc}") from None
+    body = load_json(raw)  # ValueError: not JSON, or nested past MAX_JSON_DEPTH
     if not isinstance(body, dict):
         raise ValueError("request body must be a JSON object")
     return body
@@ -287,13 +293,33 @@ async def handle_create(request: web.Request) -> web.Response:
         return _error(500, f"cannot make {name!r}: {type(exc).__name__}: {exc}", type(exc).__name__)
     state.accept_tasks_of(type(env).__module__)  # the environment's own task class
     episode_id = state.new_id()
-    state.episodes[episode_id] = _Episode(env, time.monotonic())
-    return web.json_response({"episode_id": episode_id, "env": name, "tools": env.tool_schemas()})
+    episode = state.episodes[episode_id] = _Episode(env, time.monotonic())
+    return web.json_response(
+        {
+            "episode_id": episode_id,
+            "episode_token": episode.token,
+            "env": name,
+            "tools": env.tool_schemas(),
+        }
+    )
 
 
 def _episode(request: web.Request) -> tuple[str, _Episode | None]:
     episode_id = request.match_info["episode_id"]
     return episode_id, request.app[_STATE].episodes.get(episode_id)
+
+
+def _not_holder(request: web.Request, episode_id: str, episode: _Episode) -> web.Response | None:
+    """A 403 unless the request carries the episode's token (compared in constant time)."""
+    given = request.headers.get(TOKEN_HEADER, "").encode()
+    if hmac.compare_digest(given, episode.token.encode()):
+        return None
+    return _error(
+        403,
+        f"{TOKEN_HEADER}: missing or not the token of episode {episode_id!r} "
+        "(POST /envs answered it as episode_token)",
+        "Forbidden",
+    )
 
 
 def _unknown(episode_id: str, idle_timeout_s: float) -> web.Response:
@@ -311,6 +337,9 @@ async def _on_episode(request: web.Request, verb: str) -> web.Response:
     episode_id, episode = _episode(request)
     if episode is None:
         return _unknown(episode_id, state.config.idle_timeout_s)
+    refused = _not_holder(request, episode_id, episode)
+    if refused is not None:
+        return refused
     episode.busy += 1
     try:
         try:
@@ -364,6 +393,9 @@ async def handle_delete(request: web.Request) -> web.Response:
     episode_id, episode = _episode(request)
     if episode is None:
         return _unknown(episode_id, state.config.idle_timeout_s)
+    refused = _not_holder(request, episode_id, episode)
+    if refused is not None:
+        return refused
     async with episode.lock:  # after any request under way on it
         if state.episodes.pop(episode_id, None) is episode:
             await _close_env(episode.env)

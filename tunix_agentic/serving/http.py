@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
+import json
 import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -22,6 +23,9 @@ from aiohttp import web
 from tunix_agentic.serving.timeouts import ServerTimeouts, WatchedSite, connection_watch
 
 API_KEY_ENV = "TUNIX_AGENTIC_API_KEY"
+# Nesting a client's JSON may have (bodies, tool-call arguments): deeper is a 400 naming the
+# limit, never a RecursionError (a 500, which OpenAI clients retry) in a later step.
+MAX_JSON_DEPTH = 64
 TIMEOUTS = web.AppKey("server_timeouts", ServerTimeouts)
 _DEFAULT_TIMEOUTS = ServerTimeouts()
 
@@ -34,8 +38,46 @@ def json_error(status: int, message: str, kind: str | None = None) -> web.Respon
     return web.json_response({"error": error}, status=status)
 
 
-def api_key_guard(key_of: Callable[[web.Application], str | None], *, typed: bool = False):
-    """A middleware: the app's API key (``key_of(app)``, None: none) on every route but
+class JSONDepthError(ValueError):
+    """A client's JSON nested deeper than :data:`MAX_JSON_DEPTH` (a 400)."""
+
+
+def json_depth(value: Any) -> int:
+    """How deeply ``value`` nests lists and objects (a scalar: 0), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = item.values()
+        elif not isinstance(item, list):
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((x, depth + 1) for x in item if isinstance(x, dict | list))
+    return deepest
+
+
+def load_json(raw: str | bytes, where: str = "request body", max_depth: int = MAX_JSON_DEPTH):
+    """``json.loads`` of a client's text: ValueError naming ``where`` when it is not JSON,
+    :class:`JSONDepthError` naming the limit when it nests deeper than ``max_depth``."""
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        how = "too deep for the parser"
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both are
+        raise ValueError(f"{where} is not valid JSON: {exc}") from None
+    else:
+        depth = json_depth(value)
+        if depth <= max_depth:
+            return value
+        how = f"{depth} levels deep"
+    raise JSONDepthError(f"{where} nests lists and objects {how}; the limit is {max_depth} levels")
+
+
+def api_key_guard(
+    key_of: Callable[[web.Application], str | tuple[str, ...] | None], *, typed: bool = False
+):
+    """A middleware: the app's API key (``key_of(app)``: one key, a tuple of keys any of
+    which is accepted, or None: none) on every route but
     ``/health`` (401 otherwise, compared in constant time); the body read within the app's
     :class:`ServerTimeouts` ``body_s`` (408 otherwise; a handler's ``request.read()`` then
     answers from memory); aiohttp's HTTP errors (404, 405, 413...) as JSON; an unexpected
@@ -51,8 +93,10 @@ def api_key_guard(key_of: Callable[[web.Application], str | None], *, typed: boo
         try:
             key = key_of(request.app)
             if key is not None and request.path != "/health":
-                given = request.headers.get("Authorization", "")
-                if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+                given = request.headers.get("Authorization", "").encode()
+                keys = (key,) if isinstance(key, str) else key
+                # Every key compared (no early exit): the time says nothing of which matched.
+                if not sum(hmac.compare_digest(given, f"Bearer {k}".encode()) for k in keys):
                     message = "missing or wrong API key (send Authorization: Bearer KEY)"
                     return json_error(401, message, "Unauthorized")
             try:

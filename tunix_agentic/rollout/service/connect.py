@@ -29,6 +29,17 @@ def service_api_key(service: ServiceConfig) -> str | None:
     return service.api_key or os.environ.get(API_KEY_ENV) or None
 
 
+def weights_path_of(engine: Any, version: int) -> str | None:
+    """The directory one of ``engine``'s HTTP clients had its server load ``version``
+    from (``rollout.service.weights_dir``), or None: the nodes push it to an engine
+    server that restarted and lost it."""
+    for client in getattr(engine, "backends", [engine]):
+        path = getattr(client, "weights_path", None)
+        if path is not None and getattr(client, "version", None) == version:
+            return str(path)
+    return None
+
+
 async def connect_service(
     stack: contextlib.AsyncExitStack,
     orchestrator: Any,
@@ -72,6 +83,7 @@ async def connect_service(
         api_key=service_api_key(service),
         engine_urls=engine_urls,
         own_engines=served,
+        weights_of=None if served else lambda version: weights_path_of(engine, version),
     )
     if state:
         runner.restore_state(state)

@@ -7,15 +7,21 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tunix_agentic.inference.base import EngineError, PromptTooLongError, TokenOutput
 from tunix_agentic.inference.params import SamplingParams
 from tunix_agentic.inference.pool import EnginePool
+from tunix_agentic.rollout.service.engine_gate import EngineGate
 from tunix_agentic.serving.client import SGLangEngine
 
 # How a server says a prompt does not fit its context window (HTTP 400): ours
 # (serve-engine) and SGLang's.
+# How far a reply's policy version may run ahead of the node's published one: the trainer
+# loads weights v into its engine, then tells the nodes v (POST /v1/policy) after the step.
+VERSION_GRACE = 1
+_RETRY_S = 0.25  # how often a request waiting for an engine looks again
 _TOO_LONG = re.compile(r"leaves no room within max_seq_len|longer than the model's context length")
 
 
@@ -32,14 +38,36 @@ class EngineSet:
         *,
         api_key: str | None = None,
         request_timeout_s: float = 300.0,
+        wait_s: float = 0.0,
     ):
         self.api_key = api_key
         self.request_timeout_s = request_timeout_s
+        # How long a request waits for an engine when none is usable (the node sets
+        # rollout.backend_wait_s): an engine restarted within it costs no episode.
+        self.wait_s = wait_s
+        # The published weights the node pushes to an engine that lost them: (version, path).
+        self.weights: tuple[int, str] | None = None
+        self._gates: dict[str, EngineGate] = {}
         self._clients: dict[str, SGLangEngine] = {}
         self._pool: EnginePool | None = None
         self._retired: set[asyncio.Task] = set()
+        self._vocab_size: int | None = None
+        self._published: Callable[[], int] | None = None
         for u in urls:
             self.add(u)
+
+    def check_replies(self, *, vocab_size: int | None, published: Callable[[], int]) -> None:
+        """Check every engine's replies (engines added later too) against the model's
+        vocabulary and the published policy version: a reply with a NaN or positive
+        logprob, an id outside ``[0, vocab_size)`` or a version past ``published() +
+        VERSION_GRACE`` is that backend's infrastructure error (``BadReply``), never
+        recorded."""
+        self._vocab_size, self._published = vocab_size, published
+        for client in self._clients.values():
+            client.vocab_size, client.max_version = vocab_size, self._max_version
+
+    def _max_version(self) -> int | None:
+        return None if self._published is None else self._published() + VERSION_GRACE
 
     @property
     def urls(self) -> list[str]:
@@ -51,7 +79,11 @@ class EngineSet:
         if url in self._clients:
             return False
         self._clients[url] = SGLangEngine(
-            url, api_key=self.api_key, request_timeout_s=self.request_timeout_s
+            url,
+            api_key=self.api_key,
+            request_timeout_s=self.request_timeout_s,
+            vocab_size=self._vocab_size,
+            max_version=self._max_version,
         )
         self._rebuild()
         return True
@@ -66,10 +98,26 @@ class EngineSet:
         self._spawn(self._close_when_idle(client))
         return True
 
+    def publish(self, version: int, weights_path: str | None) -> None:
+        """The trainer published ``version``, its weights at ``weights_path`` (None: not
+        known here). An engine that failed is used again once it holds them (pushed)."""
+        self.weights = None if weights_path is None else (int(version), weights_path)
+
+    def _gate(self, url: str) -> EngineGate:
+        gate = self._gates.get(url)
+        if gate is None or gate.client is not self._clients[url]:
+            gate = self._gates[url] = EngineGate(
+                self._clients[url],
+                lambda: self._published() if self._published is not None else 0,
+                lambda: self.weights,
+            )
+        return gate
+
     def _rebuild(self) -> None:
         old, urls = self._pool, list(self._clients)
+        self._gates = {u: self._gate(u) for u in urls}
         self._pool = (
-            EnginePool([self._clients[u] for u in urls], names=urls, close_backends=False)
+            EnginePool([self._gates[u] for u in urls], names=urls, close_backends=False)
             if urls
             else None
         )
@@ -100,18 +148,35 @@ class EngineSet:
         session_id: str | None = None,
         request_id: str | None = None,
     ) -> TokenOutput:
-        if self._pool is None:
-            raise EngineError("the rollout node has no engine (POST /v1/engines {url})")
-        try:
-            return await self._pool.generate(
-                prompt_ids, sampling, session_id=session_id, request_id=request_id
-            )
-        except PromptTooLongError:
-            raise
-        except ValueError as exc:
-            if _TOO_LONG.search(str(exc)):
-                raise PromptTooLongError(str(exc)) from exc
-            raise
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            pool = self._pool
+            if pool is None:
+                raise EngineError("the rollout node has no engine (POST /v1/engines {url})")
+            try:
+                return await pool.generate(
+                    prompt_ids, sampling, session_id=session_id, request_id=request_id
+                )
+            except PromptTooLongError:
+                raise
+            except ValueError as exc:
+                if _TOO_LONG.search(str(exc)):
+                    raise PromptTooLongError(str(exc)) from exc
+                raise
+            except EngineError:
+                # Every engine failed or is out: wait for one (the pool's health probe
+                # takes it back, with the published weights) instead of failing episodes.
+                if not await self._until_usable(deadline):
+                    raise
+
+    async def _until_usable(self, deadline: float) -> bool:
+        """Wait until an engine is in rotation or ``deadline`` passes; False past it."""
+        while time.monotonic() < deadline:
+            await asyncio.sleep(min(_RETRY_S, max(0.0, deadline - time.monotonic())))
+            pool = self._pool
+            if pool is not None and pool.health()["ok"]:
+                return True
+        return False
 
     @property
     def in_flight(self) -> int:

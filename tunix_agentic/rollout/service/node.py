@@ -53,6 +53,7 @@ from tunix_agentic.metrics.sink import NullMetrics
 from tunix_agentic.models.tokenizers import load_tokenizer
 from tunix_agentic.rollout.config import RolloutConfig
 from tunix_agentic.rollout.episode import EpisodeRunner, Group, episode_seed
+from tunix_agentic.rollout.service.caps import NodeCaps
 from tunix_agentic.rollout.service.engines import EngineSet
 from tunix_agentic.rollout.service.wal import FinalRecord, GroupLog
 from tunix_agentic.rollout.service.wire import (
@@ -288,13 +289,17 @@ class RolloutNode:
         *,
         max_groups: int | None = None,
         keep_answers: int = 256,
+        caps: NodeCaps | None = None,
     ):
         self.setup = setup
+        self.caps = caps or NodeCaps()  # queued groups, inline task and log bytes
         self.keep_answers = keep_answers
         self.engines = engines
         self.log = GroupLog(state_dir)
         self.max_groups = max_groups or setup.max_groups
         self.policy_version = 0
+        engines.check_replies(vocab_size=setup.vocab_size, published=lambda: self.policy_version)
+        engines.wait_s = setup.rollout.backend_wait_s  # an engine restarting costs no episode
         self.stats: dict[str, int] = {"infra_failures": 0, "infra_retries": 0}
         self.fatal: str | None = None
         self._background: set[asyncio.Task] = set()
@@ -397,7 +402,8 @@ class RolloutNode:
         """Accept ``req``: ``(http_status, answer)``. Same id and body: the same group (a
         ``lost`` or ``cancelled`` one runs again: a trainer resumed, or one that moved the
         group back here, wants it run); another body: 409. ValueError naming the field when the
-        node cannot run it (unknown source or environment, refused keywords...)."""
+        node cannot run it (unknown source or environment, refused keywords...);
+        :class:`~.caps.TooMany` / :class:`~.caps.TooLarge` past one of :attr:`caps`."""
         body = req.to_json()
         known = self.groups.get(req.group_id)
         if known is not None:
@@ -409,6 +415,7 @@ class RolloutNode:
                 )
             if known.status not in ("lost", "cancelled"):
                 return 202, self.summary(known)
+        self.caps.check_submit(body, len(self._queue), self.log.path)  # TooMany / TooLarge
         if req.agent == "external" and self.external is None:
             raise ValueError("agent: 'external' needs the node's OpenAI endpoint (serve-rollout)")
         st = _GroupState(req, body, next(self._seq))
@@ -435,7 +442,9 @@ class RolloutNode:
         while self._running < self.max_groups and self._queue:
             _, _, gid = heapq.heappop(self._queue)
             st = self.groups.get(gid)
-            if st is None or st.status != "queued":
+            # A cancelled group stays "queued" while its final record is written (fsync):
+            # never start it meanwhile (it would end a second time, "done").
+            if st is None or st.status != "queued" or st.cancel_requested or st.finishing:
                 continue
             st.status = "running"
             self._running += 1

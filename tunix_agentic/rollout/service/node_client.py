@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 
 from tunix_agentic.rollout.episode import Group
+from tunix_agentic.rollout.service.admin import admin_key_for
 from tunix_agentic.rollout.service.wire import FINAL_STATUSES, GroupRequest, group_from_json
 
 __all__ = ["GroupConflict", "GroupNotFound", "NodeClient", "NodeUnavailable"]
@@ -46,7 +47,11 @@ def _message(data: Any, text: str) -> str:
 class NodeClient:
     """Talks to the node at ``url`` (``http://host:port``).
 
-    ``api_key`` is sent as ``Authorization: Bearer KEY``. ``session``: an
+    ``api_key`` is sent as ``Authorization: Bearer KEY``; on the operator routes
+    (engines, policy, cancelling a group) the admin key is sent instead: ``admin_key``,
+    else ``$TUNIX_AGENTIC_ADMIN_KEY``, else, for a node on this machine, the token it left
+    for its own user (read at each such call: a restarted node makes a new one; see
+    :mod:`~tunix_agentic.rollout.service.admin`). ``session``: an
     ``aiohttp.ClientSession`` to share (not closed here); without one the client makes
     its own on first use and :meth:`close` closes it. ``request_timeout_s`` bounds every
     call but long polls, which get their ``wait_s`` on top.
@@ -59,8 +64,10 @@ class NodeClient:
         session: aiohttp.ClientSession | None = None,
         *,
         request_timeout_s: float = 30.0,
+        admin_key: str | None = None,
     ):
         self.url = url.rstrip("/")
+        self._admin_key = admin_key
         self.request_timeout_s = request_timeout_s
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._session = session
@@ -95,16 +102,23 @@ class NodeClient:
         params: dict[str, Any] | None = None,
         timeout_s: float | None = None,
         ok: tuple[int, ...] = (200,),
+        operator: bool = False,
     ) -> Any:
-        """One call: the JSON answer, or the typed error of the status."""
+        """One call: the JSON answer, or the typed error of the status. ``operator``: an
+        admin route (the admin key is sent)."""
         timeout = aiohttp.ClientTimeout(total=timeout_s or self.request_timeout_s)
+        headers = self._headers
+        if operator:
+            key = admin_key_for(self.url, self._admin_key)
+            # None to send: the API key, so the node's 403 says how to get one.
+            headers = {"Authorization": f"Bearer {key}"} if key else self._headers
         try:
             async with self._client().request(
                 method,
                 self.url + path,
                 json=payload,
                 params=params,
-                headers=self._headers,
+                headers=headers,
                 timeout=timeout,
             ) as resp:
                 status, text = resp.status, await resp.text()
@@ -165,7 +179,7 @@ class NodeClient:
 
     async def cancel(self, group_id: str) -> str:
         """``DELETE /v1/groups/{id}`` (idempotent): the group's status after it."""
-        data = await self._call("DELETE", f"/v1/groups/{group_id}")
+        data = await self._call("DELETE", f"/v1/groups/{group_id}", operator=True)
         return str(data["status"])
 
     async def done_since(self, cursor: int = 0, limit: int | None = None) -> dict[str, Any]:
@@ -178,9 +192,14 @@ class NodeClient:
         return await self._call("GET", "/v1/groups", params=params)
 
     # ------------------------------------------------------------- the node
-    async def set_policy(self, version: int) -> int:
-        """``POST /v1/policy {version}``: the node's policy version after it."""
-        data = await self._call("POST", "/v1/policy", {"version": version})
+    async def set_policy(self, version: int, weights_path: str | None = None) -> int:
+        """``POST /v1/policy {version, weights_path}``: the node's policy version after it.
+        ``weights_path``: where the engines loaded it from (the node pushes it to an engine
+        that restarted), None when not known."""
+        body: dict[str, Any] = {"version": version}
+        if weights_path is not None:
+            body["weights_path"] = weights_path
+        data = await self._call("POST", "/v1/policy", body, operator=True)
         return int(data["version"])
 
     async def status(self) -> dict[str, Any]:
@@ -188,10 +207,10 @@ class NodeClient:
         return await self._call("GET", "/v1/status")
 
     async def add_engine(self, url: str) -> dict[str, Any]:
-        return await self._call("POST", "/v1/engines", {"url": url})
+        return await self._call("POST", "/v1/engines", {"url": url}, operator=True)
 
     async def remove_engine(self, url: str) -> dict[str, Any]:
-        return await self._call("DELETE", "/v1/engines", {"url": url})
+        return await self._call("DELETE", "/v1/engines", {"url": url}, operator=True)
 
     async def health(self, timeout_s: float = 5.0) -> bool:
         """``GET /health``: whether the node answers healthy (never raises)."""

@@ -2,7 +2,9 @@
 :class:`~tunix_agentic.rollout.service.node.RolloutNode`.
 
 Routes (JSON; every route but ``/health`` behind the API key when one is set; a bad field
-answers 400 naming it): ``POST /v1/groups`` (202 ``{group_id, status}``; the same id and
+answers 400 naming it, JSON nested past ``MAX_JSON_DEPTH`` too; a request past one of the
+node's :class:`~tunix_agentic.rollout.service.caps.NodeCaps` answers 429 or 413 naming the
+cap): ``POST /v1/groups`` (202 ``{group_id, status}``; the same id and
 body again answers the same, another body 409), ``GET /v1/groups/{id}?wait_s=N`` (long
 poll; ``&members=false`` leaves the learner's view out and answers the group alone),
 ``GET /v1/groups?done_since=C`` (final groups in completion order),
@@ -12,13 +14,22 @@ poll; ``&members=false`` leaves the learner's view out and answers the group alo
 /health``, and the OpenAI-compatible endpoint of
 :mod:`~tunix_agentic.rollout.service.openai_api`. Nothing here imports JAX.
 
+Operator routes (``POST`` / ``DELETE /v1/engines``, ``POST /v1/policy``, ``DELETE
+/v1/groups/{id}``) need the admin key (``Authorization: Bearer ADMIN_KEY``; 403 otherwise),
+whatever the API key: the operator's ``--admin-key``, else a token the node makes at start
+and leaves, for its own user only, where its trainer on this machine reads it (see
+:mod:`~tunix_agentic.rollout.service.admin`). The admin key opens every other route too.
+
 Outside agents: a group submitted with ``"agent": "external"`` runs no agent loop; its
 members are offered on ``POST /v1/episodes/claim`` (``{"wait_s": N}`` long-polls; 200
 ``{episode_id, group_id, task, task_id, prompt, sampling, max_turns, policy_version,
 lease_s}`` or 204 when none is offered). The agent makes its chat calls with
 ``X-Episode-Id: <episode_id>`` (the group's sampling and a per-call seed apply where a
 call omits them) and closes the member with ``POST /v1/episodes/{id}/reward``; the group
-ends when every member is closed, its trajectories recorded token for token. A claimed
+ends when every member is closed, its trajectories recorded token for token. The claim's
+``episode_id`` is unguessable and comes with an ``episode_token``, sent as
+``X-Episode-Token`` on each of those calls and the reward: nobody else can read, reward or
+close the member. A claimed
 member silent for ``lease_s`` (300 s; :func:`start_node_server`'s ``external_lease_s``)
 is offered again (see :class:`~tunix_agentic.rollout.service.openai_episodes.EpisodeOffers`).
 """
@@ -26,22 +37,28 @@ is offered again (see :class:`~tunix_agentic.rollout.service.openai_episodes.Epi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hmac
 import json
+import logging
 import math
 import os
+import secrets
 import sys
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from tunix_agentic.rollout.service import admin
+from tunix_agentic.rollout.service.caps import NodeCaps, TooLarge, TooMany
 from tunix_agentic.rollout.service.engines import EngineSet, check_url
 from tunix_agentic.rollout.service.node import NodeSetup, RolloutNode, setup_from_config
 from tunix_agentic.rollout.service.wire import (
     FINAL_STATUSES,
     GroupRequest,
 )
-from tunix_agentic.serving.http import api_key_guard, json_error, serve_app
+from tunix_agentic.serving.http import api_key_guard, json_error, load_json, serve_app
 from tunix_agentic.serving.timeouts import ServerTimeouts
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # the OpenAI endpoint's bodies (whole conversations) too
@@ -50,16 +67,60 @@ _SSE_HEARTBEAT_S = 15.0
 _SHUTDOWN_TIMEOUT_S = 5.0
 
 
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class AdminScope:
+    """The node's admin key; ``token_file``: where a generated one was left for the
+    node's own trainer (see :mod:`.admin`), None when the operator gave the key."""
+
+    key: str
+    generated: bool
+    token_file: Path | None = None
+
+
 NODE = web.AppKey("rollout_node", RolloutNode)
 API_KEY = web.AppKey("rollout_api_key", str)
+ADMIN = web.AppKey("rollout_admin", AdminScope)
+# Routes that change what the node trusts (engines, policy) or undo other clients' work.
+ADMIN_ROUTES = frozenset(
+    {
+        ("POST", "/v1/engines"),
+        ("DELETE", "/v1/engines"),
+        ("POST", "/v1/policy"),
+        ("DELETE", "/v1/groups/{group_id}"),
+    }
+)
+
+
+@web.middleware
+async def _admin_guard(request: web.Request, handler) -> web.StreamResponse:
+    """The admin key on :data:`ADMIN_ROUTES` (403 otherwise, compared in constant time)."""
+    resource = request.match_info.route.resource
+    route = (request.method, resource.canonical if resource is not None else "")
+    if route in ADMIN_ROUTES:
+        scope = request.app[ADMIN]
+        given = request.headers.get("Authorization", "").encode()
+        if not hmac.compare_digest(given, f"Bearer {scope.key}".encode()):
+            where = (
+                f"; on this machine the node's token is in {scope.token_file}"
+                if scope.token_file is not None
+                else ""
+            )
+            return json_error(
+                403,
+                f"{request.method} {resource.canonical} is an operator route: send the admin key "
+                f"as Authorization: Bearer KEY (serve-rollout --admin-key or "
+                f"${admin.ADMIN_KEY_ENV}{where})",
+                "Forbidden",
+            )
+    return await handler(request)
 
 
 async def _json_body(request: web.Request) -> Any:
     raw = await request.read()
-    try:
-        return json.loads(raw) if raw.strip() else {}
-    except (ValueError, RecursionError) as exc:
-        raise ValueError(f"request body is not valid JSON: {exc}") from None
+    return load_json(raw) if raw.strip() else {}
 
 
 def _number_param(request: web.Request, name: str, default: float, hi: float) -> float:
@@ -99,11 +160,16 @@ def _bool_param(request: web.Request, name: str, default: bool) -> bool:
 
 
 def _bad_request(handler):
-    """A handler whose ValueError is the client's: a 400 naming the field."""
+    """A handler whose ValueError is the client's: a 400 naming the field; a cap the
+    request breaks a 413 (too large) or 429 (too many) naming it."""
 
     async def wrapped(request: web.Request) -> web.StreamResponse:
         try:
             return await handler(request)
+        except TooLarge as exc:
+            return json_error(413, str(exc), "TooLarge")
+        except TooMany as exc:
+            return json_error(429, str(exc), "TooMany")
         except ValueError as exc:
             return json_error(400, str(exc), "BadRequest")
 
@@ -196,7 +262,13 @@ async def handle_policy(request: web.Request) -> web.Response:
     version = body["version"]
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
         raise ValueError(f"version must be an integer >= 0, got {version!r:.80}")
+    # Where the trainer's engines loaded this version from: pushed to an engine that
+    # restarted (see engine_gate); absent or null when not on a shared filesystem.
+    weights_path = body.get("weights_path")
+    if weights_path is not None and not (isinstance(weights_path, str) and weights_path):
+        raise ValueError(f"weights_path must be a directory path or null, got {weights_path!r:.80}")
     node.policy_version = version
+    node.engines.publish(version, weights_path)
     return web.json_response({"version": node.policy_version})
 
 
@@ -217,7 +289,12 @@ async def handle_claim(request: web.Request) -> web.Response:
     offer = await node.external.claim(min(float(wait_s), MAX_WAIT_S))
     if offer is None:
         return web.Response(status=204)
-    answer = {"episode_id": offer.episode_id, "group_id": offer.group_id, **offer.claim}
+    answer = {
+        "episode_id": offer.episode_id,
+        "episode_token": offer.token,  # the agent's alone: X-Episode-Token on its calls
+        "group_id": offer.group_id,
+        **offer.claim,
+    }
     return web.json_response({**answer, "lease_s": node.external.lease_s})
 
 
@@ -246,15 +323,28 @@ async def handle_engines(request: web.Request) -> web.Response:
     return web.json_response({"changed": changed, "engines": node.engines.urls})
 
 
+def _keys(app: web.Application) -> tuple[str, ...] | None:
+    # With an API key, the admin key opens the same routes; without one, none needs a key.
+    return (app[API_KEY], app[ADMIN].key) if API_KEY in app else None
+
+
 def build_node_app(
-    node: RolloutNode, *, api_key: str | None = None, external_lease_s: float = 300.0
+    node: RolloutNode,
+    *,
+    api_key: str | None = None,
+    admin_key: str | None = None,
+    external_lease_s: float = 300.0,
 ) -> web.Application:
     """The aiohttp application of ``node`` (its routes in the module docstring).
-    ``external_lease_s``: how long a claimed external member may stay silent."""
+    ``admin_key``: the operator's (None: a random one, left for the node's own trainer
+    by :func:`start_node_server`). ``external_lease_s``: how long a claimed external
+    member may stay silent."""
     app = web.Application(
-        client_max_size=MAX_BODY_BYTES, middlewares=[api_key_guard(lambda a: a.get(API_KEY))]
+        client_max_size=MAX_BODY_BYTES, middlewares=[api_key_guard(_keys), _admin_guard]
     )
     app[NODE] = node
+    app[ADMIN] = AdminScope(admin_key or secrets.token_urlsafe(32), generated=not admin_key)
+    app.on_cleanup.append(_remove_token)
     if api_key:
         app[API_KEY] = api_key
     app.router.add_get("/health", handle_health)
@@ -293,24 +383,48 @@ def _mount_openai(app: web.Application, node: RolloutNode, lease_s: float) -> No
     app.router.add_post("/v1/episodes/claim", handle_claim)
 
 
+async def _remove_token(app: web.Application) -> None:
+    scope = app[ADMIN]
+    if scope.token_file is not None:
+        admin.remove_token(scope.token_file, scope.key)
+
+
 async def start_node_server(
     node: RolloutNode,
     *,
     host: str = "127.0.0.1",
     port: int = 0,
     api_key: str | None = None,
+    admin_key: str | None = None,
     timeouts: ServerTimeouts | None = None,
     external_lease_s: float = 300.0,
 ) -> tuple[web.AppRunner, int]:
-    """Replay the node's log, then serve it on the running loop: ``(runner, port)``."""
+    """Replay the node's log, then serve it on the running loop: ``(runner, port)``.
+    Without ``admin_key`` the node's generated one is written to
+    :func:`~tunix_agentic.rollout.service.admin.token_path` of the port (removed when the
+    runner is cleaned up)."""
     await node.start()
-    return await serve_app(
-        build_node_app(node, api_key=api_key, external_lease_s=external_lease_s),
+    app = build_node_app(
+        node, api_key=api_key, admin_key=admin_key, external_lease_s=external_lease_s
+    )
+    runner, real_port = await serve_app(
+        app,
         host,
         port,
         timeouts=timeouts or ServerTimeouts(),
         shutdown_timeout_s=_SHUTDOWN_TIMEOUT_S,
     )
+    scope = app[ADMIN]
+    if scope.generated:
+        try:
+            scope.token_file = await asyncio.to_thread(admin.write_token, real_port, scope.key)
+        except OSError as exc:  # the operator routes stay closed: say why
+            logger.warning(
+                "could not leave the admin token for this machine's trainer (%s); operator "
+                "routes are closed until the node is started with --admin-key",
+                exc,
+            )
+    return runner, real_port
 
 
 async def _serve(
@@ -324,13 +438,17 @@ async def _serve(
     engine_api_key: str | None,
     timeouts: ServerTimeouts,
     max_groups: int | None = None,
+    admin_key: str | None = None,
+    caps: NodeCaps | None = None,
 ) -> None:
     from tunix_agentic.serving.http import serve_until_signal, url
 
     engines = EngineSet(engine_urls, api_key=engine_api_key)
-    node = RolloutNode(setup, engines, state_dir, max_groups=max_groups)
+    node = RolloutNode(setup, engines, state_dir, max_groups=max_groups, caps=caps)
     await serve_until_signal(
-        lambda: start_node_server(node, host=host, port=port, api_key=api_key, timeouts=timeouts),
+        lambda: start_node_server(
+            node, host=host, port=port, api_key=api_key, admin_key=admin_key, timeouts=timeouts
+        ),
         lambda real_port: f"serving rollout node on {url(host, real_port)}",
         before_cleanup=node.close,
     )
@@ -348,6 +466,9 @@ def serve_rollout_main(
     engine_api_key: str | None = None,
     timeouts: ServerTimeouts | None = None,
     max_groups: int | None = None,
+    repair_log: bool = False,
+    admin_key: str | None = None,
+    caps: NodeCaps | None = None,
 ) -> int:
     """``tunix-agentic serve-rollout``: load the run config, then serve a node until
     SIGINT or SIGTERM. Prints ``serving rollout node on http://HOST:PORT`` once
@@ -355,13 +476,22 @@ def serve_rollout_main(
     cannot be bound). ``api_key`` defaults to ``$TUNIX_AGENTIC_API_KEY``; the engines get
     ``engine_api_key`` (default: the same key). ``max_groups``: groups run at once, the
     rest wait by priority (default :attr:`NodeSetup.max_groups`: enough to fill the
-    config's INIT, RUN and EVAL pools)."""
+    config's INIT, RUN and EVAL pools). ``admin_key`` (default
+    ``$TUNIX_AGENTIC_ADMIN_KEY``, else a token left for this machine's trainer: see
+    :mod:`.admin`) opens the operator routes; ``caps``: queued groups, inline task and
+    log bytes (:class:`~tunix_agentic.rollout.service.caps.NodeCaps`). ``repair_log``: first drop the log's damaged lines,
+    printing each (see :func:`~tunix_agentic.rollout.service.wal.repair_log`); exit status
+    2 as well when the state dir is another node's or its log is damaged."""
     from tunix_agentic.config import load_config
+    from tunix_agentic.rollout.service.wal import LogDamaged, StateDirBusy
     from tunix_agentic.serving.http import API_KEY_ENV, check_exposure
 
     api_key = api_key or os.environ.get(API_KEY_ENV) or None
+    admin_key = admin_key or os.environ.get(admin.ADMIN_KEY_ENV) or None
     try:
         check_exposure(host, api_key)
+        if admin_key is not None and admin_key == api_key:
+            raise ValueError("--admin-key must differ from the API key agents use")
         if max_groups is not None and max_groups < 1:
             raise ValueError(f"--max-groups must be >= 1, got {max_groups}")
         urls = [check_url(u) for u in engine_urls]
@@ -370,6 +500,8 @@ def serve_rollout_main(
         print(f"tunix-agentic: error: {exc}", file=sys.stderr)
         return 2
     try:
+        if repair_log:
+            _repair(state_dir)
         asyncio.run(
             _serve(
                 setup,
@@ -381,9 +513,25 @@ def serve_rollout_main(
                 engine_api_key=engine_api_key or api_key,
                 timeouts=timeouts or ServerTimeouts(),
                 max_groups=max_groups,
+                admin_key=admin_key,
+                caps=caps,
             )
         )
+    except (StateDirBusy, LogDamaged) as exc:
+        print(f"tunix-agentic: error: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"tunix-agentic: error: cannot serve on {host}:{port}: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _repair(state_dir: str | Path) -> None:
+    from tunix_agentic.rollout.service.wal import repair_log
+
+    done = repair_log(state_dir)
+    for number, text in done.dropped:
+        print(f"repair-log: dropped line {number}: {text}", file=sys.stderr)
+    if done.torn_bytes:
+        print(f"repair-log: cut a torn last line ({done.torn_bytes} bytes)", file=sys.stderr)
+    print(f"repair-log: {state_dir}: {len(done.dropped)} damaged lines dropped", file=sys.stderr)

@@ -12,20 +12,28 @@ Routes (JSON; errors ``{"error": {"message", "type"}}`` with a 4xx naming the fi
   (sampling is not constrained). Refused with a 400: ``stream``, ``stop`` strings,
   ``logprobs`` (the recorded ones are in ``GET /v1/episodes/{id}``), unknown fields.
 * A call with an ``X-Episode-Id: ID`` header is recorded (prompt ids, completion ids,
-  logprobs, per-token policy versions). When its messages continue an earlier call of
+  logprobs, per-token policy versions) into the episode of that id and its
+  ``X-Episode-Token`` (the client's own, 16-200 characters, or, when the call sends none,
+  a fresh one the server makes; the answer's ``X-Episode-Token`` header holds it): only the
+  token's holder continues, reads, rewards or closes it, and the same id with another
+  token is another client's episode (see
+  :mod:`~tunix_agentic.rollout.service.openai_episodes`). A call that fails opens nothing.
+  The recording keeps
+  the calls' tokens exactly: when its messages continue an earlier call of
   the episode (that call's messages, then the assistant message it returned, then new
   ones), the prompt ids are that call's prompt + completion ids followed by the template's
   ids for the new messages: what the model generated is never re-tokenised, so the calls
   chain into one learner row. Otherwise the whole conversation is rendered. Episodes are
   bounded (:class:`~tunix_agentic.rollout.service.openai_episodes.EpisodeLimits`: 429 when
   too many are open, 413 past an episode's calls or tokens, 409 on a closed one; an
-  idle one expires). ``call_defaults(episode_id, calls)`` may supply sampling values
+  idle one expires). ``call_defaults(episode_key, calls)`` may supply sampling values
   (``temperature``, ``top_p``, ``top_k``, ``max_tokens``, ``seed``) for the fields a
   recorded call omits: a rollout node sets it to the group's sampling for the members of
   its ``"agent": "external"`` groups.
 * ``POST /v1/episodes/{id}/reward`` ``{"reward": r, "task_id"?: str, "info"?: {...}}``
   closes the episode; ``GET /v1/episodes/{id}`` returns what was recorded (and, once
-  closed, ``trajectory``: the learner's trajectory in the rollout wire format).
+  closed, ``trajectory``: the learner's trajectory in the rollout wire format). Both
+  need the episode's ``X-Episode-Token`` (401 without; 404 with another).
 
 Mounting (the rollout node does this on its aiohttp app)::
 
@@ -50,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import math
 import re
@@ -77,12 +86,15 @@ from tunix_agentic.inference.base import (
 )
 from tunix_agentic.inference.params import SamplingParams
 from tunix_agentic.rollout.service.openai_episodes import (
+    TOKEN_PATTERN,
     Call,
     Completion,
     Episode,
     EpisodeLimits,
     EpisodeStore,
+    episode_key,
     episode_trajectory,
+    new_token,
 )
 from tunix_agentic.rollout.service.openai_schema import (
     ChatRequest,
@@ -90,9 +102,10 @@ from tunix_agentic.rollout.service.openai_schema import (
     message_key,
     parse_chat_request,
 )
-from tunix_agentic.serving.http import json_error
+from tunix_agentic.serving.http import json_error, load_json
 
 EPISODE_HEADER = "X-Episode-Id"
+TOKEN_HEADER = "X-Episode-Token"
 _EPISODE_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,200}")
 
 _MARK = "\x00completion\x00"
@@ -178,9 +191,9 @@ class ChatCompletions:
         self.config = config
         self.parse = get_parser(config.parser)
         self.store = EpisodeStore(config.episodes)
-        # Sampling values for a recorded call that omits them: (episode id, calls so far)
+        # Sampling values for a recorded call that omits them: (episode key, calls so far)
         # -> {temperature, top_p, top_k, max_tokens, seed} (a rollout node's external groups).
-        self.call_defaults: Callable[[str, int], dict[str, Any]] = lambda eid, calls: {}
+        self.call_defaults: Callable[[str, int], dict[str, Any]] = lambda key, calls: {}
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -240,7 +253,12 @@ class ChatCompletions:
         calls, kept = [], []
         last = 0
         for match in _TOOL_CALL.finditer(text):
-            action = self.parse(match.group(0))
+            try:
+                action = self.parse(match.group(0))
+            except RecursionError:  # arguments nested past what JSON parsing can take
+                kept.append(text[last : match.end()])
+                last = match.end()
+                continue
             kept.append(text[last : match.start()])
             last = match.end()
             if action.tool_calls and not action.parse_errors:
@@ -269,11 +287,9 @@ class ChatCompletions:
         if len(raw) > self.config.max_body_bytes:
             raise RequestError(f"the body is over {self.config.max_body_bytes} bytes", 413)
         try:  # a large body is parsed off the event loop
-            return (
-                json.loads(raw) if len(raw) < 1 << 20 else await asyncio.to_thread(json.loads, raw)
-            )
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise RequestError(f"the body is not JSON: {exc}") from None
+            return load_json(raw) if len(raw) < 1 << 20 else await asyncio.to_thread(load_json, raw)
+        except ValueError as exc:  # not JSON, or nested past MAX_JSON_DEPTH
+            raise RequestError(str(exc)) from None
 
     def _episode_id(self, request: web.Request) -> str | None:
         eid = request.headers.get(EPISODE_HEADER)
@@ -285,23 +301,55 @@ class ChatCompletions:
             )
         return eid
 
+    @staticmethod
+    def _token(request: web.Request, *, required: bool) -> str | None:
+        token = request.headers.get(TOKEN_HEADER)
+        if token is None:
+            if required:
+                raise RequestError(
+                    f"{TOKEN_HEADER}: required (the token the episode's first call answered, "
+                    "or its claim gave)",
+                    401,
+                )
+            return None
+        if not TOKEN_PATTERN.fullmatch(token):
+            raise RequestError(
+                f"{TOKEN_HEADER}: must be 16-200 characters of letters, digits and ._~+/=-"
+            )
+        return token
+
+    @staticmethod
+    def _client(request: web.Request) -> str:
+        """Who the per-client episode cap counts against: the credential sent, else the
+        peer's address."""
+        auth = request.headers.get("Authorization")
+        if auth:
+            return "key:" + hashlib.sha256(auth.encode()).hexdigest()[:32]
+        return f"addr:{request.remote}"
+
     async def handle_chat(self, request: web.Request) -> web.Response:
+        headers: dict[str, str] = {}
         try:
-            return web.json_response(await self._chat(request))
+            return web.json_response(await self._chat(request, headers), headers=headers)
         except RequestError as exc:
             return json_error(exc.status, str(exc), "invalid_request_error")
 
-    async def _chat(self, request: web.Request) -> dict[str, Any]:
+    async def _chat(self, request: web.Request, headers: dict[str, str]) -> dict[str, Any]:
         body = await self._body(request)
         chat = parse_chat_request(
             body, max_n=self.config.max_n, max_messages=self.config.max_messages
         )
         eid = self._episode_id(request)
-        episode = self.store.begin_call(eid) if eid is not None else None
+        episode = None
+        if eid is not None:
+            token = self._token(request, required=False) or new_token()
+            episode = self.store.begin_call(eid, token, self._client(request))
+            headers[TOKEN_HEADER] = token
         call = None
         try:
             if episode is not None:
-                chat = self._with_defaults(chat, body, self.call_defaults(eid, len(episode.calls)))
+                defaults = self.call_defaults(episode.key, len(episode.calls))
+                chat = self._with_defaults(chat, body, defaults)
             try:
                 prompt = self.prompt(chat, episode)
             except (TemplateError, ValueError) as exc:
@@ -310,7 +358,7 @@ class ChatCompletions:
                 ) from None
             version = self.version_of()
             t0 = time.perf_counter()
-            outs = await self._generate(chat, prompt.ids, eid)
+            outs = await self._generate(chat, prompt.ids, episode.key if episode else None)
             model_s = time.perf_counter() - t0
             messages = [self.reply_message(chat, out) for out in outs]
             if episode is not None:
@@ -348,6 +396,8 @@ class ChatCompletions:
             ]
         except ValueError as exc:
             raise RequestError(str(exc)) from None
+        # Sessions pin an episode's calls to one backend (its cache): named by the store's
+        # key (the caller passes it), so two clients' episodes of one id never share a pin.
         sessions = (
             [None] * chat.n if eid is None else [eid] + [f"{eid}#{k}" for k in range(1, chat.n)]
         )
@@ -419,6 +469,7 @@ class ChatCompletions:
     async def handle_reward(self, request: web.Request) -> web.Response:
         eid = request.match_info["episode_id"]
         try:
+            token = self._token(request, required=True)
             body = await self._body(request)
             if not isinstance(body, dict):
                 raise RequestError('the body must be a JSON object {"reward": r}')
@@ -436,7 +487,8 @@ class ChatCompletions:
             info = body.get("info") or {}
             if not isinstance(info, dict):
                 raise RequestError("info: must be a JSON object")
-            episode = self.store.close(eid, float(reward), task_id=task_id, info=info)
+            key = episode_key(eid, token)
+            episode = self.store.close(key, float(reward), task_id=task_id, info=info)
         except RequestError as exc:
             return json_error(exc.status, str(exc), "invalid_request_error")
         return web.json_response(
@@ -450,9 +502,17 @@ class ChatCompletions:
 
     async def handle_episode(self, request: web.Request) -> web.Response:
         eid = request.match_info["episode_id"]
-        episode = self.store.get(eid)
+        try:
+            token = self._token(request, required=True)
+        except RequestError as exc:
+            return json_error(exc.status, str(exc), "invalid_request_error")
+        episode = self.store.get(episode_key(eid, token))
         if episode is None:
-            return json_error(404, f"episode {eid!r} is not known (or expired)", "not_found")
+            return json_error(
+                404,
+                f"episode {eid!r} is not known (or expired, or {TOKEN_HEADER} is not its token)",
+                "not_found",
+            )
         out = episode.to_json()
         if episode.closed:
             from tunix_agentic.rollout.service.wire import trajectory_to_json

@@ -1,8 +1,19 @@
 """Episodes recorded by the OpenAI endpoint: what each call saw and sampled, token for token.
 
-An episode is opened by the first chat call carrying its ``X-Episode-Id`` and closed by
-``POST /v1/episodes/{id}/reward``. :class:`EpisodeStore` bounds what it holds: at most
-``max_open`` open episodes (a new one beyond that is refused with 429), each at most
+An episode is the pair of its id and its token: a client's ``X-Episode-Id`` with the
+``X-Episode-Token`` it chose (16-200 characters) or, when a call sends none, one the server
+makes (``secrets``) and answers in the ``X-Episode-Token`` header. Only that token's holder
+continues, reads, rewards or closes it: another client naming the same id with another (or
+no) token gets an episode of its own, and never sees the first (its id is namespaced by
+the token; the store keys episodes by a hash of both, :func:`episode_key`). Members of
+external groups get a server-made id and token from their claim.
+
+An episode is opened by the first chat call of its id and token that records, and closed
+by ``POST /v1/episodes/{id}/reward``; a call that fails (no engine, a 503) opens nothing.
+:class:`EpisodeStore` bounds what it holds: at most ``max_open`` open episodes and
+``max_open_per_client`` per client (its API key, else its address; a new one beyond either
+is refused with 429 naming the cap; claimed members of external groups are not counted,
+so a flood of ad-hoc episodes cannot shut them out), each at most
 ``max_calls`` calls and ``max_tokens`` recorded ids (413 beyond), an open episode idle
 for ``idle_timeout_s`` is dropped, and closed episodes wait to be taken
 (:meth:`EpisodeStore.take_closed`) for at most ``closed_ttl_s`` seconds and
@@ -23,9 +34,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import hashlib
 import re
+import secrets
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +53,7 @@ class EpisodeLimits:
     """Bounds of :class:`EpisodeStore` (see the module docstring)."""
 
     max_open: int = 4096
+    max_open_per_client: int = 1024
     max_calls: int = 256
     max_tokens: int = 1 << 20
     idle_timeout_s: float = 900.0
@@ -48,7 +61,7 @@ class EpisodeLimits:
     closed_ttl_s: float = 3600.0
 
     def __post_init__(self):
-        for name in ("max_open", "max_calls", "max_tokens", "max_closed"):
+        for name in ("max_open", "max_open_per_client", "max_calls", "max_tokens", "max_closed"):
             if getattr(self, name) < 1:
                 raise ValueError(f"episodes.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("idle_timeout_s", "closed_ttl_s"):
@@ -85,9 +98,25 @@ class Call:
         return len(self.prompt_ids) + sum(len(c.token_ids) for c in self.completions)
 
 
+TOKEN_PATTERN = re.compile(r"[A-Za-z0-9._~+/=-]{16,200}")
+
+
+def new_token() -> str:
+    """An unguessable episode token (or id part): 192 random bits."""
+    return secrets.token_urlsafe(24)
+
+
+def episode_key(episode_id: str, token: str) -> str:
+    """What the store files an episode under: the id namespaced by its token (hashed, so
+    a dictionary lookup's timing says nothing about a token)."""
+    return hashlib.sha256(f"{episode_id}\0{token}".encode()).hexdigest()
+
+
 @dataclasses.dataclass
 class Episode:
     episode_id: str
+    key: str = ""  # episode_key(episode_id, token)
+    client: str = ""  # who opened it (per-client cap); "" for a claimed member
     calls: list[Call] = dataclasses.field(default_factory=list)
     closed: bool = False
     reward: float | None = None
@@ -127,24 +156,35 @@ class Episode:
 
 
 class EpisodeStore:
-    """Open and closed episodes by id, within :class:`EpisodeLimits` (single event loop)."""
+    """Open and closed episodes by :func:`episode_key`, within :class:`EpisodeLimits`
+    (single event loop). ``reserved``: keys of claimed members, exempt from the caps."""
 
     def __init__(self, limits: EpisodeLimits = EpisodeLimits()):
         self.limits = limits
         self.open: dict[str, Episode] = {}
         self.closed: OrderedDict[str, tuple[Episode, float]] = OrderedDict()
+        self.reserved: set[str] = set()
         self.expired = 0
+        self._per_client: collections.Counter[str] = collections.Counter()
         self._closed_event = asyncio.Event()
+
+    def _drop_open(self, key: str) -> Episode | None:
+        episode = self.open.pop(key, None)
+        if episode is not None and episode.client:
+            self._per_client[episode.client] -= 1
+            if self._per_client[episode.client] <= 0:
+                del self._per_client[episode.client]
+        return episode
 
     def sweep(self) -> None:
         """Drop idle open episodes and closed ones past their time (called on each access)."""
         now = time.monotonic()
-        for eid in [
-            eid
-            for eid, ep in self.open.items()
+        for key in [
+            key
+            for key, ep in self.open.items()
             if not ep.in_flight and now - ep.touched > self.limits.idle_timeout_s
         ]:
-            del self.open[eid]
+            self._drop_open(key)
             self.expired += 1
         while self.closed and (
             len(self.closed) > self.limits.max_closed
@@ -152,25 +192,28 @@ class EpisodeStore:
         ):
             self.closed.popitem(last=False)
 
-    def get(self, episode_id: str) -> Episode | None:
+    def get(self, key: str) -> Episode | None:
+        """The episode filed under ``key`` (:func:`episode_key`), open or closed."""
         self.sweep()
-        if episode_id in self.open:
-            return self.open[episode_id]
-        found = self.closed.get(episode_id)
+        if key in self.open:
+            return self.open[key]
+        found = self.closed.get(key)
         return found[0] if found else None
 
-    def begin_call(self, episode_id: str) -> Episode:
-        """The open episode a call records into (opened now if new); 409 if it is closed,
-        429 if ``max_open`` are open, 413 if it holds ``max_calls`` calls."""
-        episode = self.get(episode_id)
+    def begin_call(self, episode_id: str, token: str, client: str = "") -> Episode:
+        """The episode a call records into (made now if new: it is opened only once a call
+        records, :meth:`end_call`); 409 if it is closed, 429 if ``max_open`` are open or
+        ``client`` holds ``max_open_per_client``, 413 if it holds ``max_calls`` calls."""
+        key = episode_key(episode_id, token)
+        episode = self.get(key)
         if episode is None:
-            if len(self.open) >= self.limits.max_open:
-                raise RequestError(
-                    f"X-Episode-Id: {len(self.open)} episodes are open, the limit; close "
-                    "some with POST /v1/episodes/{id}/reward",
-                    429,
-                )
-            episode = self.open[episode_id] = Episode(episode_id)
+            if key not in self.reserved:
+                self._check_caps(client)
+            else:
+                client = ""
+            episode = self.open[key] = Episode(episode_id, key=key, client=client)
+            if client:
+                self._per_client[client] += 1
         if episode.closed:
             why = episode.info.get("withdrawn")
             raise RequestError(
@@ -188,12 +231,32 @@ class EpisodeStore:
         episode.in_flight += 1
         return episode
 
+    def _check_caps(self, client: str) -> None:
+        unreserved = len(self.open) - sum(1 for k in self.reserved if k in self.open)
+        if unreserved >= self.limits.max_open:
+            raise RequestError(
+                f"X-Episode-Id: {unreserved} episodes are open, the node's cap "
+                "(episodes.max_open); close some with POST /v1/episodes/{id}/reward",
+                429,
+            )
+        if self._per_client[client] >= self.limits.max_open_per_client:
+            raise RequestError(
+                f"X-Episode-Id: this client holds {self._per_client[client]} open episodes, "
+                "the per-client cap (episodes.max_open_per_client); close some with "
+                "POST /v1/episodes/{id}/reward",
+                429,
+            )
+
     def end_call(self, episode: Episode, call: Call | None) -> None:
-        """Record ``call`` (None: the call failed); 409 if the episode closed meanwhile,
-        413 if the call would take it past ``max_tokens``."""
+        """Record ``call`` (None: the call failed; an episode no call recorded into is
+        forgotten); 409 if the episode closed meanwhile, 413 if the call would take it past
+        ``max_tokens``."""
         episode.in_flight -= 1
         episode.touched = time.monotonic()
         if call is None:
+            if not episode.calls and not episode.in_flight and not episode.closed:
+                if self.open.get(episode.key) is episode:
+                    self._drop_open(episode.key)
             return
         if episode.closed:
             why = episode.info.get("withdrawn")
@@ -212,56 +275,62 @@ class EpisodeStore:
         episode.calls.append(call)
 
     def close(
-        self, episode_id: str, reward: float, *, task_id: str | None, info: dict[str, Any]
+        self, key: str, reward: float, *, task_id: str | None, info: dict[str, Any]
     ) -> Episode:
-        """Close an episode with its reward; again with the same reward answers the same,
-        another reward is 409; 404 for an unknown (or expired) episode."""
-        episode = self.get(episode_id)
+        """Close the episode filed under ``key`` with its reward; again with the same
+        reward answers the same, another reward is 409; 404 for an unknown (or expired)
+        episode, or a token that is not its."""
+        episode = self.get(key)
+        if episode is None and key in self.reserved:  # claimed, no call recorded yet
+            raise RequestError("the claimed episode has no recorded call", 409)
         if episode is None:
-            raise RequestError(f"episode {episode_id!r} is not known (or expired)", 404)
+            raise RequestError(
+                "episode not known (or expired, or X-Episode-Token is not its token)", 404
+            )
+        eid = episode.episode_id
         if episode.closed:
             if episode.info.get("withdrawn"):
                 raise RequestError(
-                    f"episode {episode_id!r} is withdrawn: {episode.info['withdrawn']}", 409
+                    f"episode {eid!r} is withdrawn: {episode.info['withdrawn']}", 409
                 )
             if episode.reward != reward:
                 raise RequestError(
-                    f"reward: episode {episode_id!r} was closed with reward {episode.reward}",
-                    409,
+                    f"reward: episode {eid!r} was closed with reward {episode.reward}", 409
                 )
             return episode
         if not episode.calls:
-            raise RequestError(f"episode {episode_id!r} has no recorded call", 409)
+            raise RequestError(f"episode {eid!r} has no recorded call", 409)
         episode.closed, episode.reward = True, reward
         episode.task_id, episode.info = task_id, info
-        del self.open[episode_id]
-        self.closed[episode_id] = (episode, time.monotonic())
+        self._drop_open(key)
+        self.closed[key] = (episode, time.monotonic())
         self._closed_event.set()
         self.sweep()
         return episode
 
-    def withdraw(self, episode_id: str, why: str) -> None:
+    def withdraw(self, episode_id: str, key: str, why: str) -> None:
         """Close an episode without a reward (made if unknown): later calls and rewards for
         it are refused with a 409 saying ``why``; nobody takes it as a result."""
-        episode = self.open.pop(episode_id, None) or Episode(episode_id)
+        self.reserved.discard(key)
+        episode = self._drop_open(key) or Episode(episode_id, key=key)
         if episode.closed:
             return
         episode.closed, episode.info = True, {"withdrawn": why}
-        self.closed[episode_id] = (episode, time.monotonic())
+        self.closed[key] = (episode, time.monotonic())
         self.sweep()
 
     def take_closed(self, task_id: str | None = None, limit: int | None = None) -> list[Episode]:
         """Remove and return closed episodes (of ``task_id`` if given), oldest first."""
         self.sweep()
         taken = []
-        for eid, (episode, _) in list(self.closed.items()):
+        for key, (episode, _) in list(self.closed.items()):
             if limit is not None and len(taken) >= limit:
                 break
             if episode.reward is None:  # withdrawn
                 continue
             if task_id is None or episode.task_id == task_id:
                 taken.append(episode)
-                del self.closed[eid]
+                del self.closed[key]
         return taken
 
     def count_closed(self, task_id: str) -> int:
@@ -373,14 +442,20 @@ class Offer:
     claim: dict[str, Any]
     defaults: dict[str, Any]
     seed: int
+    token: str = dataclasses.field(default_factory=new_token, repr=False)
     claimed_at: float | None = None
+
+    @property
+    def key(self) -> str:
+        return episode_key(self.episode_id, self.token)
 
 
 class EpisodeOffers:
     """Members of ``"agent": "external"`` groups, offered to agents running elsewhere.
 
-    :meth:`run_group` offers a group's members; an agent :meth:`claim`\\ s one (oldest
-    first), makes its chat calls with ``X-Episode-Id`` (:meth:`call_defaults` fills in the
+    :meth:`run_group` offers a group's members under server-made ids, each with its own
+    token; an agent :meth:`claim`\\ s one (oldest first; it alone learns the token), makes
+    its chat calls with ``X-Episode-Id`` and ``X-Episode-Token`` (:meth:`call_defaults` fills in the
     group's sampling and a per-call seed where a call omits them) and closes it with
     ``POST /v1/episodes/{id}/reward``. The group ends when every member is closed, each as
     :func:`episode_trajectory` (task id, task name and group id the group's). A claimed
@@ -394,7 +469,7 @@ class EpisodeOffers:
         if not lease_s > 0:
             raise ValueError(f"lease_s must be > 0, got {lease_s}")
         self.store, self.lease_s = store, lease_s
-        self.offers: dict[str, Offer] = {}  # offered or claimed, by episode id
+        self.offers: dict[str, Offer] = {}  # offered or claimed, by episode key
         self._queue: collections.deque[Offer] = collections.deque()
         self._offered = asyncio.Event()
         self.expired = 0
@@ -415,8 +490,9 @@ class EpisodeOffers:
         while True:
             while self._queue:
                 offer = self._queue.popleft()
-                if self.offers.get(offer.episode_id) is offer:  # not withdrawn meanwhile
+                if self.offers.get(offer.key) is offer:  # not withdrawn meanwhile
                     offer.claimed_at = time.monotonic()
+                    self.store.reserved.add(offer.key)  # not under the ad-hoc caps
                     return offer
             left = deadline - time.monotonic()
             if left <= 0:
@@ -428,10 +504,11 @@ class EpisodeOffers:
             except TimeoutError:
                 return None
 
-    def call_defaults(self, episode_id: str, calls: int) -> dict[str, Any]:
-        """Chat-call values for call number ``calls`` of an offered episode ({} for any
-        other episode): the group's sampling and a seed of this member and call."""
-        offer = self.offers.get(episode_id)
+    def call_defaults(self, key: str, calls: int) -> dict[str, Any]:
+        """Chat-call values for call number ``calls`` of the offered episode filed under
+        ``key`` ({} for any other episode): the group's sampling and a seed of this member
+        and call."""
+        offer = self.offers.get(key)
         if offer is None:
             return {}
         return {**offer.defaults, "seed": (offer.seed + 1024 * calls) % _SEED_MOD}
@@ -459,9 +536,9 @@ class EpisodeOffers:
         lost = 0
 
         def offer(member: int, attempt: int) -> None:
-            eid = f"{_SAFE.sub('_', group_id)[:120]}.m{member}.a{attempt}.{uuid.uuid4().hex[:8]}"
+            eid = f"ep-{secrets.token_urlsafe(16)}"  # unguessable; the group is in the claim
             o = Offer(eid, group_id, member, attempt, claim, defaults, seed_of(member, attempt))
-            pending[eid] = self.offers[eid] = o
+            pending[o.key] = self.offers[o.key] = o
             self._queue.append(o)
             self._offered.set()
 
@@ -470,10 +547,11 @@ class EpisodeOffers:
         try:
             while pending and not (min_usable and len(done) >= min_usable):
                 now, wake = time.monotonic(), self.lease_s
-                for eid, o in list(pending.items()):
-                    episode = self.store.get(eid)
+                for key, o in list(pending.items()):
+                    episode = self.store.get(key)
                     if episode is not None and episode.closed and episode.reward is not None:
-                        del pending[eid], self.offers[eid]
+                        del pending[key], self.offers[key]
+                        self.store.reserved.discard(key)
                         done.append(_member_trajectory(episode, task, group_id, o))
                         continue
                     if o.claimed_at is None or (episode is not None and episode.in_flight):
@@ -482,7 +560,7 @@ class EpisodeOffers:
                     if quiet < self.lease_s:
                         wake = min(wake, self.lease_s - quiet)
                         continue
-                    del pending[eid]
+                    del pending[key]
                     why = f"no call for lease_s={self.lease_s:g}s after its claim"
                     self._withdraw(o, why)
                     self.expired += 1
@@ -505,15 +583,10 @@ class EpisodeOffers:
         return Group(group_id, index, task, version, done, dropped, lost)
 
     def _withdraw(self, offer: Offer, why: str) -> None:
-        self.offers.pop(offer.episode_id, None)
-        self.store.withdraw(offer.episode_id, why)
+        self.offers.pop(offer.key, None)
+        self.store.withdraw(offer.episode_id, offer.key, why)
         if len(self._queue) > 2 * len(self.offers) + 64:  # withdrawn before any claim
-            self._queue = collections.deque(
-                o for o in self._queue if self.offers.get(o.episode_id) is o
-            )
-
-
-_SAFE = re.compile(r"[^A-Za-z0-9._:@+=-]")
+            self._queue = collections.deque(o for o in self._queue if self.offers.get(o.key) is o)
 
 
 def _member_trajectory(episode: Episode, task: Any, group_id: str, offer: Offer) -> Trajectory:

@@ -17,6 +17,8 @@ import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from tunix_agentic.serving.http import JSONDepthError, load_json
+
 ROLES = ("system", "user", "assistant", "tool")
 ToolChoice = Literal["none", "auto", "required"]
 
@@ -152,8 +154,10 @@ def _tool_calls(raw: Any, where: str) -> list[dict[str, Any]]:
             raise _fail(f"{at}.function.name", "must be a non-empty string")
         args = fn.get("arguments", "{}")
         try:
-            parsed = json.loads(args) if isinstance(args, str) else None
-        except json.JSONDecodeError:
+            parsed = load_json(args, f"{at}.function.arguments") if isinstance(args, str) else None
+        except JSONDepthError as exc:
+            raise RequestError(str(exc)) from None
+        except ValueError:
             parsed = None
         if not isinstance(parsed, dict):
             raise _fail(f"{at}.function.arguments", "must be a string holding a JSON object")

@@ -113,6 +113,7 @@ class ServiceEpisodeRunner:
         run_id: str | None = None,
         engine_urls: Iterable[str] = (),
         own_engines: bool = False,
+        weights_of: Callable[[int], str | None] | None = None,
     ):
         urls = list(urls)
         if not urls:
@@ -127,6 +128,9 @@ class ServiceEpisodeRunner:
         self._urls = urls
         self.engine_urls = list(engine_urls)
         self.own_engines = own_engines
+        # Where the engines loaded a version's weights from (None: unknown), told to the
+        # nodes with the version so they can push it to an engine that restarted.
+        self._weights_of = weights_of or (lambda version: None)
         self.nodes: list[NodeState] = []
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
@@ -177,7 +181,7 @@ class ServiceEpisodeRunner:
     async def _greet(self, node: NodeState) -> None:
         for url in self.engine_urls:
             await node.client.add_engine(url)
-        await node.client.set_policy(self.version)
+        await node.client.set_policy(self.version, self._weights_of(self.version))
 
     async def close(self) -> None:
         """Stop the health watches and background calls, take the run's own engines off the
@@ -224,7 +228,7 @@ class ServiceEpisodeRunner:
 
     async def _tell_version(self, node: NodeState) -> None:
         try:
-            await node.client.set_policy(self.version)
+            await node.client.set_policy(self.version, self._weights_of(self.version))
         except NodeUnavailable as exc:
             self._take_out(node, exc)
 

@@ -9,23 +9,57 @@ One JSON object per line in ``STATE_DIR/groups.wal``, appended only:
 
 :meth:`GroupLog.open` replays the log: finished groups come back as they were, and
 groups accepted but never finished are returned apart (the node reports them ``lost``).
-A torn last line (the process was killed mid-write) is cut off; a bad line anywhere
-else is an error naming it, never silently skipped. Writes run on a worker thread, in
-order, so the event loop never waits on the disk.
+A torn last line (no newline after it: the process was killed mid-write) is cut off; a
+bad line that ends in a newline, the last one included, was written whole and then
+damaged: :class:`LogDamaged` names it and the repair (:func:`repair_log`, ``serve-rollout
+--repair-log``), never silently skipped. Writes run on a worker thread, in order, so the
+event loop never waits on the disk.
+
+One node at a time: :meth:`GroupLog.open` takes an exclusive ``flock`` on
+``STATE_DIR/node.lock`` (holding the owner's pid) for as long as the log is open; a second
+node on the directory gets :class:`StateDirBusy`. The lock is the kernel's: it goes with
+the process, so a killed node leaves nothing to clean up.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import fcntl
 import json
 import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FinalRecord", "GroupLog", "Replay"]
+__all__ = [
+    "FinalRecord",
+    "GroupLog",
+    "LogDamaged",
+    "Repair",
+    "Replay",
+    "StateDirBusy",
+    "repair_log",
+]
 
 LOG_NAME = "groups.wal"
+LOCK_NAME = "node.lock"
+
+
+class StateDirBusy(RuntimeError):
+    """Another live process holds the state dir (its lock names the pid)."""
+
+
+class LogDamaged(ValueError):
+    """A whole line of the log is not a valid record: ``path``, ``line`` (1-based)."""
+
+    def __init__(self, path: Path, line: int, why: str):
+        super().__init__(
+            f"{path}: line {line} is not a valid record ({why}); the line ends in a newline, "
+            "so it was written whole and damaged since, not torn by a kill. Look at the file, "
+            "then repair it with `tunix-agentic serve-rollout --repair-log ...` (same "
+            "--state-dir), which drops the bad lines and prints what it drops"
+        )
+        self.path, self.line = path, line
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,32 +98,33 @@ class GroupLog:
         self._file = None
         self._size = 0  # bytes in the log: where the next line starts
         self._lock = asyncio.Lock()
+        self._lock_fd: int | None = None  # the state dir's flock, held while open
 
     def open(self) -> Replay:
-        """Replay the log (cutting a torn last line off) and open it for appending."""
+        """Lock the state dir, replay the log (cutting a torn last line off) and open it for
+        appending. StateDirBusy when another process holds the dir; LogDamaged naming the
+        first bad line (the log is left as it was, the lock released)."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = lock_state_dir(self.state_dir)
+        try:
+            return self._replay()
+        except BaseException:
+            self.close()
+            raise
+
+    def _replay(self) -> Replay:
         replay = Replay({}, [], [])
         data = self.path.read_bytes() if self.path.exists() else b""
         good = 0  # bytes up to the end of the last whole, valid line
         lines = data.split(b"\n")
         for number, line in enumerate(lines, 1):
-            is_last = number == len(lines)
-            if is_last and not line:
+            if number == len(lines):  # no newline after it: the write may be incomplete
+                replay.torn_bytes = len(line)
                 break
             try:
-                record = json.loads(line)
-                if not isinstance(record, dict):
-                    raise ValueError("not a JSON object")
-                if is_last:  # no newline after it: the write may be incomplete
-                    raise ValueError("no newline at the end")
-                self._apply(replay, record, good)
+                self._apply(replay, _record(line), good)
             except (ValueError, KeyError, TypeError) as exc:
-                if is_last or (number == len(lines) - 1 and not lines[-1]):
-                    replay.torn_bytes = len(data) - good
-                    break
-                raise ValueError(
-                    f"{self.path}: line {number} is not a valid record: {exc}"
-                ) from None
+                raise LogDamaged(self.path, number, _why(exc)) from None
             good += len(line) + 1
         if replay.torn_bytes:
             with open(self.path, "r+b") as f:
@@ -111,6 +146,8 @@ class GroupLog:
                 replay.unfinished.remove(gid)
             replay.unfinished.append(gid)
         elif kind == "final":
+            if gid not in replay.bodies:
+                raise ValueError(f"a final record for group {gid!r}, which no line before accepted")
             replay.finals.append(
                 FinalRecord(
                     gid,
@@ -177,6 +214,91 @@ class GroupLog:
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
+
+
+def lock_state_dir(state_dir: Path) -> int:
+    """An exclusive ``flock`` on ``state_dir/node.lock``, our pid written in it; returns the
+    open descriptor (closing it releases the lock). StateDirBusy naming the directory and
+    the holder's pid when another open file holds it (another node, in this process too)."""
+    path = state_dir / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise StateDirBusy(
+            f"--state-dir {state_dir} is in use by another rollout node (pid {holder}, "
+            f"holding {path}); give each node its own state dir, or stop that one first"
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+@dataclasses.dataclass(frozen=True)
+class Repair:
+    """What :func:`repair_log` dropped: ``(line number, the line's first 200 bytes)`` each,
+    and the torn tail's size."""
+
+    dropped: list[tuple[int, str]]
+    torn_bytes: int
+
+
+def repair_log(state_dir: str | Path) -> Repair:
+    """Drop every line of ``state_dir``'s log that is not a valid record in its place (bad
+    JSON, a final record for a group no line before accepted...) and a torn last line,
+    keeping the rest in order; the state dir is locked meanwhile (StateDirBusy if a node
+    holds it). The new log replaces the old one atomically; nothing changes when every
+    line is good."""
+    state_dir = Path(state_dir)
+    path = state_dir / LOG_NAME
+    state_dir.mkdir(parents=True, exist_ok=True)
+    fd = lock_state_dir(state_dir)
+    try:
+        data = path.read_bytes() if path.exists() else b""
+        lines = data.split(b"\n")
+        torn = len(lines[-1])
+        replay, kept, dropped = Replay({}, [], []), [], []
+        for number, line in enumerate(lines[:-1], 1):
+            try:
+                GroupLog._apply(replay, _record(line), 0)
+            except (ValueError, KeyError, TypeError):
+                dropped.append((number, line[:200].decode(errors="replace")))
+                continue
+            kept.append(line + b"\n")
+        if dropped or torn:
+            tmp = path.with_name(path.name + ".repair")
+            with open(tmp, "wb") as f:
+                f.write(b"".join(kept))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            dir_fd = os.open(state_dir, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        return Repair(dropped, torn)
+    finally:
+        os.close(fd)
+
+
+def _record(line: bytes) -> dict[str, Any]:
+    record = json.loads(line)
+    if not isinstance(record, dict):
+        raise ValueError("not a JSON object")
+    return record
+
+
+def _why(exc: Exception) -> str:
+    return f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
 
 
 def _dumps(obj: Any) -> str:

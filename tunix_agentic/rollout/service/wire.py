@@ -19,6 +19,7 @@ from tunix_agentic.envs.base import SPLITS, Task
 from tunix_agentic.envs.remote import task_from_json as remote_task_from_json
 from tunix_agentic.envs.remote import task_to_json as remote_task_to_json
 from tunix_agentic.rollout.episode import Group
+from tunix_agentic.serving.client import LOGPROB_TOLERANCE
 from tunix_agentic.trajectory import Step, Trajectory
 
 __all__ = [
@@ -89,6 +90,16 @@ def _floats(raw: Any, where: str) -> list[float]:
     if all(type(x) is float for x in raw):
         return list(raw)
     return [_float(x, f"{where}[{i}]") for i, x in enumerate(raw)]
+
+
+def _logprobs(raw: Any, where: str) -> list[float]:
+    """Sampler logprobs: numbers, finite and <= 0 (up to ``LOGPROB_TOLERANCE`` of float
+    noise); a node that sends others is refused, naming the first."""
+    values = _floats(raw, where)
+    if not all(-math.inf < x <= LOGPROB_TOLERANCE for x in values):
+        i = next(i for i, x in enumerate(values) if not -math.inf < x <= LOGPROB_TOLERANCE)
+        raise ValueError(f"{where}[{i}] must be a finite logprob <= 0, got {values[i]!r}")
+    return values
 
 
 def _times(raw: Any, where: str) -> dict[str, float]:
@@ -180,7 +191,7 @@ def _step_from_json(obj: Any, where: str) -> Step:
     return Step(
         context_len=_int(_need(obj, "context_len", where), f"{where}.context_len", lo=0),
         action_ids=_ints(_need(obj, "action_ids", where), f"{where}.action_ids"),
-        logprobs=_floats(_need(obj, "logprobs", where), f"{where}.logprobs"),
+        logprobs=_logprobs(_need(obj, "logprobs", where), f"{where}.logprobs"),
         versions=_ints(_need(obj, "versions", where), f"{where}.versions"),
         finish_reason=_str(_need(obj, "finish_reason", where), f"{where}.finish_reason"),
         observation_ids=_ints(obj.get("observation_ids", []), f"{where}.observation_ids"),
