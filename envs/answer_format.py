@@ -28,10 +28,15 @@ from tunix_agentic.envs.base import (
     StepResult,
     TaskSource,
     register_env,
+    score_off_loop,
 )
 
-_SENTENCE = re.compile(r"the answer is:?\s*\$?\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
-_WORDS = re.compile(r"the answer is:?\s*\**\s*([A-Za-z][A-Za-z .'-]*?)\s*\**\s*(?:[.!\n]|$)", re.I)
+# Both readers are linear in the reply's length: no pattern here can match one stretch of
+# text in more than one way (a run of spaces once took 46.6 s on the event loop).
+_SENTENCE = re.compile(r"the answer is:?\s*(?:\$\s*)?(-?\d+(?:\.\d+)?)", re.IGNORECASE)
+_LEAD = re.compile(r"the answer is", re.IGNORECASE)
+_WORD_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz '-")
+_STOPS = ".!\n"
 PROMPT = 'What is {a} + {b}? End your reply with "The answer is N." where N is the number.'
 
 
@@ -109,7 +114,7 @@ class _OneSentenceEnv(Environment):
     async def step(self, action: Action) -> StepResult:
         if self._task is None:
             raise RuntimeError("step() called before reset()")
-        given = self.given(action.text)
+        given = await score_off_loop(self.given, action.text, timeout=self.reward_timeout_s)
         self._reward = 1.0 if given is not None and self.is_right(given, self._task.answer) else 0.0
         self.step_rewards.append(self._reward)
         status = "answered" if given is not None else "no_answer"
@@ -158,11 +163,12 @@ CAPITALS = {
     "Paraguay": "Asuncion", "Bolivia": "Sucre", "United Kingdom": "London",
     "Scotland": "Edinburgh", "Wales": "Cardiff", "Estonia": "Tallinn", "Latvia": "Riga",
     "Lithuania": "Vilnius", "Slovakia": "Bratislava", "Slovenia": "Ljubljana",
-    "Albania": "Tirana", "Cyprus": "Nicosia", "Malta": "Valletta", "Luxembourg": "Luxembourg",
+    "Albania": "Tirana", "Cyprus": "Nicosia", "Malta": "Valletta",
+    "Luxembourg": "Luxembourg City",
     "Georgia": "Tbilisi", "Armenia": "Yerevan", "Azerbaijan": "Baku",
     "Kazakhstan": "Astana", "Uzbekistan": "Tashkent", "Sri Lanka": "Colombo",
     "Myanmar": "Naypyidaw", "Cambodia": "Phnom Penh", "Laos": "Vientiane",
-    "Singapore": "Singapore", "Taiwan": "Taipei", "Libya": "Tripoli", "Sudan": "Khartoum",
+    "Taiwan": "Taipei", "Libya": "Tripoli", "Sudan": "Khartoum",
     "Tanzania": "Dodoma", "Zimbabwe": "Harare", "Zambia": "Lusaka", "Angola": "Luanda",
     "Mali": "Bamako", "Cameroon": "Yaounde", "Rwanda": "Kigali", "Somalia": "Mogadishu",
 }  # fmt: skip
@@ -185,9 +191,48 @@ class CapitalTask:
 
 
 def final_word_answer(text: str) -> str | None:
-    """The words after the reply's last "The answer is" (None if there is none)."""
-    found = _WORDS.findall(text)
-    return found[-1].strip() if found else None
+    """The words after the reply's last "The answer is" that is followed by an answer (None
+    if there is none).
+
+    An answer, after an optional colon and optional ``**`` emphasis, is a letter, then
+    letters, spaces, apostrophes and hyphens up to the end of its sentence (``.``, ``!``, a
+    newline or the end of the reply), where only spaces and a closing ``**`` may come
+    between it and the stop. Each "The answer is" reads only the text up to the next one,
+    so the work is linear in the reply's length.
+    """
+    leads = list(_LEAD.finditer(text))
+    for k in reversed(range(len(leads))):
+        end = leads[k + 1].start() if k + 1 < len(leads) else len(text)
+        found = _words_at(text, leads[k].end(), end)
+        if found is not None:
+            return found
+    return None
+
+
+def _skip(text: str, i: int, end: int, chars: str | None) -> int:
+    """The first index from ``i`` (before ``end``) not in ``chars`` (None: whitespace)."""
+    while i < end and (text[i].isspace() if chars is None else text[i] in chars):
+        i += 1
+    return i
+
+
+def _words_at(text: str, i: int, end: int) -> str | None:
+    """The answer that starts at ``text[i]`` (just after "the answer is"), read before ``end``."""
+    i += i < end and text[i] == ":"
+    i = _skip(text, _skip(text, _skip(text, i, end, None), end, "*"), end, None)
+    if not (i < end and text[i].isascii() and text[i].isalpha()):
+        return None
+    j = i
+    while j < end and text[j] in _WORD_CHARS:
+        j += 1
+    # What follows the words: spaces (part of the run above), then a closing ** and more
+    # whitespace, before a stop; a newline among that whitespace is itself a stop.
+    k = _skip(text, j, end, None)
+    if "\n" not in text[j:k]:
+        k = _skip(text, _skip(text, k, end, "*"), end, None)
+    if "\n" in text[j:k] or (k == len(text)) or (k < end and text[k] in _STOPS):
+        return text[i:j].strip() or None
+    return None
 
 
 class CapitalTasks(TaskSource):

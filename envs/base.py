@@ -8,6 +8,7 @@ has ``done=True``, then ``evaluate()`` (the verifier, run in the orchestrator's 
 from __future__ import annotations
 
 import abc
+import asyncio
 import difflib
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -23,6 +24,30 @@ if TYPE_CHECKING:  # an annotation only: environments import nothing of the pipe
     from tunix_agentic.trajectory import Trajectory
 
 SPLITS = ("train", "heldout")
+# Seconds one reward computation may take (Environment.reward_timeout_s's default).
+REWARD_TIMEOUT_S = 60.0
+_T = TypeVar("_T")
+
+
+class RewardTimeoutError(RuntimeError):
+    """A reward computation ran past its deadline: the episode ends as an ``env_error``
+    saying so (counted like any environment fault), instead of stalling the rollouts."""
+
+
+async def score_off_loop(check: Callable[..., _T], *args: Any, timeout: float) -> _T:
+    """``check(*args)``, a synchronous verifier, run in a worker thread and awaited for at
+    most ``timeout`` seconds (:class:`RewardTimeoutError` past it).
+
+    The event loop runs every other episode meanwhile. A thread cannot be stopped: past the
+    deadline the check runs on to its end in the background, so a verifier must still be
+    fast (linear in its input); the deadline turns a slow one into a clear, counted error.
+    """
+    try:
+        async with asyncio.timeout(timeout):
+            return await asyncio.to_thread(check, *args)
+    except TimeoutError:
+        name = getattr(check, "__qualname__", type(check).__name__)
+        raise RewardTimeoutError(f"the reward check {name} took over {timeout:g}s") from None
 
 
 @dataclass(frozen=True)
@@ -106,6 +131,9 @@ class Environment(abc.ABC):
     """
 
     tools: Mapping[str, Tool] = MappingProxyType({})
+    # The EVAL stage's deadline for evaluate() / evaluate_trajectory(): past it the episode
+    # ends as an env_error (counted as rollout/reward_timeouts), never a stalled rollout.
+    reward_timeout_s: float = REWARD_TIMEOUT_S
 
     def __init__(self) -> None:
         self.step_rewards: list[float] = []

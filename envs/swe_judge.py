@@ -17,7 +17,11 @@ right one, which for fresh random arguments takes computing the functions right:
 bug. Files it writes beside the module never leave the agent's sandbox, and the judge's
 sandbox (own directory, uid, PID namespace) is gone after the one run. The harness's
 interpreter runs isolated (``-I``) and without ``site`` (``-S``): the standard library only,
-so no installed package (this one's reference implementations included) can be imported.
+so no installed package (this one's reference implementations included) can be imported, and
+every sandbox sees this package's folders empty (:mod:`tunix_agentic.envs.sandbox`), so its
+sources cannot be read either, even from a regular install's ``site-packages``. The
+interpreter is the sandbox's own, by absolute path (never a bare ``python`` looked up on a
+``PATH`` that could miss it and score every module 0).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from tunix_agentic.envs import swe_harness
-from tunix_agentic.envs.sandbox import Sandbox, SandboxConfig
+from tunix_agentic.envs.sandbox import Sandbox, SandboxConfig, SandboxError
 from tunix_agentic.envs.swe_repos import BY_NAME, MODULE, reference
 
 RANDOM_CASES = 12  # per function and judgement
@@ -199,8 +203,10 @@ async def judge_module(
         judge.write_file("lib/__init__.py", "")
         judge.write_file(MODULE, source)
         judge.write_file(HARNESS, _HARNESS_SOURCE)
+        if judge.python is None:  # a bare "python" could miss and score every module 0
+            raise SandboxError("no Python interpreter can run in the judge's sandbox")
         result = await judge.run(
-            ["python", "-I", "-S", "-B", HARNESS, judge.cwd or "."],
+            [judge.python, "-I", "-S", "-B", HARNESS, judge.cwd or "."],
             timeout=timeout,
             input=request,
             max_output=MAX_OUTPUT_CHARS,

@@ -89,6 +89,7 @@ class SweLiteEnv(SandboxedEnv):
         if not test_timeout > 0:
             raise ValueError(f"test_timeout must be positive, got {test_timeout}")
         self.test_timeout = float(test_timeout)
+        self.reward_timeout_s = self.test_timeout + 60.0  # the judge's sandbox start and run
         self._task: Task | None = None
         self._done = False
         self.test_output = ""

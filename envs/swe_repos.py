@@ -1,7 +1,8 @@
 """Small generated Python repositories with one bug, failing tests, and what the judge checks.
 
 A repository is a package ``lib/`` of two or three utility functions picked from
-a library below, one of them with a single-line bug (an off-by-one, a wrong
+a library below (``train`` repositories from :data:`TRAIN_FUNCTIONS`, ``heldout`` ones from
+:data:`HELDOUT_FUNCTIONS`, which no training task shows), one of them with a single-line bug (an off-by-one, a wrong
 operator or comparison), and ``tests/test_visible.py`` (unittest) of which at least
 one test fails because of the bug. Each function's source is its reference
 implementation; the judge (:mod:`tunix_agentic.envs.swe_judge`) calls the agent's
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from tunix_agentic.envs.base import Task
+from tunix_agentic.envs.base import SPLITS, Task
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +163,95 @@ FUNCTIONS = (
         ),
     ),
 )
+# Held-out repositories use only these: functions (and bugs) no training task shows, so
+# held-out success measures finding a bug, not recalling the training functions' fixes.
+HELDOUT_FUNCTIONS = (
+    Function(
+        "dedupe",
+        (
+            "def dedupe(xs):",
+            "    seen, out = set(), []",
+            "    for x in xs:",
+            "        if x not in seen:",
+            "            seen.add(x)",
+            "            out.append(x)",
+            "    return out",
+        ),
+        ((3, "        if x in seen:"), (4, "            pass")),
+        (([1, 2, 1, 3, 2],),),
+        (([],), ([5, 5, 5],), ([2, 1, 2],)),
+        lambda rng: (_ints(rng, rng.randint(0, 10), -3, 3),),
+    ),
+    Function(
+        "digit_sum",
+        (
+            "def digit_sum(n):",
+            "    n = abs(n)",
+            "    total = 0",
+            "    while n > 0:",
+            "        total += n % 10",
+            "        n //= 10",
+            "    return total",
+        ),
+        ((1, "    n = n"), (3, "    while n > 9:")),
+        ((1234,), (-56,)),
+        ((0,), (9,), (-7,), (1000,)),
+        lambda rng: (rng.randint(-(10**6), 10**6),),
+    ),
+    Function(
+        "chunk",
+        (
+            "def chunk(xs, size):",
+            "    if size < 1:",
+            "        raise ValueError('size must be positive')",
+            "    return [list(xs[i:i + size]) for i in range(0, len(xs), size)]",
+        ),
+        (
+            (3, "    return [list(xs[i:i + size]) for i in range(0, len(xs) - 1, size)]"),
+            (3, "    return [list(xs[i:i + size - 1]) for i in range(0, len(xs), size)]"),
+        ),
+        (([1, 2, 3, 4, 5], 2),),
+        (([], 3), ([1], 1), ([1, 2, 3], 5), ([1, 2, 3], 0)),
+        lambda rng: (_ints(rng, rng.randint(0, 9)), rng.randint(1, 4)),
+    ),
+    Function(
+        "title_case",
+        (
+            "def title_case(text):",
+            "    words = text.split(' ')",
+            "    return ' '.join(w[:1].upper() + w[1:].lower() for w in words)",
+        ),
+        (
+            (2, "    return ' '.join(w[:1].upper() + w[1:] for w in words)"),
+            (1, "    words = text.split()"),
+        ),
+        (("hello wORLD",), ("the  cat",)),
+        (("",), ("  x",), ("ABC dEF",)),
+        lambda rng: (_text(rng, rng.randint(0, 16), "abcXYZ  "),),
+    ),
+    Function(
+        "second_largest",
+        (
+            "def second_largest(xs):",
+            "    best = second = None",
+            "    for x in xs:",
+            "        if best is None or x > best:",
+            "            best, second = x, best",
+            "        elif x != best and (second is None or x > second):",
+            "            second = x",
+            "    return second",
+        ),
+        (
+            (4, "            best, second = x, second"),
+            (5, "        elif second is None or x > second:"),
+        ),
+        (([2, 5, 5, 1],),),
+        (([],), ([7],), ([3, 3],), ([1, 2],)),
+        lambda rng: (_ints(rng, rng.randint(0, 8), -9, 9),),
+    ),
+)
+TRAIN_FUNCTIONS = FUNCTIONS
+FUNCTIONS = TRAIN_FUNCTIONS + HELDOUT_FUNCTIONS
 BY_NAME = {f.name: f for f in FUNCTIONS}
 
 
@@ -214,14 +304,19 @@ def make_repo_task(index: int, *, seed: int, split: str) -> Task:
     repository the agent gets), ``functions`` (the names of :data:`FUNCTIONS` it holds, in
     order: what the judge checks) and the fix (``bug_line``: 1-based line number in
     lib/utils.py, ``fixed``: the correct line)."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     rng = np.random.default_rng([int(seed), zlib.crc32(split.encode()), int(index), 43])
+    pool = HELDOUT_FUNCTIONS if split == "heldout" else TRAIN_FUNCTIONS
     while True:
         count = int(rng.integers(2, 4))
-        picks = [FUNCTIONS[int(i)] for i in rng.permutation(len(FUNCTIONS))[:count]]
+        picks = [pool[int(i)] for i in rng.permutation(len(pool))[:count]]
         buggy = int(rng.integers(0, count))
         line, bad = picks[buggy].bugs[int(rng.integers(0, len(picks[buggy].bugs)))]
         key = f"{[f.name for f in picks]}:{picks[buggy].name}:{bad}"
-        if ("heldout" if zlib.crc32(key.encode()) % 10 == 0 else "train") == split:
+        # Training tasks are those of the days when both splits drew from one library
+        # (a tenth, by hash, was held out), so a training run's tasks did not change.
+        if split == "heldout" or zlib.crc32(key.encode()) % 10 != 0:
             break
     lines: list[str] = []
     bug_line = fixed = None

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
 from tunix_agentic.envs import Action, make_env
 from tunix_agentic.envs.answer_format import (
     CAPITALS,
+    CapitalFormatEnv,
     CapitalTasks,
     final_answer,
     final_word_answer,
     make_sum_task,
 )
+from tunix_agentic.envs.base import RewardTimeoutError
 
 
 @pytest.mark.parametrize(
@@ -75,3 +78,76 @@ def test_the_reward_needs_the_right_city_in_the_sentence(reply, reward):
         return await env.evaluate()
 
     assert asyncio.run(episode()) == reward
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "The answer is A" + " " * 200_000 + "x",  # the cubic case: a run of spaces
+        "The answer is **A" + " " * 100_000 + "*" * 100_000 + " " * 100_000 + "x",
+        "the answer is " * 30_000 + "5",  # every lead re-reading the rest
+        "The answer is:" + " " * 200_000 + "$" + " " * 200_000 + "x",
+    ],
+    ids=["spaces", "spaces-stars", "many-leads", "number-spaces"],
+)
+def test_answer_readers_are_linear_in_the_reply(reply):
+    done = threading.Event()
+
+    def read() -> None:
+        final_word_answer(reply)
+        final_answer(reply)
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert done.wait(60), "a reader backtracked on a long reply"  # bounds a hang only
+
+
+def test_naming_the_country_never_scores():
+    # "The answer is Luxembourg." once scored where the capital shares the country's name.
+    assert all(city.lower() != country.lower() for country, city in CAPITALS.items())
+    tasks = CapitalTasks()
+
+    async def rewards(split: str) -> list[tuple[float, float]]:
+        out = []
+        for i in range(tasks.num_tasks(split)):
+            task = tasks.task(i, seed=0, split=split)
+            country = task.prompt.split("capital of ", 1)[1].split("?", 1)[0]
+            scores = []
+            for reply in (f"The answer is {country}.", f"The answer is {task.answer}."):
+                env = CapitalFormatEnv()
+                await env.reset(task)
+                await env.step(Action(text=reply))
+                scores.append(await env.evaluate())
+            out.append(tuple(scores))
+        return out
+
+    for split in ("train", "heldout"):
+        assert set(asyncio.run(rewards(split))) == {(0.0, 1.0)}
+
+
+class _SlowCheck(CapitalFormatEnv):
+    reward_timeout_s = 0.2
+
+    def given(self, text):
+        threading.Event().wait(2)  # a verifier stuck for 2 s, in its worker thread
+        return super().given(text)
+
+
+async def test_the_answer_check_runs_off_the_loop_with_a_deadline():
+    env = _SlowCheck()
+    await env.reset(CapitalTasks().task(0, seed=0, split="train"))
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.ensure_future(tick())
+    try:
+        with pytest.raises(RewardTimeoutError, match="took over 0.2s"):
+            await env.step(Action(text="The answer is Paris."))
+    finally:
+        ticker.cancel()
+    assert ticks > 0  # the loop ran other work while the check was stuck

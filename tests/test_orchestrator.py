@@ -605,3 +605,23 @@ async def test_an_engine_hung_past_the_episode_deadline_stays_infra(random_model
     assert all(t.is_infra_failure and "in run" in t.error for t in group.dropped)
     assert orch.stats["infra_failures"] == 2
     await orch.engine.close()
+
+
+class SlowRewardEnv(ArithmeticEnv):
+    """A verifier that would take 30 s: past its 0.2 s deadline the EVAL stage gives up."""
+
+    reward_timeout_s = 0.2
+
+    async def evaluate(self):
+        await asyncio.sleep(30)
+        return 1.0
+
+
+async def test_a_reward_past_its_deadline_is_a_clear_env_error_not_a_stall(random_model):
+    orch = make_orch(random_model, group_size=2, infra_retries=0)
+    orch.env_factory = SlowRewardEnv
+    async with asyncio.timeout(20):  # bounds a hang; the deadline ends it far sooner
+        group = await orch.run_group(TASKS[0])
+    assert [t.status for t in group.dropped] == ["env_error", "env_error"]
+    assert all("reward took over 0.2s" in t.error for t in group.dropped), group.dropped
+    await orch.engine.close()

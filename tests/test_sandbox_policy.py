@@ -4,6 +4,7 @@ and the sandbox uid range's check against the host's users (check_uid_range)."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import os
@@ -153,6 +154,61 @@ async def test_no_user_namespace_can_be_made_inside(backend, command):
     assert "Operation not permitted" in result.output
 
 
+# socket(family, type, protocol) and socketpair through the raw system call (so that high
+# bits reach the filter), each printed as "ok" or its errno.
+_SOCKETS = r"""
+import ctypes, json, socket, sys
+libc = ctypes.CDLL(None, use_errno=True)
+out = {}
+for name, (call, family, kind, proto) in json.loads(sys.argv[1]).items():
+    nr = {"socket": 41, "socketpair": 53}[call] if sys.argv[2] == "x86_64" else None
+    fds = (ctypes.c_int * 2)()
+    ctypes.set_errno(0)
+    if nr is not None:
+        extra = [fds] if call == "socketpair" else []
+        r = libc.syscall(ctypes.c_long(nr), ctypes.c_ulong(family), kind, proto, *extra)
+    elif call == "socket":
+        r = libc.socket(ctypes.c_int(family % 2**32), kind, proto)
+    else:
+        r = libc.socketpair(family, kind, proto, fds)
+    out[name] = "ok" if r >= 0 else ctypes.get_errno()
+print(json.dumps(out))
+"""
+_STREAM, _DGRAM, _RAW = 1, 2, 3
+_SOCKET_CALLS = {
+    # key: (call, family, type, protocol), refused by the filter or not
+    "unix": (("socket", 1, _STREAM, 0), False),
+    "inet": (("socket", 2, _STREAM, 0), False),
+    "netlink-route": (("socket", 16, _RAW, 0), False),
+    "unix-pair": (("socketpair", 1, _STREAM, 0), False),
+    "vsock": (("socket", 40, _STREAM, 0), True),
+    "packet": (("socket", 17, _RAW, 0), True),
+    "netlink-uevent": (("socket", 16, _DGRAM, 15), True),
+    "netlink-audit": (("socket", 16, _RAW, 9), True),
+    "alg": (("socket", 38, 5, 0), True),  # AF_ALG, SOCK_SEQPACKET: allowed unfiltered
+    "unspec": (("socket", 0, _STREAM, 0), True),
+    "unix-high-bits": (("socket", (1 << 32) | 1, _STREAM, 0), True),
+    "inet-pair": (("socketpair", 2, _STREAM, 0), True),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=["bwrap", "process"])
+async def test_only_allowed_socket_families_open(backend):
+    calls = {k: call for k, (call, _) in _SOCKET_CALLS.items()}
+    if os.uname().machine != "x86_64":
+        del calls["unix-high-bits"]  # libc's socket() takes an int: no high bits to send
+    sb = await _sandbox(backend)
+    try:
+        result = await sb.run([sb.python, "-c", _SOCKETS, json.dumps(calls), os.uname().machine])
+    finally:
+        await sb.close()
+    assert result.exit_code == 0, result.output
+    seen = json.loads(result.output.strip().splitlines()[-1])
+    refused = {k for k, v in seen.items() if v in (errno.EPERM, errno.EACCES)}
+    assert refused == {k for k in calls if _SOCKET_CALLS[k][1]}, seen
+    assert all(seen[k] == "ok" for k in calls if not _SOCKET_CALLS[k][1]), seen
+
+
 _WORK = r"""
 import concurrent.futures, multiprocessing, os, subprocess, sys, threading
 def square(x):
@@ -257,6 +313,31 @@ def test_without_bwrap_model_written_code_fails_closed():
     assert "apt-get install bubblewrap" in done.stderr  # the CLI says why it refused
 
 
+# --- this package's sources --------------------------------------------------------------------
+
+
+@needs_bwrap
+async def test_the_packages_sources_are_hidden_even_under_a_bound_path():
+    # As under a regular pip install, where the package lies in a bound prefix: here its
+    # checkout (or site-packages folder) is bound whole. swe_lite's reference solutions
+    # (envs/swe_repos.py) must not be readable, while the rest of the bound path stays.
+    envs = Path(sandbox_launch.__file__).resolve().parents[1]
+    hidden = sandbox_launch._hidden_dirs()  # tunix_agentic/ and envs/ (apart when editable)
+    bound = Path(os.path.commonpath(hidden))
+    bound = bound.parent if str(bound) in hidden else bound
+    other = next(p for p in sorted(bound.iterdir()) if str(p) not in hidden)
+    config = SandboxConfig(ro_paths=(*SandboxConfig().ro_paths, str(bound)), timeout_s=20)
+    async with Sandbox(config) as sb:
+        result = await sb.run(
+            f"cat {envs}/swe_repos.py; echo files: $(ls -A {envs} | wc -l); "
+            f"test -e {other} && echo other visible; touch {envs}/planted"
+        )
+    assert "def make_repo_task" not in result.output and "def clamp" not in result.output
+    assert "No such file" in result.output and "files: 0" in result.output, result.output
+    assert "other visible" in result.output, result.output
+    assert not (envs / "planted").exists()
+
+
 # --- the sandbox uid range ----------------------------------------------------------------------
 
 
@@ -276,6 +357,10 @@ async def test_a_uid_base_over_a_running_process_is_refused_but_not_over_its_own
         ["setpriv", f"--reuid={stranger}", f"--regid={stranger}", "--clear-groups", "sleep", "60"]
     )
     try:
+        for _ in range(500):  # until setpriv has switched to the uid (bounds the wait only)
+            if f"Uid:\t{stranger}\t" in Path(f"/proc/{proc.pid}/status").read_text():
+                break
+            await asyncio.sleep(0.01)
         with pytest.raises(SandboxError, match=rf"\b{stranger}\b.*running"):
             await Sandbox.create(SandboxConfig(uid_base=base))
         # Sandboxes of the range run processes in it (here two at once): not refused.
@@ -288,3 +373,40 @@ async def test_a_uid_base_over_a_running_process_is_refused_but_not_over_its_own
     finally:
         proc.kill()
         proc.wait()
+
+
+_OTHER_JOB = r"""
+import asyncio, sys
+from tunix_agentic.envs.sandbox import Sandbox, SandboxConfig
+
+async def main():
+    async with Sandbox(SandboxConfig(uid_base=int(sys.argv[1]), timeout_s=20)) as sb:
+        done = await sb.run("id -u")
+        print(sb.uid, done.output.strip(), sb.workdir)
+
+asyncio.run(main())
+"""
+
+
+@needs_root
+async def test_jobs_with_different_tmpdirs_never_lease_the_same_uid(tmp_path):
+    # Two jobs on one host, each with its own TMPDIR (so its own sandboxes' root), in the
+    # same (default-like) uid range: the second's lease must neither take the first's uid
+    # nor kill its running sandbox.
+    base = 50_000_000 + secrets.randbelow(400_000) * 8192
+    async with Sandbox(SandboxConfig(uid_base=base, timeout_s=20)) as first:
+        sleeper = await first.spawn(["sleep", "60"])
+        env = {**os.environ, "TMPDIR": str(tmp_path)}
+        done = subprocess.run(
+            [sys.executable, "-c", _OTHER_JOB, str(base)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        uid, inside, workdir = done.stdout.split()
+        assert workdir.startswith(str(tmp_path))  # the other job's own root
+        assert int(uid) == int(inside) != first.uid
+        assert sleeper.returncode is None  # still running
+        assert (await first.run("echo alive")).output.strip() == "alive"

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -19,7 +22,13 @@ from tunix_agentic.envs.swe_judge import (
     parse_values,
 )
 from tunix_agentic.envs.swe_lite import RepoTasks, SweLiteEnv
-from tunix_agentic.envs.swe_repos import FUNCTIONS, compile_function, reference
+from tunix_agentic.envs.swe_repos import (
+    FUNCTIONS,
+    HELDOUT_FUNCTIONS,
+    TRAIN_FUNCTIONS,
+    compile_function,
+    reference,
+)
 
 SANDBOX = {"timeout_s": 20.0, "cpu_s": 20}
 
@@ -141,3 +150,59 @@ async def test_swe_judge_gives_the_reward_to_every_reference_and_checks_task_dat
         with pytest.raises(ValueError, match=r"task.data\['functions'\]"):
             await env.reset(bad)
     assert env.sandbox is None  # refused before any sandbox started
+
+
+async def test_swe_judge_held_out_tasks_use_functions_no_training_task_shows():
+    # One file with the training library's functions, written without reading any task,
+    # must not solve held-out tasks: they are built from other functions.
+    train = {f.name for f in TRAIN_FUNCTIONS}
+    source = RepoTasks()
+    heldout = [source.task(i, seed=0, split="heldout") for i in range(50)]
+    assert all(not set(t.data["functions"]) & train for t in heldout)
+    assert {n for t in heldout for n in t.data["functions"]} == {f.name for f in HELDOUT_FUNCTIONS}
+    memorised = "\n\n".join("\n".join(f.source) for f in TRAIN_FUNCTIONS) + "\n"
+    config = SandboxConfig(**SANDBOX)
+    for task in heldout[:2]:
+        verdict = await judge_module(memorised, task.data["functions"], config, timeout=20.0)
+        assert verdict.reward == 0.0 and verdict.matched == 0, verdict.report
+    right = await judge_module(
+        "\n\n".join("\n".join(f.source) for f in HELDOUT_FUNCTIONS) + "\n",
+        heldout[0].data["functions"],
+        config,
+        timeout=20.0,
+    )
+    assert right.reward == 1.0, right.report
+
+
+_RELATIVE = r"""
+import asyncio, sys
+from tunix_agentic.envs.sandbox import SandboxConfig
+from tunix_agentic.envs.swe_judge import judge_module
+from tunix_agentic.envs.swe_lite import RepoTasks
+from tunix_agentic.envs.swe_repos import FUNCTIONS
+
+task = RepoTasks().task(0, seed=0, split="train")
+source = "\n\n".join("\n".join(f.source) for f in FUNCTIONS) + "\n"
+config = SandboxConfig(timeout_s=20.0, cpu_s=20)
+verdict = asyncio.run(judge_module(source, task.data["functions"], config, timeout=20.0))
+print(sys.executable, verdict.reward)
+"""
+
+
+def test_swe_judge_scores_the_reference_when_python_was_started_by_a_relative_path(tmp_path):
+    # `../venv/bin/python`: the interpreter's path keeps its "..", which once dropped the
+    # venv from the judge's PATH (and "python" from it): even the reference scored 0.0.
+    python = os.path.abspath(sys.executable)
+    relative = os.path.relpath(python, tmp_path)
+    assert relative.startswith("..")
+    done = subprocess.run(
+        [relative, "-c", _RELATIVE],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    executable, reward = done.stdout.split()
+    assert ".." in executable  # as Python reports it: not normalised
+    assert reward == "1.0"

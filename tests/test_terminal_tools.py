@@ -215,6 +215,51 @@ async def test_python_after_close_is_unavailable():
         await py.run("2 + 2")
 
 
+async def test_python_after_the_code_filled_the_disk_still_runs_and_reports():
+    # The code fills the sandbox's scratch disk and exits: the next start must not fail as
+    # an infrastructure fault (ToolUnavailable), and the output of later cells comes back.
+    async with Sandbox(SandboxConfig(disk_mb=8, file_size_mb=64, timeout_s=20)) as sb:
+        py = PythonTool(sb)
+        fill = (
+            "import os\nfd = os.open('/tmp/fill', os.O_WRONLY | os.O_CREAT)\n"
+            "try:\n    os.write(fd, b'x' * (32 << 20))\nexcept OSError:\n    pass\n"
+            "os._exit(0)"
+        )
+        assert "exit code 0" in await py.run(fill)
+        more = (
+            "print('after'); os.write(os.open('/tmp/more', os.O_WRONLY | os.O_CREAT), b'y' * 8192)"
+        )
+        assert await py.run("import os; " + more) == (
+            "after\nOSError: [Errno 28] No space left on device"
+        )
+
+
+async def test_python_start_refused_after_code_ran_is_the_agents_not_infrastructure():
+    async with Sandbox(SandboxConfig(max_procs=4, timeout_s=20)) as sb:
+        if sb.totals is None or not str(sb.totals.processes).startswith("cgroup"):
+            pytest.skip("needs the sandbox's process cgroup (root)")
+        # A first start that fails is infrastructure: nothing of the agent's ran yet.
+        with pytest.raises(ToolUnavailable):
+            await PythonTool(sb, startup_timeout_s=1e-6).run("1")
+        # Processes left behind by earlier commands take the sandbox's process limit: started
+        # one at a time until the limit refuses one.
+        hogs = []
+        for _ in range(40):
+            hog = await sb.spawn(["sleep", "60"])
+            try:
+                await asyncio.wait_for(asyncio.shield(hog.exited()), 0.5)
+                break  # refused: the limit is taken
+            except TimeoutError:
+                hogs.append(hog)
+        py = PythonTool(sb, startup_timeout_s=10)
+        result = await call_tool({"python": py}, ToolCall(name="python", arguments={"code": "1"}))
+        assert result.output.startswith("error: the Python interpreter could not start")
+        assert "Resource temporarily unavailable" in result.output, result.output
+        for hog in hogs:
+            await sb.terminate(hog)
+        assert await py.run("6 * 7") == "42"
+
+
 # --- file_edit ------------------------------------------------------------------------------------
 
 

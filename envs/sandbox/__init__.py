@@ -18,7 +18,9 @@ Totals
 Backends
     ``"bwrap"`` (bubblewrap) starts every command in fresh mount, PID, IPC, UTS (and, unless
     ``network``, network) namespaces: the host's filesystem is invisible but for the read-only
-    ``ro_paths``; ``/proc``, ``/dev`` and ``/dev/shm`` are private; ``--die-with-parent`` kills
+    ``ro_paths``, and this package's own folders are empty there even when a bound prefix
+    holds them (a regular ``pip install``: swe_lite's reference solutions are among its
+    sources); ``/proc``, ``/dev`` and ``/dev/shm`` are private; ``--die-with-parent`` kills
     the sandbox when this process dies, even by SIGKILL. ``"process"`` is a plain subprocess
     with the same resource limits, uid and working directory, a new session and
     ``PR_SET_PDEATHSIG``: no network or filesystem isolation. ``"auto"`` uses bwrap when a
@@ -30,8 +32,9 @@ Processes, uids and fork bombs
     uid 0 from it entirely, so under root a limit alone stops no fork bomb; and if all
     sandboxes shared one uid, one episode's bomb would use up the others' budget. So, when
     this process is root, each sandbox takes its own uid from ``uid_base .. uid_base+4095``
-    (claimed with an ``flock`` that dies with its holder, so concurrent trainers on one host
-    never share one) and ``max_procs`` bounds that sandbox alone. bwrap then runs
+    (claimed with an ``flock`` in ``/run/tunix-sandbox-uids``, one directory per host whatever
+    the ``TMPDIR``, that dies with its holder, so concurrent trainers on one host never share
+    one) and ``max_procs`` bounds that sandbox alone. bwrap then runs
     *privileged* (no user namespace) so that it can bind any host path, even one under a
     ``0700`` directory such as ``/root/.pyenv``, and the sandboxed command drops to the
     sandbox's uid through ``setpriv`` (all capabilities dropped, ``no_new_privs``) before

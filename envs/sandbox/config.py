@@ -28,10 +28,22 @@ class SandboxIsolationWarning(RuntimeWarning):
     """Commands run without bwrap: resource limits only, no network or filesystem isolation."""
 
 
+def interpreter() -> str:
+    """This process's ``sys.executable`` as a normalised absolute path.
+
+    Started as ``../venv/bin/python``, Python reports ``/cwd/../venv/bin/python``: compared
+    with the normalised ``ro_paths`` it would seem outside them, and the sandbox's ``PATH``
+    would lose the virtual environment. ``abspath`` (not ``realpath``) keeps a venv's
+    ``bin/python`` link, which is what selects the venv.
+    """
+    return os.path.abspath(sys.executable) if sys.executable else ""
+
+
 def _default_ro_paths() -> tuple[str, ...]:
     """System directories plus the running Python's prefixes, so ``sys.executable`` runs inside."""
     paths = ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc"]
     for prefix in (sys.prefix, sys.base_prefix, os.path.realpath(sys.base_prefix)):
+        prefix = os.path.abspath(prefix) if prefix else prefix
         if prefix and prefix not in paths:
             paths.append(prefix)
     return tuple(paths)

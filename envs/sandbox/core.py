@@ -17,7 +17,6 @@ import shlex
 import shutil
 import stat
 import subprocess
-import sys
 import time
 import warnings
 import weakref
@@ -34,6 +33,7 @@ from tunix_agentic.envs.sandbox.config import (
     SandboxError,
     SandboxIsolationWarning,
     _under,
+    interpreter,
 )
 from tunix_agentic.envs.sandbox.launch import (
     _STANDARD_PATH,
@@ -62,7 +62,7 @@ class Sandbox:
     None: this process's), :attr:`python` (an interpreter that runs inside, None if none:
     this process's own when the sandbox can reach it, else the system's ``python3``, as for
     the process backend under root, whose sandbox uid cannot enter ``/root``), :attr:`start_s`
-    (seconds :meth:`start` took). ``await close()`` kills everything the sandbox started,
+    (seconds :meth:`start` took), :attr:`launches` (processes started in it so far). ``await close()`` kills everything the sandbox started,
     waits until it is gone and removes the directory; it is idempotent. A sandbox dropped
     without ``close`` is released at garbage collection or interpreter exit.
 
@@ -90,6 +90,9 @@ class Sandbox:
         self._res = _Resources()
         self._finalizer = weakref.finalize(self, self._res.release)
         self._closing = False
+        # Processes started so far: after the first, what the sandbox holds (its disk, its
+        # processes) may be the sandboxed code's doing (see PythonTool's start-up).
+        self.launches = 0
 
     # ---------------------------------------------------------------- lifecycle
     @classmethod
@@ -142,7 +145,7 @@ class Sandbox:
 
     def _find_python(self) -> str | None:
         """An interpreter the sandbox can run: this one if visible and reachable, else python3."""
-        candidates = [sys.executable, shutil.which("python3", path=_STANDARD_PATH)]
+        candidates = [interpreter(), shutil.which("python3", path=_STANDARD_PATH)]
         for path in candidates:
             if not path:
                 continue
@@ -242,6 +245,7 @@ class Sandbox:
         """
         host = self.command(argv)
         proc = subprocess.Popen(host, start_new_session=True, **self._launch_kwargs(), **kwargs)
+        self.launches += 1
         self._res.procs[proc.pid] = proc
         return proc
 
@@ -274,6 +278,7 @@ class Sandbox:
             proc = SandboxProcess(transport, protocol, loop)
         except OSError as exc:
             raise SandboxError(f"cannot start {shlex.join(host[-3:])}: {exc}") from exc
+        self.launches += 1
         self._res.procs[proc.pid] = proc
         if self._closing:  # closed while starting
             self.kill(proc)
@@ -300,6 +305,7 @@ class Sandbox:
         except Exception as exc:  # ptyprocess re-raises the child's exec error by name
             raise SandboxError(f"cannot start {shlex.join([str(a) for a in argv])}: {exc}") from exc
         proc.delayafterclose = proc.delayafterterminate = 0.0
+        self.launches += 1
         self._res.procs[proc.pid] = proc
         return proc
 

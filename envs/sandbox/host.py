@@ -171,7 +171,7 @@ def sweep_orphans(root: str | os.PathLike[str] | None = None) -> list[Path]:
         if os.geteuid() == 0:
             with contextlib.suppress(OSError):
                 uid = (trash / "work").lstat().st_uid
-                _reclaim_uid(base, uid)
+                _reclaim_uid(uid)
         _rmtree(trash)
         removed.append(Path(entry.path))
     sweep_cgroups(lambda name: _owner_dead(name, alive))
@@ -194,12 +194,28 @@ _HELD_UIDS: set[int] = set()
 _UID_LOCK = threading.Lock()
 
 
-def _lock_uid(base: Path, uid: int) -> int | None:
-    """An fd holding the exclusive lock of ``uid``, or None if someone holds it."""
-    locks = base / ".uids"
+# One directory of uid locks for the whole host, whatever a process's TMPDIR: two jobs whose
+# sandboxes' roots differ must still never lease the same uid (a lease kills every process
+# of its uid). Leases exist only under root, and /run is root's.
+UID_LOCK_DIR = Path("/run/tunix-sandbox-uids")
+
+
+def _uid_locks() -> Path:
+    """:data:`UID_LOCK_DIR`, created ``0700``; refused unless root owns it alone."""
     with contextlib.suppress(FileExistsError):
-        locks.mkdir(mode=0o700)
-    fd = os.open(locks / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        UID_LOCK_DIR.mkdir(mode=0o700, parents=True)
+    st = UID_LOCK_DIR.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        raise SandboxError(
+            f"{UID_LOCK_DIR} (the sandbox uid locks) is not a directory owned by root and "
+            "writable only by it; remove it"
+        )
+    return UID_LOCK_DIR
+
+
+def _lock_uid(uid: int) -> int | None:
+    """An fd holding the host-wide exclusive lock of ``uid``, or None if someone holds it."""
+    fd = os.open(_uid_locks() / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -208,11 +224,11 @@ def _lock_uid(base: Path, uid: int) -> int | None:
     return fd
 
 
-def _reclaim_uid(base: Path, uid: int) -> None:
+def _reclaim_uid(uid: int) -> None:
     """Kills leftover processes of a sandbox uid nobody holds (a dead owner's)."""
     if uid == 0 or uid in _HELD_UIDS:
         return
-    fd = _lock_uid(base, uid)
+    fd = _lock_uid(uid)
     if fd is None:
         return
     try:
@@ -232,13 +248,13 @@ def check_uid_range(base: int, slots: int = UID_SLOTS, *, root: Path | None = No
     A uid is the host's when a user (``pwd.getpwall()``) or, as sandboxes run with gid =
     uid, a group has it, when ``/etc/subuid`` or ``/etc/subgid`` gives it to a user's
     containers, or when a process runs with it (real, effective, saved or filesystem uid)
-    and no sandbox of ``root`` (default: this user's sandboxes' root) ever leased it: a
-    lease leaves ``<root>/.uids/<uid>``, so the range's own sandboxes, this process's or a
-    concurrent trainer's, and a dead trainer's leftovers (killed by the next lease) pass.
-    Sandboxes of another root (another ``TMPDIR``) in the same range count as strangers.
-    Reads ``/proc`` and the user database: call it off the event loop.
+    and no sandbox on this host ever leased it: a lease leaves ``<UID_LOCK_DIR>/<uid>``
+    (one directory per host, whatever the ``TMPDIR``), so the range's own sandboxes, this
+    process's or a concurrent trainer's, and a dead trainer's leftovers (killed by the next
+    lease) pass. ``root`` is accepted for compatibility and unused. Reads ``/proc`` and the
+    user database: call it off the event loop.
     """
-    locks = (root if root is not None else _sandboxes_root()) / ".uids"
+    locks = UID_LOCK_DIR
     last = base + slots - 1
     found: list[str] = []
     found += [f"uid {p.pw_uid} ({p.pw_name})" for p in pwd.getpwall() if base <= p.pw_uid <= last]
@@ -291,7 +307,8 @@ def _uid_owners(first: int, last: int) -> dict[int, int]:
 def _lease_uid(base: Path, first: int) -> tuple[int, int]:
     """Claims a free uid in ``first .. first+UID_SLOTS-1``: ``(uid, lock fd)``.
 
-    The lock is an ``flock`` on ``<root>/.uids/<uid>``: the kernel drops it when its holder
+    The lock is an ``flock`` on ``<UID_LOCK_DIR>/<uid>``, one per host, so jobs with different
+    ``TMPDIR``s never share a uid; the kernel drops it when its holder
     dies, so a crashed trainer's uids are free again; a claimed uid's leftover processes
     (from such a crash) are killed before it is used. The first lease of a range in a
     process checks it (:func:`check_uid_range`) and raises :class:`SandboxError` if the
@@ -304,7 +321,7 @@ def _lease_uid(base: Path, first: int) -> tuple[int, int]:
         for uid in range(first, first + UID_SLOTS):
             if uid in _HELD_UIDS:
                 continue
-            fd = _lock_uid(base, uid)
+            fd = _lock_uid(uid)
             if fd is None:
                 continue
             _HELD_UIDS.add(uid)

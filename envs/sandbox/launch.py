@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tunix_agentic.envs.sandbox.config import SANDBOX_WORKDIR, SandboxConfig, _under
+from tunix_agentic.envs.sandbox.config import SANDBOX_WORKDIR, SandboxConfig, _under, interpreter
 from tunix_agentic.envs.sandbox.host import _sandboxes_root
 from tunix_agentic.envs.sandbox.seccomp import seccomp_loader, seccomp_problem, with_seccomp
 
@@ -106,7 +106,7 @@ def _is_root() -> bool:
 # ------------------------------------------------------------------- command building
 def _sandbox_env(config: SandboxConfig, tmpdir: str, home: str) -> dict[str, str]:
     """The environment of sandboxed processes: nothing of the host's but what is listed here."""
-    python_bin = os.path.dirname(sys.executable)
+    python_bin = os.path.dirname(interpreter())
     covered = any(_under(python_bin, p) for p in config.ro_paths)
     return {
         "PATH": f"{python_bin}:{_STANDARD_PATH}" if covered else _STANDARD_PATH,
@@ -146,6 +146,14 @@ def _limits(config: SandboxConfig, nproc: int) -> list[tuple[int, tuple[int, int
             soft, hard = min(soft, cap), min(hard, cap)
         out.append((res, (soft, hard)))
     return out
+
+
+def _hidden_dirs() -> tuple[str, ...]:
+    """This package's directories (``tunix_agentic`` and its ``envs``, which may live apart
+    in an editable install), resolved: what no sandbox may read."""
+    here = Path(__file__).resolve()
+    package = Path(sys.modules["tunix_agentic"].__file__ or here).resolve().parent
+    return tuple(dict.fromkeys((str(package), str(here.parents[1]))))
 
 
 def _bwrap_prefix(
@@ -198,6 +206,13 @@ def _bwrap_prefix(
                 dirs.add(anc)
         argv += ["--ro-bind", path, path]
         bound.append(path)
+    for hidden in _hidden_dirs():
+        # Installed under a bound prefix (a regular pip install), this package's sources,
+        # reference solutions included, would be readable inside: an empty, read-only tmpfs
+        # covers them (sandboxed commands never import this package).
+        if any(_under(hidden, b) for b in bound) and os.path.isdir(hidden):
+            argv += ["--perms", "0555", "--size", "4096", "--tmpfs", hidden]
+            argv += ["--remount-ro", hidden]
     argv += ["--chdir", SANDBOX_WORKDIR, "--clearenv"]
     for key, value in _sandbox_env(config, "/tmp", SANDBOX_WORKDIR).items():
         argv += ["--setenv", key, value]

@@ -18,6 +18,10 @@ the ones an agent's commands never need (the list is :data:`REFUSED`):
   These already need a capability the sandbox does not hold; refusing them keeps it so if
   one leaks.
 * ``ioctl(TIOCSTI)`` / ``ioctl(TIOCLINUX)``: pushing input into a terminal.
+* socket families but those of :data:`SOCKET_FAMILIES` (an allow-list): ``AF_VSOCK``, for
+  one, is not network-namespaced and would reach the VM host's vsock ports;
+  ``AF_PACKET``, ``AF_BLUETOOTH``, netlink protocols other than ``NETLINK_ROUTE`` and the
+  rest are kernel code an agent's commands never need. ``socketpair`` takes ``AF_UNIX`` only.
 
 A refused call fails with ``EPERM`` (``clone3``: ``ENOSYS``), as it would without the
 privilege, so programs report an ordinary error. The filter covers this machine's own
@@ -114,6 +118,12 @@ REFUSED: tuple[str, ...] = (
     "uselib",
 )
 _TERMINAL_IOCTLS = {"TIOCSTI": 0x5412, "TIOCLINUX": 0x541C}
+# Socket families a sandboxed process may open (an allow-list: a family the kernel gains
+# later stays closed). AF_INET and AF_INET6 reach only the sandbox's own loopback unless
+# ``network`` keeps the host's namespace; AF_NETLINK only with NETLINK_ROUTE (glibc's
+# getaddrinfo and ``ip`` ask it about the namespace's own interfaces).
+SOCKET_FAMILIES: dict[str, int] = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10, "AF_NETLINK": 16}
+_NETLINK_ROUTE = 0
 SECCOMP_FD = 9  # the fd bwrap reads the program from (opened by the launcher's shell)
 
 _LOCK = threading.Lock()
@@ -147,7 +157,11 @@ def _build() -> bytes:
             "apt-get install libseccomp2)"
         ) from exc
     native = sc.system_arch()
-    unknown = [n for n in (*REFUSED, "clone", "clone3", "unshare", "ioctl") if _nr(sc, n) == -1]
+    unknown = [
+        n
+        for n in (*REFUSED, "clone", "clone3", "unshare", "ioctl", "socket", "socketpair")
+        if _nr(sc, n) == -1
+    ]
     if unknown:
         raise SandboxError(
             f"the seccomp filter cannot be built: libseccomp does not know {', '.join(unknown)} "
@@ -168,6 +182,7 @@ def _build() -> bytes:
         # The kernel reads the request as 32 bits: compare only those, so set high bits
         # do not slip past.
         filt.add_rule(refuse, "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, request))
+    _refuse_socket_families(sc, filt, refuse)
     with tempfile.TemporaryFile() as out:
         filt.export_bpf(out)
         out.seek(0)
@@ -175,6 +190,23 @@ def _build() -> bytes:
     if not program or len(program) % 8:
         raise SandboxError(f"libseccomp exported a malformed filter ({len(program)} bytes)")
     return program
+
+
+def _refuse_socket_families(sc: Any, filt: Any, refuse: Any) -> None:
+    """``socket`` refused for every family but :data:`SOCKET_FAMILIES`, ``socketpair`` for
+    every family but AF_UNIX. A rule compares all 64 bits of an argument the kernel reads as
+    an ``int``, so a value with high bits set is refused, never let through."""
+    allowed = sorted(SOCKET_FAMILIES.values())
+    filt.add_rule(refuse, "socket", sc.Arg(0, sc.LT, allowed[0]))
+    filt.add_rule(refuse, "socket", sc.Arg(0, sc.GT, allowed[-1]))
+    for family in range(allowed[0], allowed[-1]):
+        if family not in allowed:
+            filt.add_rule(refuse, "socket", sc.Arg(0, sc.EQ, family))
+    netlink = SOCKET_FAMILIES["AF_NETLINK"]
+    filt.add_rule(refuse, "socket", sc.Arg(0, sc.EQ, netlink), sc.Arg(2, sc.NE, _NETLINK_ROUTE))
+    unix = SOCKET_FAMILIES["AF_UNIX"]
+    filt.add_rule(refuse, "socketpair", sc.Arg(0, sc.LT, unix))
+    filt.add_rule(refuse, "socketpair", sc.Arg(0, sc.GT, unix))
 
 
 def _nr(sc: Any, name: str) -> int:

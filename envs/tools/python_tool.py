@@ -30,8 +30,14 @@ files) and ``$PYTHONDONTWRITEBYTECODE``; what that does is the first call's outp
 Limits: ``max_calls`` calls per episode (later calls get an error and run nothing); a
 per-call timeout kills the interpreter, which restarts on the next call, and the agent is
 told its state was lost. An interpreter that dies (``os._exit``, the CPU limit) is reported
-the same way. A closed sandbox or an interpreter that cannot start raises
-:class:`~tunix_agentic.envs.tools.ToolUnavailable`.
+the same way. A closed sandbox, no interpreter, a launch the host refuses, or an interpreter
+that fails to start in a sandbox where nothing ran yet raise
+:class:`~tunix_agentic.envs.tools.ToolUnavailable` (infrastructure, never scored). Once code ran
+in the sandbox (any tool's), an interpreter that fails to start is reported to the agent as an
+``error:`` observation: a disk it filled, processes it left behind that hold the process limit,
+or its memory are the agent's doing, and must not pass for infrastructure faults (which stop a
+run after enough in a row). The code's output is captured in memory (``memfd``), so a full disk
+alone neither stops the interpreter nor hides a cell's output.
 """
 
 from __future__ import annotations
@@ -73,7 +79,10 @@ def _driver(limit):
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    scratch = tempfile.TemporaryFile()
+    try:  # in memory: a sandbox disk the code filled must not silence the next cell
+        scratch = os.fdopen(os.memfd_create("python-tool-output"), "w+b")
+    except (AttributeError, OSError):
+        scratch = tempfile.TemporaryFile()
     os.dup2(scratch.fileno(), 1)
     os.dup2(scratch.fileno(), 2)
     sys.stdin = open(os.devnull)
@@ -158,6 +167,11 @@ class _Garbled(ValueError):
     """A reply that is not a frame the driver would send (the code wrote to its pipe)."""
 
 
+class _StartRefused(Exception):
+    """The interpreter did not start in a sandbox where code already ran: the agent's doing
+    (it sees an ``error:`` observation), not an infrastructure fault."""
+
+
 class PythonTool(Tool):
     """Runs Python code in one persistent interpreter per episode, inside ``sandbox``.
 
@@ -219,7 +233,10 @@ class PythonTool(Tool):
                     "episode is reached; the code was not run"
                 )
             self.calls += 1
-            proc = await self._ensure_interpreter()
+            try:
+                proc = await self._ensure_interpreter()
+            except _StartRefused as exc:
+                return f"{ERROR_PREFIX}{exc}"
             try:
                 async with asyncio.timeout(self.timeout):
                     await self._send(proc, {"code": code})
@@ -273,6 +290,9 @@ class PythonTool(Tool):
         python = self.sandbox.python
         if python is None:
             raise ToolUnavailable("no Python interpreter can run in this sandbox")
+        # Code already ran in this sandbox: what stops the interpreter now (a full disk, the
+        # process limit taken by its leftovers, its memory) is most likely that code's doing.
+        after_code = self.sandbox.launches > 0
         # Enough of a head and tail for max_output_chars of text (4 bytes per character at most).
         # -I: nothing the agent can write (the working directory, user site) is on the path.
         argv = [python, "-I", "-c", DRIVER, str(self._limit)]
@@ -287,7 +307,14 @@ class PythonTool(Tool):
             if "ready" not in hello:
                 raise ValueError(f"unexpected greeting {hello!r:.200}")
         except (TimeoutError, EOFError, ValueError, ConnectionError) as exc:
-            await self._drop()
+            status = await self._drop()
+            if after_code:
+                raise _StartRefused(
+                    f"the Python interpreter could not start in this sandbox "
+                    f"({_describe_exit(status, exc)}): {str(exc)[-600:]}. Code run earlier in "
+                    "this sandbox may have used up its disk, memory or process limit; free "
+                    "them and call again"
+                ) from exc
             raise ToolUnavailable(f"the sandbox's Python interpreter did not start: {exc}") from exc
         return proc
 

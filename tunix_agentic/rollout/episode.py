@@ -28,7 +28,7 @@ import numpy as np
 
 from tunix_agentic.agent.chat import ChatFormat
 from tunix_agentic.agent.loop import AgentConfig, run_agent
-from tunix_agentic.envs.base import Environment
+from tunix_agentic.envs.base import REWARD_TIMEOUT_S, Environment
 from tunix_agentic.inference.base import InferenceEngine
 from tunix_agentic.metrics.sink import NULL_METRICS, MetricsSink
 from tunix_agentic.metrics.trace import EPISODE
@@ -308,12 +308,18 @@ class EpisodeRunner:
                 stage = "eval"
                 async with self._eval_sem:
                     t = time.perf_counter()
+                    limit = float(getattr(env, "reward_timeout_s", REWARD_TIMEOUT_S))
+                    deadline = asyncio.timeout(limit)  # a slow verifier: an error, not a stall
                     try:
-                        score = getattr(env, "evaluate_trajectory", None)  # duck-typed envs
-                        reward = await (score(traj) if score is not None else env.evaluate())
+                        async with deadline:
+                            score = getattr(env, "evaluate_trajectory", None)  # duck-typed envs
+                            reward = await (score(traj) if score is not None else env.evaluate())
                         traj.reward = float(reward)
                     except Exception as exc:
                         traj.status, traj.error = "env_error", f"EVAL: {type(exc).__name__}: {exc}"
+                        if deadline.expired():
+                            self.metrics.count("rollout/reward_timeouts")
+                            traj.error = f"EVAL: the reward took over {limit:g}s (reward_timeout_s)"
                     self.metrics.add_time("stage/eval", time.perf_counter() - t)
                 self.metrics.add_time("episode", time.perf_counter() - t0)  # admission to reward
         except TimeoutError:
