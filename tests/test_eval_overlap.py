@@ -181,6 +181,12 @@ def test_a_run_evaluates_beside_training_and_eval_reads_its_checkpoint(tmp_path,
     assert fields <= set(out["by_task"]["arithmetic"])
     assert out["turns"] >= 1 and out["generated_tokens"] >= 1
 
+    assert main(["eval", str(run_dir), "--tasks", "3", "--show", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("3 held-out episodes of checkpoint 2")
+    assert out.count("=== held-out step 2 | episode") == 3 and "model wrote" in out
+    assert json.loads(out[out.index("\n{") :])["episodes"] == 3  # then the JSON figures
+
     assert main(["eval", str(run_dir), "--step", "7"]) == 2
     assert "--step 7: " in (err := capsys.readouterr().err) and "(it has: 0, 2)" in err
 

@@ -17,12 +17,28 @@ TINY_RUN = [*TINY_RUN_OVERRIDES, "engine.max_seq_len=128", "rl.steps=2"]
 CONFIG = str(Path(__file__).parents[1] / "configs" / "calculator_tiny.yaml")
 
 
+def read_texts(log_dir: Path) -> dict[str, list[tuple[int, str]]]:
+    """TensorBoard text summaries by tag, read with TensorBoard's own loader."""
+    from tensorboard.backend.event_processing import event_accumulator
+
+    acc = event_accumulator.EventAccumulator(str(log_dir), size_guidance={"tensors": 0})
+    acc.Reload()
+    return {
+        tag: [(e.step, e.tensor_proto.string_val[0].decode()) for e in acc.Tensors(tag)]
+        for tag in acc.Tags()["tensors"]
+        if tag.startswith("transcripts/")
+    }
+
+
 def test_tiny_run_writes_events_checkpoints_and_resumes(tmp_path):
     run_dir = tmp_path / "run"
     result = train(CONFIG, [*TINY_RUN, f"run_dir={run_dir}"], progress=False)
     assert result.steps == 2 and len(result.history) == 2
     assert re.fullmatch(
-        r"held-out success: \d\.\d\d -> \d\.\d\d \(2 steps, \d+m\d\ds\)", result.summary()
+        r"held-out success: \d\.\d\d -> \d\.\d\d \(2 steps, \d+m\d\ds\)\n"
+        r"held-out mean reward: \d\.\d\d -> \d\.\d\d \(success: the share of episodes "
+        r"with reward > 0\)",
+        result.summary(),
     )
 
     scalars = read_scalars(run_dir / "tensorboard")
@@ -47,6 +63,17 @@ def test_tiny_run_writes_events_checkpoints_and_resumes(tmp_path):
     assert (run_dir / "checkpoints" / "2").is_dir()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["success_after"] == result.success_after
+    # What the agent did: a few episodes per RL step and per evaluation, readable by `show`.
+    kept = sorted(p.name for p in (run_dir / "transcripts").iterdir())
+    assert kept == [
+        *(f"heldout_00000{s}.jsonl" for s in (0, 2)),
+        "step_000001.jsonl",
+        "step_000002.jsonl",
+    ]
+    assert main(["show", str(run_dir), "--step", "2"]) == 0
+    texts = read_texts(run_dir / "tensorboard")
+    assert {"transcripts/train", "transcripts/heldout"} <= set(texts)
+    assert "=== train step 1 | episode" in texts["transcripts/train"][0][1]
 
     again = train(CONFIG, [*TINY_RUN, "rl.steps=1", f"run_dir={run_dir}"], progress=False)
     assert again.run_dir == f"{run_dir}-2"  # a second fresh run never overwrites the first

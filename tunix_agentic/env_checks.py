@@ -1,15 +1,21 @@
 """Checks of a run's environments before any work, for the mistakes a new environment makes.
 
 :func:`check_sources` (called by :class:`~tunix_agentic.trainer.Trainer` at init, about a
-second) resets one environment per task source with demonstrations and compares the
-prompt with the one its demonstrations are written for, and checks that demonstrations
-fit the engine's ``max_seq_len``.
+second) plays one probe of every local task source's environment: ``reset`` on its first
+training task must return the prompt text (a ``str``) and one ``step`` on an empty action
+a :class:`~tunix_agentic.envs.base.StepResult` (the environment contract: a wrong type
+stops the run at once with an :class:`EnvContractError` naming the method, the expected
+type and the method's file and line, instead of every episode failing as an
+infrastructure fault). For sources with demonstrations (when ``sft.steps > 0``) it also
+compares the prompt with the one the demonstrations are written for, and checks that
+demonstrations fit the engine's ``max_seq_len``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 import logging
 from typing import Any
 
@@ -18,6 +24,7 @@ import numpy as np
 from tunix_agentic.agent.chat import ChatFormat
 from tunix_agentic.data.demos import demonstration_trajectory
 from tunix_agentic.data.tasks import task_dataset
+from tunix_agentic.envs.base import Action, StepResult
 
 _log = logging.getLogger(__name__)
 
@@ -27,24 +34,34 @@ DEMOS_MEASURED = 8
 RESET_TIMEOUT_S = 30.0
 
 
+class EnvContractError(ValueError):
+    """An environment's method returned the wrong type (the message names the method, the
+    expected type, what came back, and the method's file and line)."""
+
+
 def check_sources(sources: Any, template: ChatFormat, config: Any) -> None:
-    """Raises ``ValueError`` naming the task source whose environment's ``reset`` gives
-    another prompt than its demonstrations' (where they first differ), or whose
-    demonstrations do not fit ``engine.max_seq_len`` (by how many tokens). Checked only
-    for sources with demonstrations when ``sft.steps > 0``; remote environments are not
-    reset here, and a ``reset`` that raises is only logged (the run retries those as
-    infrastructure faults)."""
-    if not config.sft.steps:
-        return
+    """Raises :class:`EnvContractError` when a task source's environment breaks the
+    contract (``reset`` not returning a ``str``, ``step`` not a ``StepResult``), and
+    ``ValueError`` naming the task source whose ``reset`` gives another prompt than its
+    demonstrations' (where they first differ), or whose demonstrations do not fit
+    ``engine.max_seq_len`` (by how many tokens). The contract is checked for every source,
+    the rest only for sources with demonstrations when ``sft.steps > 0``; remote
+    environments are not probed here, and a probe that raises is only logged (the run
+    retries those as infrastructure faults)."""
     max_len = config.engine.max_seq_len
     for name, spec in sources.specs.items():
         source = sources.sources[name]
-        if not source.has_demonstrations:
+        demos = bool(config.sft.steps) and source.has_demonstrations
+        if spec.env == "remote" and not demos:
             continue
         tasks = task_dataset(source, seed=config.seed + 7919, split="train")
         first = tasks[0]
         if spec.env != "remote":
-            _check_reset(name, sources, first)
+            prompt = _probe(name, sources, first)
+            if demos and prompt is not None:
+                _compare_prompt(name, prompt, getattr(first, "prompt", None))
+        if not demos:
+            continue
         tools = sources.make_env(_named(first, name)).tool_schemas()
         longest, longest_task = 0, first
         rng = np.random.default_rng(config.seed)
@@ -80,30 +97,73 @@ def check_sources(sources: Any, template: ChatFormat, config: Any) -> None:
             )
 
 
-def _check_reset(name: str, sources: Any, task: Any) -> None:
-    """One ``reset`` of source ``name``'s environment on ``task``, compared with the
-    prompt its demonstrations are framed with (``task.prompt``)."""
-    expected = getattr(task, "prompt", None)
+def where(env: Any, method: str) -> str:
+    """``Class.method (file:line)`` of ``env``'s ``method`` as its class defines it."""
+    fn = getattr(type(env), method, None)
+    label = f"{type(env).__qualname__}.{method}"
+    try:
+        fn = inspect.unwrap(fn)
+        return f"{label} ({inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]})"
+    except (TypeError, OSError):  # a builtin, or no source on disk
+        return label
+
+
+def _wrong_type(name: str, env: Any, method: str, expected: str, got: Any, hint: str) -> str:
+    return (
+        f"tasks source {name!r}: {where(env, method)} returned {type(got).__name__} "
+        f"{got!r:.80}, expected {expected}: {hint}"
+    )
+
+
+def _probe(name: str, sources: Any, task: Any) -> str | None:
+    """One ``reset`` of source ``name``'s environment on ``task`` and one ``step`` on an
+    empty action, their return types checked; the prompt, or None when either raised
+    (logged: the run treats those as infrastructure faults)."""
     env = sources.make_env(_named(task, name))
 
-    async def reset() -> Any:
+    async def play() -> tuple[Any, Any]:
         try:
             async with asyncio.timeout(RESET_TIMEOUT_S):
-                return await env.reset(task)
+                prompt = await env.reset(task)
+                if not isinstance(prompt, str):
+                    return prompt, None
+                return prompt, await env.step(Action(text=""))
         finally:
             await env.close()
 
     try:
-        got = _run(reset())
-    except Exception as exc:  # the run treats a failed reset as an infrastructure fault
+        prompt, result = _run(play())
+    except Exception as exc:
         _log.warning(
-            "tasks source %r: reset() raised %s: %s in the start-up check; its prompt was "
-            "not compared with the demonstrations'",
+            "tasks source %r: the start-up probe of its environment (reset, then one step) "
+            "raised %s: %s; its return types were not checked",
             name,
             type(exc).__name__,
             exc,
         )
-        return
+        return None
+    if not isinstance(prompt, str):
+        raise EnvContractError(
+            _wrong_type(name, env, "reset", "str", prompt, "return the prompt text")
+        )
+    if not isinstance(result, StepResult):
+        raise EnvContractError(
+            _wrong_type(
+                name,
+                env,
+                "step",
+                "StepResult",
+                result,
+                "return StepResult(observation, reward, done, info) "
+                "(from tunix_agentic.envs import StepResult)",
+            )
+        )
+    return prompt
+
+
+def _compare_prompt(name: str, got: str, expected: Any) -> None:
+    """``reset``'s prompt against the one source ``name``'s demonstrations are framed
+    with (``task.prompt``)."""
     if got != expected:
         raise ValueError(
             f"tasks source {name!r}: reset() returned another prompt than the one its "

@@ -1,8 +1,11 @@
 """Held-out evaluation: success, reward, turns, tokens and tool use, overall and per source.
 
 The trainer evaluates before and after RL with the same orchestrator (on seeds of
-its own, so evaluating never shifts a training episode's seed); success is the
-mean reward, and an episode lost to infrastructure counts as a failure. With
+its own, so evaluating never shifts a training episode's seed). Two figures, named for
+what they are: the **success rate** (``success``, ``eval/success``) is the share of
+episodes whose reward is above 0, and the **mean reward** (``reward``, ``eval/reward``)
+is the mean of their rewards; with a 0/1 reward the two agree, with a shaped one they
+differ. An episode lost to infrastructure counts as a failure in the success rate. With
 ``rl.eval_every`` it also evaluates while training goes on (see
 :func:`tunix_agentic.rl_loop.run_rl_steps` and :class:`~tunix_agentic.rl_loop.PeriodicEval`
 for which policy version such an evaluation measures), and ``tunix-agentic eval``
@@ -19,6 +22,7 @@ from tunix_agentic.data.sources import RunSources
 from tunix_agentic.metrics.recorder import MetricsRecorder
 from tunix_agentic.rollout.episode import Group
 from tunix_agentic.rollout.orchestrator import RolloutOrchestrator
+from tunix_agentic.rollout.transcripts import HELDOUT_PER_EVAL, TranscriptLog, group_records
 
 # How an evaluation run beside training shares the engine (``rl.eval_priority``).
 EvalPriority = Literal["high", "low"]
@@ -29,11 +33,14 @@ EVAL_PRIORITIES: tuple[str, ...] = ("high", "low")
 class EvalResult:
     """Held-out evaluation of one policy.
 
-    ``success``: mean reward over every episode asked for (one lost to infrastructure
-    counts 0); ``reward``, ``turns`` and ``generated_tokens``: means over the episodes
-    that could be scored; ``versions``: the policy versions that sampled its tokens
-    (one, ``[v]``, when a single policy was measured); ``by_task``: success per task
-    source; ``per_task``: the whole result per task source.
+    ``success``: the success rate, the share of every episode asked for whose reward is
+    above 0 (one lost to infrastructure counts as a failure); ``reward`` (the mean
+    reward), ``turns`` and ``generated_tokens``: means over the episodes that could be
+    scored; ``versions``: the policy versions that sampled its tokens (one, ``[v]``, when
+    a single policy was measured); ``by_task``: the success rate per task source,
+    ``reward_by_task`` the mean reward; ``per_task``: the whole result per task source;
+    ``transcripts``: a few of its episodes as :mod:`~tunix_agentic.rollout.transcripts`
+    records (the best, the worst, one cut off, ...).
     """
 
     success: float
@@ -46,6 +53,8 @@ class EvalResult:
     generated_tokens: float = 0.0
     versions: list[int] = dataclasses.field(default_factory=list)
     per_task: dict[str, EvalResult] = dataclasses.field(default_factory=dict)
+    reward_by_task: dict[str, float] = dataclasses.field(default_factory=dict)
+    transcripts: list[dict] = dataclasses.field(default_factory=list, repr=False)
 
 
 async def evaluate(
@@ -56,12 +65,14 @@ async def evaluate(
     seed: int,
     agent_config: AgentConfig,
     one_at_a_time: bool = False,
+    transcripts: int = HELDOUT_PER_EVAL,
 ) -> EvalResult:
     """``n`` held-out tasks of every source, each run once with ``agent_config``.
 
     All tasks run at once by default; ``one_at_a_time`` runs them in turn (an evaluation
     that takes the least of the engine beside training: ``rl.eval_priority: low``). The
-    seeds are the same either way. Cancelling the call cancels every episode under way
+    seeds are the same either way. ``transcripts`` episodes are kept as records in the
+    result (:func:`~tunix_agentic.rollout.transcripts.choose` picks them). Cancelling the call cancels every episode under way
     (their environments are closed and their engine requests aborted).
     """
     heldout = sources.heldout(n, seed=seed)
@@ -76,14 +87,18 @@ async def evaluate(
     for name in heldout:
         mine = score([g for g in groups if str(getattr(g.task, "task_name", name)) == name])
         result.by_task[name] = mine.success
+        result.reward_by_task[name] = mine.reward
         result.per_task[name] = mine
+    result.transcripts = group_records(
+        groups, orchestrator.template, agent_config.parser, transcripts
+    )
     return result
 
 
 def score(groups: list[Group]) -> EvalResult:
-    """Success, tool-use rate, reward, turns, generated tokens, episode count, statuses
-    (every attempt's) and sampling versions over ``groups``; an episode lost to
-    infrastructure counts as a failure in ``success`` and ``tool_use``."""
+    """Success rate (reward > 0), tool-use rate, mean reward, turns, generated tokens,
+    episode count, statuses (every attempt's) and sampling versions over ``groups``; an
+    episode lost to infrastructure counts as a failure in ``success`` and ``tool_use``."""
     statuses: dict[str, int] = {}
     for g in groups:
         for t in g.trajectories + g.dropped:
@@ -94,7 +109,7 @@ def score(groups: list[Group]) -> EvalResult:
         return EvalResult(0.0, 0.0, 0, statuses)
     scored = max(len(trajs), 1)
     return EvalResult(
-        success=sum(t.reward for t in trajs) / episodes,
+        success=sum(t.reward > 0 for t in trajs) / episodes,
         tool_use=sum(any(s.tool_calls for s in t.steps) for t in trajs) / episodes,
         episodes=episodes,
         statuses=statuses,
@@ -105,21 +120,34 @@ def score(groups: list[Group]) -> EvalResult:
     )
 
 
-def log_eval(metrics: MetricsRecorder, ev: EvalResult, step: int) -> None:
-    """Write ``eval/success``, ``eval/tool_use``, ``eval/reward``, ``eval/turns``,
-    ``eval/generated_tokens`` and the policy versions measured (``eval/version_min``,
-    ``eval/version_max``) at ``step``, and success per source when there are several."""
+def log_eval(
+    metrics: MetricsRecorder,
+    ev: EvalResult,
+    step: int,
+    transcripts: TranscriptLog | None = None,
+) -> None:
+    """Write ``eval/success`` (the success rate: share of episodes with reward > 0),
+    ``eval/reward`` (the mean reward), ``eval/tool_use``, ``eval/turns``,
+    ``eval/generated_tokens``, the share cut at the token limit (``eval/max_tokens``) and
+    the policy versions measured (``eval/version_min``, ``eval/version_max``) at ``step``,
+    and both figures per source when there are several; with ``transcripts``, the
+    evaluation's episode records too (``RUN/transcripts/heldout_<step>.jsonl``)."""
     metrics.scalar("eval/success", ev.success, step)
     metrics.scalar("eval/tool_use", ev.tool_use, step)
     metrics.scalar("eval/reward", ev.reward, step)
     metrics.scalar("eval/turns", ev.turns, step)
     metrics.scalar("eval/generated_tokens", ev.generated_tokens, step)
+    if ev.episodes:
+        metrics.scalar("eval/max_tokens", ev.statuses.get("max_tokens", 0) / ev.episodes, step)
     if ev.versions:
         metrics.scalar("eval/version_min", float(ev.versions[0]), step)
         metrics.scalar("eval/version_max", float(ev.versions[-1]), step)
     if len(ev.by_task) > 1:
         for name, success in ev.by_task.items():
             metrics.scalar(f"eval/success/{name}", success, step)
+            metrics.scalar(f"eval/reward/{name}", ev.reward_by_task.get(name, 0.0), step)
+    if transcripts is not None:
+        transcripts.write_eval(step, ev.transcripts)
 
 
 async def evaluate_beside_training(

@@ -9,6 +9,8 @@ and :func:`warm_start` (the SFT warm start on the sources' demonstrations).
 
 from __future__ import annotations
 
+import logging
+import math
 import sys
 from collections.abc import Callable
 
@@ -34,6 +36,8 @@ from tunix_agentic.serving.client import SGLangEngine
 from tunix_agentic.serving.http import is_loopback
 from tunix_agentic.sharding import make_mesh
 from tunix_agentic.signals import Stopped
+
+_log = logging.getLogger(__name__)
 
 
 def chat_template(config: RunConfig, tokenizer: Tokenizer) -> ChatFormat:
@@ -88,6 +92,12 @@ def check_run_config(
                 make_mesh(mesh)
             except ValueError as exc:
                 raise ConfigError(f"{name}: {exc}") from None
+    for where, steps, opt in (
+        ("sft", config.sft.steps, config.sft.optimizer),
+        ("learner", config.rl.steps, config.learner.optimizer),
+    ):
+        if (warning := lr_decay_warning(where, steps, opt)) is not None:
+            _log.warning(warning)
     service = config.rollout.service
     if service.enabled and not service.engine_urls and config.cross_policy.stale_engines:
         raise ConfigError(
@@ -100,6 +110,26 @@ def check_run_config(
                 f"rollout.service.engine_host={service.engine_host} is beyond loopback: "
                 "set rollout.service.api_key (or $TUNIX_AGENTIC_API_KEY) to guard the engine"
             )
+
+
+def lr_decay_warning(where: str, steps: int, opt) -> str | None:
+    """A warning when ``<where>.optimizer``'s cosine decay (``warmup_steps + decay_steps``)
+    outlasts the ``steps`` the run trains (an overridden ``sft.steps`` keeps the decay set
+    for the config's length): the learning rate is still high when training stops. None
+    when there is no decay, no training, or the decay ends in time."""
+    total = opt.warmup_steps + opt.decay_steps
+    if not opt.decay_steps or not steps or total <= steps:
+        return None
+    into = max(steps - opt.warmup_steps, 0) / opt.decay_steps
+    cosine = 0.5 * (1 + math.cos(math.pi * into))
+    left = opt.final_lr_fraction + (1 - opt.final_lr_fraction) * cosine
+    field = "sft.steps" if where == "sft" else "rl.steps"
+    return (
+        f"{where}.optimizer decays the learning rate over {total} steps (warmup_steps="
+        f"{opt.warmup_steps} + decay_steps={opt.decay_steps}) but {field}={steps}: training "
+        f"stops at {100 * left:.0f} % of the peak rate; to decay over the run, set "
+        f"{where}.optimizer.decay_steps={max(steps - opt.warmup_steps, 1)}"
+    )
 
 
 def build_engine(config: RunConfig, model: Transformer, version: int) -> InferenceEngine:

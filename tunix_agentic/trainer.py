@@ -51,6 +51,7 @@ from tunix_agentic.rollout.episode import Group
 from tunix_agentic.rollout.orchestrator import RolloutOrchestrator
 from tunix_agentic.rollout.service.connect import connect_service
 from tunix_agentic.rollout.service.runner import ServiceEpisodeRunner
+from tunix_agentic.rollout.transcripts import TranscriptLog
 from tunix_agentic.run_setup import build_engine, chat_template, run_sources, warm_start
 from tunix_agentic.signals import RunInterrupted, Stopped, StopSignals
 
@@ -59,6 +60,9 @@ _log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class TrainResult:
+    """A finished run. ``success_*``: the held-out success rate (the share of episodes
+    with reward > 0) before and after RL; ``reward_*``: the held-out mean reward."""
+
     run_dir: str
     success_before: float
     success_after: float
@@ -68,12 +72,16 @@ class TrainResult:
     # Held-out success per task source, before and after (several sources only).
     by_task_before: dict[str, float] = dataclasses.field(default_factory=dict)
     by_task_after: dict[str, float] = dataclasses.field(default_factory=dict)
+    reward_before: float = 0.0
+    reward_after: float = 0.0
 
     def summary(self) -> str:
         m, s = divmod(int(round(self.seconds)), 60)
         line = (
             f"held-out success: {self.success_before:.2f} -> {self.success_after:.2f} "
             f"({self.steps} steps, {m}m{s:02d}s)"
+            f"\nheld-out mean reward: {self.reward_before:.2f} -> {self.reward_after:.2f} "
+            "(success: the share of episodes with reward > 0)"
         )
         if len(self.by_task_after) > 1:
             line += "".join(
@@ -137,8 +145,7 @@ class Trainer:
     async def evaluate(
         self, orchestrator: RolloutOrchestrator, n: int, *, beside_training: bool = False
     ) -> EvalResult:
-        """``n`` held-out tasks of every source, greedy by default; success is the mean
-        reward (an episode lost to infrastructure counts as a failure here).
+        """``n`` held-out tasks of every source, greedy by default (:mod:`~.evaluation`);
         ``beside_training``: production runs meanwhile (``rl.eval_priority`` applies)."""
         agent = dataclasses.replace(self.cfg.agent, temperature=self.cfg.rl.eval_temperature)
         if beside_training:
@@ -297,57 +304,39 @@ class Trainer:
                 model_info={"model_path": f"tunix-agentic run {self.run_dir.name}"},
             )
         ctx = _RunContext(learner, orch, engine, ckpt, metrics, t_start, start_step, timeline)
+        ctx.transcripts = TranscriptLog(self.run_dir, self.template, cfg.agent.parser, metrics)
         return ctx, meta
 
     async def _run_in(self, stack: contextlib.AsyncExitStack) -> TrainResult:
         cfg = self.cfg
         ctx, meta = await self._build(stack)
         restored, start_step = bool(meta), ctx.start_step
-        orch, metrics, t_start = ctx.orch, ctx.metrics, ctx.t_start
+        orch, metrics = ctx.orch, ctx.metrics
         # From here on a stop signal or an error saves the last finished step before the
         # stack closes (the checkpointer, closed after, finishes the write).
         stack.push(functools.partial(self._save_on_exit, ctx))
         if restored:
             before = float(meta["success_before"])
             by_task_before = dict(meta.get("success_before_by_task", {}))
+            ctx.reward_before = float(meta.get("reward_before", before))
         else:
             with metrics.span("eval"):
                 ev = await self._signals.race(self.evaluate(orch, cfg.rl.eval_tasks))
-            before, by_task_before = ev.success, ev.by_task
-            log_eval(metrics, ev, start_step)
+            before, by_task_before, ctx.reward_before = ev.success, ev.by_task, ev.reward
+            log_eval(metrics, ev, start_step, ctx.transcripts)
         ctx.before, ctx.by_task_before = before, by_task_before
         if not restored:
             self._done_step = 0
             self._save(ctx, 0)  # the warm start is never redone
-        self._log(f"held-out success before RL: {before:.3f}")
+        self._log(f"held-out success before RL: {before:.3f}, mean reward {ctx.reward_before:.3f}")
 
         history = await self._rl_loop(ctx, ctx.engine, start_step)
         final_step = max(cfg.rl.steps, start_step)
         self._save(ctx, final_step)
         with metrics.span("eval"):
             after_eval = await self._signals.race(self.evaluate(orch, cfg.rl.eval_tasks))
-        log_eval(metrics, after_eval, final_step)
-        result = TrainResult(
-            run_dir=str(self.run_dir),
-            success_before=before,
-            success_after=after_eval.success,
-            steps=cfg.rl.steps,
-            seconds=time.perf_counter() - t_start,
-            history=history,
-            by_task_before=by_task_before,
-            by_task_after=after_eval.by_task,
-        )
-        (self.run_dir / "summary.json").write_text(
-            json.dumps(
-                {
-                    **dataclasses.asdict(result),
-                    "history": None,
-                    "eval_after": dataclasses.asdict(after_eval),
-                },
-                indent=2,
-            )
-        )
-        return result
+        log_eval(metrics, after_eval, final_step, ctx.transcripts)
+        return _finish(self.run_dir, cfg.rl.steps, ctx, after_eval, history)
 
     async def _rl_loop(
         self, ctx: _RunContext, engine: InferenceEngine, start_step: int
@@ -384,6 +373,7 @@ class Trainer:
                 **window.scalars(),
             }
             history.append(metrics.write_step(step, extra))
+            ctx.transcripts.write_step(step, groups)  # a few episodes, to read (tunix-agentic show)
             ctx.timeline.begin_step(step + 1)  # the step's trace to disk; the profile window
             if isinstance(ctx.orch.episodes, ServiceEpisodeRunner):
                 # The nodes learn the version on the engine (behind ``step`` while weights
@@ -434,7 +424,7 @@ class Trainer:
             return ev, time.perf_counter() - t0
 
         def done(version: int, result: tuple[EvalResult, float]) -> None:
-            log_eval(metrics, result[0], version)
+            log_eval(metrics, result[0], version, ctx.transcripts)
             metrics.scalar("eval/wall_s", result[1], version)
 
         return PeriodicEval(
@@ -450,6 +440,7 @@ class Trainer:
         meta = {
             "success_before": ctx.before,
             "success_before_by_task": ctx.by_task_before,
+            "reward_before": ctx.reward_before,
             "rollout": ctx.rollout_at_done if at_done else _rollout_state(ctx.orch),
             "version": step,
             "elapsed_s": time.perf_counter() - ctx.t_start,
@@ -540,9 +531,34 @@ class _RunContext:
     timeline: Timeline  # the trace and the --profile-steps profiler
     before: float | None = None
     by_task_before: dict[str, float] = dataclasses.field(default_factory=dict)
+    reward_before: float = 0.0
+    transcripts: TranscriptLog | None = None  # set once built
     steps: _GRPOSteps | None = None  # the RL loop's learner, once RL began
     trained_at_done: int = 0  # its train steps begun when the last RL step finished
     rollout_at_done: dict[str, Any] | None = None  # the task stream's state then
+
+
+def _finish(
+    run_dir: Path, steps: int, ctx: _RunContext, after: EvalResult, history: list[dict]
+) -> TrainResult:
+    """The run's result, also written to ``run_dir/summary.json`` with the last
+    evaluation's figures (its transcripts are in ``run_dir/transcripts``)."""
+    result = TrainResult(
+        run_dir=str(run_dir),
+        success_before=ctx.before,
+        success_after=after.success,
+        steps=steps,
+        seconds=time.perf_counter() - ctx.t_start,
+        history=history,
+        by_task_before=ctx.by_task_before,
+        by_task_after=after.by_task,
+        reward_before=ctx.reward_before,
+        reward_after=after.reward,
+    )
+    figures = {k: v for k, v in dataclasses.asdict(after).items() if k != "transcripts"}
+    summary = {**dataclasses.asdict(result), "history": None, "eval_after": figures}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return result
 
 
 def _rollout_state(orch: RolloutOrchestrator) -> dict[str, Any]:

@@ -1,11 +1,14 @@
-"""``tunix-agentic eval RUN_DIR [--step N] [--tasks K]``: a checkpoint's held-out figures.
+"""``tunix-agentic eval RUN_DIR [--step N] [--tasks K] [--show K]``: a checkpoint's held-out figures.
 
 Restores a run's checkpoint (the newest, or step ``N``) the way ``train --resume``
 reads the run (its ``config.yaml``, the policy from ``checkpoints/``; LoRA adapters
 merged), evaluates ``K`` held-out tasks of every task source (default: the run's
 ``rl.eval_tasks``) on one in-process engine, greedy unless the run set
-``rl.eval_temperature``, and prints JSON: success, reward, turns, generated tokens,
-tool use and statuses, overall and by task source. Writes nothing into the run.
+``rl.eval_temperature``, and prints JSON: success (the success rate: the share of
+episodes with reward > 0), reward (the mean reward), turns, generated tokens, tool use
+and statuses, overall and by task source. ``--show K`` prints ``K`` of the held-out
+episodes first (the best, the worst, one cut off at the token limit, ...: see
+:mod:`tunix_agentic.rollout.transcripts`), then the JSON. Writes nothing into the run.
 
 :func:`evaluate_checkpoint` is the same from Python (a notebook).
 """
@@ -39,6 +42,7 @@ class CheckpointEval:
     tasks: int
     overall: dict[str, Any]
     by_task: dict[str, dict[str, Any]]
+    transcripts: list[dict[str, Any]] = dataclasses.field(default_factory=list, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -67,6 +71,14 @@ def add_eval(sub: Any) -> None:
         metavar="K",
         help="held-out tasks per task source (default: the run's rl.eval_tasks)",
     )
+    ev.add_argument(
+        "--show",
+        type=int,
+        default=0,
+        metavar="K",
+        help="print K held-out episodes (what the model wrote, its tool calls, the rewards) "
+        "before the JSON",
+    )
     ev.set_defaults(handler=eval_command)
 
 
@@ -75,19 +87,31 @@ def eval_command(args: argparse.Namespace) -> int:
     from tunix_agentic.config import ConfigError
 
     try:
-        result = evaluate_checkpoint(args.run_dir, step=args.step, tasks=args.tasks)
+        result = evaluate_checkpoint(args.run_dir, step=args.step, tasks=args.tasks, show=args.show)
     except (EvalCommandError, ConfigError) as exc:
         print(f"tunix-agentic eval: error: {exc}", file=sys.stderr)
         return 2
+    if args.show:
+        from tunix_agentic.rollout.transcripts import format_episode
+
+        shown = result.transcripts[: args.show]
+        print(f"{len(shown)} held-out episodes of checkpoint {result.step}\n")
+        for record in shown:
+            print(format_episode({"kind": "heldout", "step": result.step, **record}) + "\n")
     print(json.dumps(result.to_json(), indent=2))
     return 0
 
 
 def evaluate_checkpoint(
-    run_dir: str | Path, *, step: int | None = None, tasks: int | None = None
+    run_dir: str | Path,
+    *,
+    step: int | None = None,
+    tasks: int | None = None,
+    show: int = 0,
 ) -> CheckpointEval:
     """Evaluate checkpoint ``step`` (default: the newest) of the run in ``run_dir`` on
-    ``tasks`` held-out tasks per source (default: its ``rl.eval_tasks``).
+    ``tasks`` held-out tasks per source (default: its ``rl.eval_tasks``); ``show``: keep
+    that many of its episodes as transcript records (``transcripts``).
 
     Raises :class:`EvalCommandError` naming the problem (no run there, no checkpoint,
     an unknown step, with the steps there are) and ConfigError for a run whose config
@@ -102,6 +126,8 @@ def evaluate_checkpoint(
         raise EvalCommandError(f"{run}: no config.yaml there (not a run directory)")
     if tasks is not None and tasks < 1:
         raise EvalCommandError(f"--tasks must be >= 1, got {tasks}")
+    if show < 0:
+        raise EvalCommandError(f"--show must be >= 0, got {show}")
     directory = run / "checkpoints"
     steps: list[int] = []
     if directory.is_dir():  # a Checkpointer would create a missing directory
@@ -121,9 +147,10 @@ def evaluate_checkpoint(
     trainer = Trainer(cfg, resume=True, progress=False)  # reads the run, writes nothing
     model, version = _load_policy(run, trainer.cfg, step)
     n = cfg.rl.eval_tasks if tasks is None else tasks
-    ev = asyncio.run(_evaluate(trainer, model, version, n))
+    ev = asyncio.run(_evaluate(trainer, model, version, n, show))
     by_task = {name: _figures(part) for name, part in ev.per_task.items()}
-    return CheckpointEval(str(run), step, version, n, _figures(ev, statuses=True), by_task)
+    overall = _figures(ev, statuses=True)
+    return CheckpointEval(str(run), step, version, n, overall, by_task, ev.transcripts[:show])
 
 
 def _figures(ev: Any, *, statuses: bool = False) -> dict[str, Any]:
@@ -160,10 +187,13 @@ def _load_policy(run: Path, cfg: Any, step: int) -> tuple[Any, int]:
     return nnx.merge(graphdef, params), int(meta.get("version", step))
 
 
-async def _evaluate(trainer: Any, model: Any, version: int, n: int) -> Any:
-    """The held-out evaluation on one in-process engine holding ``model`` (closed after)."""
+async def _evaluate(trainer: Any, model: Any, version: int, n: int, show: int = 0) -> Any:
+    """The held-out evaluation on one in-process engine holding ``model`` (closed after),
+    keeping at least ``show`` transcripts."""
+    from tunix_agentic.evaluation import evaluate
     from tunix_agentic.inference.engine import JaxEngine
     from tunix_agentic.rollout.orchestrator import RolloutOrchestrator
+    from tunix_agentic.rollout.transcripts import HELDOUT_PER_EVAL
 
     cfg = trainer.cfg
     engine = JaxEngine(model, cfg.engine, version=version)
@@ -172,6 +202,14 @@ async def _evaluate(trainer: Any, model: Any, version: int, n: int) -> Any:
             engine, trainer.env_factory, trainer.template, cfg.agent, cfg.rollout
         )
         orch.set_version(version)
-        return await trainer.evaluate(orch, n)
+        agent = dataclasses.replace(cfg.agent, temperature=cfg.rl.eval_temperature)
+        return await evaluate(
+            orch,
+            trainer.sources,
+            n,
+            seed=cfg.seed,
+            agent_config=agent,
+            transcripts=max(show, HELDOUT_PER_EVAL),
+        )
     finally:
         await engine.close()

@@ -11,8 +11,10 @@
 * ``engine.png``: the engine's busy / host gap / idle shares since RL started;
 * ``latency.png``: p50 / p95 / p99 per stage, tool and learner part;
 * ``episodes.png``: a Gantt chart of the trace's sampled episodes (INIT / RUN / EVAL);
-* ``report.md``: the verdict (:mod:`tunix_agentic.report.verdict`), the figures it
-  rests on, the latency table and the pictures.
+* ``report.md``: the speed verdict (:mod:`tunix_agentic.report.verdict`) and the
+  learning verdict (:mod:`tunix_agentic.report.learning`), the figures they rest on, one
+  success and one failure quoted from each held-out evaluation's transcripts
+  (:mod:`tunix_agentic.rollout.transcripts`), the latency table and the pictures.
 """
 
 from __future__ import annotations
@@ -30,10 +32,18 @@ from tunix_agentic.report.figures import (
     extract_figures,
     load_run,
 )
+from tunix_agentic.report.learning import (
+    LearningFigures,
+    LearningVerdict,
+    learning_figures,
+    learning_verdict,
+)
 from tunix_agentic.report.verdict import Verdict, verdict
 
 __all__ = [
     "Figures",
+    "LearningFigures",
+    "LearningVerdict",
     "Report",
     "ReportError",
     "RunMetrics",
@@ -41,6 +51,8 @@ __all__ = [
     "Verdict",
     "add_report",
     "extract_figures",
+    "learning_figures",
+    "learning_verdict",
     "load_run",
     "verdict",
     "write_report",
@@ -51,7 +63,8 @@ __all__ = [
 class Report:
     """What :func:`write_report` wrote: the folder, ``report.md``, the PNGs by name
     (``reward``, ``step_time``, ``engine``, ``latency``, ``episodes``; one with nothing to
-    draw is absent, and ``skipped`` says why), the figures and the verdict."""
+    draw is absent, and ``skipped`` says why), the figures and the speed verdict, and the
+    learning verdict."""
 
     out_dir: Path
     markdown: Path
@@ -59,6 +72,7 @@ class Report:
     skipped: dict[str, str]
     figures: Figures
     verdict: Verdict
+    learning: LearningVerdict | None = None
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> Report:
@@ -72,6 +86,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Report:
     metrics = load_run(run_dir)
     figures = extract_figures(metrics)
     found = verdict(figures)
+    learned = learning_verdict(learning_figures(metrics))
     out_dir = Path(out) if out is not None else metrics.run_dir / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
     table = plots.latency_table(metrics)
@@ -95,9 +110,9 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Report:
     skipped = {k: why for k, why in skipped.items() if k not in pictures}
     markdown = out_dir / "report.md"
     markdown.write_text(
-        _markdown(metrics, figures, found, table, pictures, skipped), encoding="utf-8"
+        _markdown(metrics, figures, found, table, pictures, skipped, learned), encoding="utf-8"
     )
-    return Report(out_dir, markdown, pictures, skipped, figures, found)
+    return Report(out_dir, markdown, pictures, skipped, figures, found, learned)
 
 
 def _episode_tracks(run_dir: Path, plots) -> tuple[list, str | None]:
@@ -136,9 +151,16 @@ def _markdown(
     table: dict[str, dict[str, float]],
     pictures: dict[str, Path],
     skipped: dict[str, str],
+    learned: LearningVerdict,
 ) -> str:
     lines = [
         f"# Run report: {metrics.run_dir}",
+        "",
+        f"## Learning: {learned.kind}",
+        "",
+        f"What the run shows: **{learned.finding}**.",
+        "",
+        f"What to do: {learned.advice}.",
         "",
         f"## Verdict: {found.kind}",
         "",
@@ -179,6 +201,7 @@ def _markdown(
             f"| `{span}` | {q.get('p50', 0):.4g} | {q.get('p95', 0):.4g} | {q.get('p99', 0):.4g} |"
             for span, q in table.items()
         ]
+    lines += _quoted_episodes(metrics.run_dir)
     lines += ["", "## Pictures", ""]
     for name in ("reward", "step_time", "engine", "latency", "episodes"):
         if name in pictures:
@@ -186,6 +209,36 @@ def _markdown(
         else:
             lines += [f"- `{name}.png` not drawn: {skipped[name]}.", ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _quoted_episodes(run_dir: Path) -> list[str]:
+    """One success (reward > 0) and one failure quoted from each held-out evaluation's
+    transcripts (none when the run kept none)."""
+    from tunix_agentic.rollout.transcripts import format_episode, read_records, transcript_steps
+
+    steps = transcript_steps(run_dir, "heldout")
+    if not steps:
+        return []
+    lines = [
+        "",
+        "## What the agent did (held-out episodes)",
+        "",
+        "One success (reward > 0) and one failure of each held-out evaluation; "
+        f"`tunix-agentic show {run_dir} --heldout --step N` prints all the kept ones.",
+    ]
+    for step in steps:
+        records = read_records(run_dir, "heldout", step)
+        kinds = {
+            "success": [r for r in records if r["reward"] > 0],
+            "failure": [r for r in records if r["reward"] <= 0],
+        }
+        for label, found in kinds.items():
+            lines += ["", f"Evaluation at step {step}, a {label}:", ""]
+            if not found:
+                lines.append(f"(no {label} among the {len(records)} kept episodes)")
+            else:
+                lines += ["```", format_episode(found[0], limit=600), "```"]
+    return lines
 
 
 def add_report(sub) -> None:
@@ -207,6 +260,7 @@ def _report_main(args: argparse.Namespace) -> int:
         print(f"tunix-agentic: error: {exc}", file=sys.stderr)
         return 2
     print(f"verdict: {done.verdict.text}")
+    print(f"learning: {done.learning.text}")
     print(f"wrote {done.markdown} and {len(done.pictures)} pictures")
     for name, why in done.skipped.items():
         print(f"  {name}.png not drawn: {why}")

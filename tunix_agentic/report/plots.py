@@ -69,7 +69,8 @@ def _rl_values(metrics: RunMetrics, name: str) -> np.ndarray:
 
 
 def plot_reward(metrics: RunMetrics, path: Path) -> Path | None:
-    """Reward and success per task over RL steps, with the held-out success."""
+    """Mean reward and success rate (reward > 0) per task over RL steps, with the held-out
+    evaluations' of each."""
     tasks = [n.removeprefix("rollout/success/") for n in metrics.names("rollout/success/")]
     if not tasks and "rollout/success" not in metrics.series:
         return None
@@ -89,15 +90,18 @@ def plot_reward(metrics: RunMetrics, path: Path) -> Path | None:
             marker=".",
             label=f"{task or 'all'} (training rollouts)",
         )
-    held = metrics.series.get("eval/success", [])
-    if held:
-        ax_s.plot(
-            [s for s, _ in held],
-            [v for _, v in held],
-            "k*--",
-            markersize=10,
-            label="held-out (greedy eval)",
-        )
+    # The held-out evaluations: success rate (reward > 0) beside success, mean reward beside
+    # reward (before this version eval/success held the mean reward).
+    for ax, name in ((ax_s, "eval/success"), (ax_r, "eval/reward")):
+        held = metrics.series.get(name, [])
+        if held:
+            ax.plot(
+                [s for s, _ in held],
+                [v for _, v in held],
+                "k*--",
+                markersize=10,
+                label="held-out (greedy eval)",
+            )
     ax_r.set(title="Mean reward per task", xlabel="RL step", ylabel="reward")
     ax_s.set(title="Success rate per task", xlabel="RL step", ylabel="success (reward > 0)")
     ax_s.set_ylim(-0.05, 1.05)
