@@ -32,6 +32,16 @@ pair's s/step, the ratio (their s/step / ours: above 1 means ours is faster),
 the median ratio and its spread (min-max); the last line is one JSON object
 with those figures (see ``compare_peers.py``).
 
+Each pair records the machine's state (load average, the CPU time other processes used
+during it, from /proc) and each side's intra-op threads. A pair during which other work
+used more than ``--busy-share`` (10 %) of the CPUs is marked BUSY and left out of the
+median; with fewer than ``--min-clean-pairs`` (2) clean pairs left, the comparison prints
+"machine busy: not a comparison" and no ratio. Both sides get ``--threads`` intra-op
+threads (XLA's NPROC, torch's OMP_NUM_THREADS; default: the CPUs this process may use),
+torch with ``--omp-wait-policy`` (passive). Beside each ratio, the FLOOR line gives each
+side's s/step over the GRPO step's floor on this machine (``tunix_agentic.compare.floor``:
+train FLOPs at the measured matmul peak, decode at the measured memory bandwidth).
+
     python profiling/bench_learner.py --pairs 5   # LEARNER_STEPS=8 LEARNER_TRAIN_REPEATS=7
     LEARNER_PEERS=0 LEARNER_BIG=0 LEARNER_STEPS=3 python profiling/bench_learner.py  # quick
     LEARNER_STEPS=4 python profiling/bench_learner.py --peers-only --pairs 3  # peers only
@@ -62,14 +72,28 @@ from compare_peers import (  # noqa: E402
     NUMBER,
     PEERS,
     TORCH_PY,
+    MachineSettings,
     Measurement,
     PairedComparison,
+    add_machine_args,
     emit_json,
     from_pairs,
+    guarded_peak,
+    machine_settings,
     paired,
+    print_comparison,
     process_measure,
 )
 
+from tunix_agentic.compare.floor import (  # noqa: E402
+    MachinePeak,
+    ModelShape,
+    StepFloor,
+    grpo_step_floor,
+    measure_bandwidth,
+    measure_matmul_flops,
+)
+from tunix_agentic.compare.machine import xla_threads  # noqa: E402
 from tunix_agentic.config import load_config  # noqa: E402
 from tunix_agentic.inference import EngineConfig, JaxEngine, SamplingParams  # noqa: E402
 from tunix_agentic.learners.batching import pad_rows  # noqa: E402
@@ -234,11 +258,13 @@ class OursGRPO:
     engine: JaxEngine
     learner: GRPOLearner
     next_step: int = 1
+    last_width: int = PROMPT + NEW  # the width the trainer padded the last batch to
 
     async def steps(self, n: int) -> list[dict[str, float]]:
         out = []
         for _ in range(n):
             out.append(await grpo_step(self.engine, self.learner, self.next_step))
+            self.last_width = int(out[-1]["width"])
             self.next_step += 1
         return out
 
@@ -366,7 +392,7 @@ def ours_measure(ours: OursGRPO, loop: asyncio.AbstractEventLoop) -> Measurement
         f"ours_grpo {fig['total']:.3f} s/step (median of {n} steps: generate "
         f"{fig['generate']:.3f}s, train {fig['train']:.3f}s, sync {fig['sync']:.3f}s)"
     )
-    return Measurement(fig["total"], line, extra=fig)
+    return Measurement(fig["total"], line, extra={**fig, "threads": xla_threads().to_dict()})
 
 
 def trl_then_hf_generate(env: dict[str, str]) -> Measurement:
@@ -378,14 +404,23 @@ def trl_then_hf_generate(env: dict[str, str]) -> Measurement:
     )()
     gen_s = N_PROMPTS * G * NEW / gen.value if gen.value else None
     line = step.line + (f"; then hf_generate {gen_s:.3f}s" if gen_s else "; hf_generate: no figure")
-    return Measurement(step.value, line, extra={"gen_s": gen_s})
+    return Measurement(
+        step.value, line, extra={"gen_s": gen_s, "threads": step.extra.get("threads")}
+    )
 
 
 def peer_pairs(
-    ours: OursGRPO, loop: asyncio.AbstractEventLoop, pairs: int
+    ours: OursGRPO,
+    loop: asyncio.AbstractEventLoop,
+    pairs: int,
+    settings: MachineSettings,
+    floor: StepFloor,
 ) -> tuple[list[PairedComparison], list[str]]:
-    """Interleaved pairs against Tunix's GRPOLearner and TRL's GRPOTrainer (s/step)."""
+    """Interleaved pairs against Tunix's GRPOLearner and TRL's GRPOTrainer (s/step), each
+    pair's machine state recorded and busy pairs left out (``settings.guard``); both sides
+    get ``settings.threads`` intra-op threads."""
     env = {
+        **settings.env,
         "ANCHOR_GRPO_PROMPTS": str(N_PROMPTS),
         "ANCHOR_GRPO_G": str(G),
         "ANCHOR_GRPO_STEPS": str(STEPS),
@@ -395,7 +430,12 @@ def peer_pairs(
     jobs = {
         "tunix_grpo": (
             JAX_PY,
-            process_measure([JAX_PY, str(PEERS / "bench_tunix_grpo.py")], env, rf"{NUMBER} s/step"),
+            process_measure(
+                [JAX_PY, str(PEERS / "bench_tunix_grpo.py")],
+                env,
+                rf"{NUMBER} s/step",
+                jax_side=True,
+            ),
         ),
         "trl_grpo": (TORCH_PY, lambda: trl_then_hf_generate(env)),
     }
@@ -415,16 +455,19 @@ def peer_pairs(
             pairs,
             unit="s/step",
             higher_is_better=False,
+            guard=settings.guard,
+            floor=floor.total_s,
         )
-        print(c.line(), flush=True)
+        print_comparison(c)
         comparisons.append(c)
         if name == "trl_grpo":
-            comparisons.extend(trl_train_estimate(c))
+            comparisons.extend(trl_train_estimate(c, floor.train_s))
     return comparisons, skipped
 
 
-def trl_train_estimate(c: PairedComparison) -> list[PairedComparison]:
-    """Per pair: our train step vs TRL's step less HF ``generate`` (an estimate)."""
+def trl_train_estimate(c: PairedComparison, floor_s: float | None) -> list[PairedComparison]:
+    """Per pair: our train step vs TRL's step less HF ``generate`` (an estimate), over the
+    clean pairs of ``c`` only; it stands only when ``c`` does."""
     values = [
         (o["train"], step - t["gen_s"])
         for o, step, t in zip(c.ours_extra, c.theirs, c.theirs_extra, strict=True)
@@ -436,13 +479,18 @@ def trl_train_estimate(c: PairedComparison) -> list[PairedComparison]:
         unit="s",
         higher_is_better=False,
         dropped=len(c.ratios) - len(values),
+        busy=c.busy,
+        stands=c.stands,
+        states=c.states,
+        threads=c.threads,
+        floor=floor_s,
     )
     print(
         "ESTIMATE trl train share = TRL step - HF generate (sampled, same shapes, "
         "bench_hf_generate.py run right after it in each pair): ref forward, reward, "
         "policy fwd+bwd, AdamW; TRL's script does not split its step"
     )
-    print(est.line(), flush=True)
+    print_comparison(est)
     return [est]
 
 
@@ -457,19 +505,56 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="skip the train-step widths and scale sections",
     )
+    add_machine_args(p)
     args = p.parse_args(argv)
     if args.pairs < 1:
         p.error(f"--pairs must be >= 1, got {args.pairs}")
+    args.machine = machine_settings(p, args, ours_in_process=True)
     return args
+
+
+def machine_peak() -> MachinePeak:
+    """This machine's f32 matmul peak (the better of XLA's and NumPy's BLAS, both measured
+    now) and memory read bandwidth, for the floor."""
+    xla = matmul_peak_gflops() * 1e9
+    blas = measure_matmul_flops()
+    source = "XLA matmul" if xla >= blas else "NumPy BLAS matmul"
+    return MachinePeak(max(xla, blas), measure_bandwidth(), source=f"{source}, NumPy read")
+
+
+def peer_floor(peak: MachinePeak, width: int) -> StepFloor:
+    """The floor of one GRPO step at the peers' shapes, rows trained at ``width``."""
+    model = Transformer(PEER_DIMS, rngs=nnx.Rngs(0))
+    shape = ModelShape.from_config(PEER_DIMS, count_params(model))
+    return grpo_step_floor(
+        shape,
+        peak,
+        rows=N_PROMPTS * G,
+        prompt=PROMPT,
+        new=NEW,
+        train_length=width,
+        ref=PEER_GRPO.kl_coef > 0,
+        remat=PEER_GRPO.remat,
+    )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    peak = matmul_peak_gflops()
+    settings: MachineSettings = args.machine
+    print(settings.describe())
+    machine = guarded_peak(machine_peak, settings.guard)
+    peak = machine.flops_per_s / 1e9
     # One loop for the whole run: the engine's tasks belong to the loop it was built in.
     loop = asyncio.new_event_loop()
     try:
         ours_fig, ours = loop.run_until_complete(ours_full(peak))
+        floor = peer_floor(machine, ours.last_width)
+        print(
+            f"FLOOR ours_grpo: {ours_fig['total']:.3f} s/step = floor ratio "
+            f"{floor.ratio(ours_fig['total']):.2f}x; {machine.describe()}; GRPO step "
+            f"{floor.describe()}; train step alone {ours_fig['train']:.3f} s = "
+            f"{ours_fig['train'] / floor.train_s:.2f}x its floor"
+        )
         if not args.peers_only:
             ours_train_widths(peak)
             ours_scale(
@@ -480,7 +565,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         comparisons: list[PairedComparison] = []
         skipped: list[str] = []
         if RUN_PEERS:
-            comparisons, skipped = peer_pairs(ours, loop, args.pairs)
+            comparisons, skipped = peer_pairs(ours, loop, args.pairs, settings, floor)
         else:
             print("peers skipped (LEARNER_PEERS=0)")
         loop.run_until_complete(ours.engine.close())
@@ -492,6 +577,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         comparisons,
         skipped=skipped,
         ours_first_block_s={k: round(v, 4) for k, v in ours_fig.items()},
+        machine=settings.to_dict(),
+        peak=machine.to_dict(),
+        floor=floor.to_dict(),
+        floor_ratio_ours_first_block=round(floor.ratio(ours_fig["total"]), 3),
     )
 
 

@@ -33,7 +33,10 @@ tokens/s), measured as ``--pairs`` interleaved pairs (ours, theirs, ours, theirs
 ...; the side that goes first alternates) because this shared machine drifts by
 more than the differences measured: ours in this process, each peer run a fresh
 process in its venv (``bash profiling/peers/setup_venvs.sh`` builds them; a missing
-one is skipped with a note). The load average is printed at the start and the end.
+one is skipped with a note). The load average is printed at the start and the end;
+each pair's machine state is recorded and busy pairs left out as in ``compare_peers.py``
+(``--busy-share``, ``--min-clean-pairs``, ``--threads``, ``--omp-wait-policy``), and the
+FLOOR line puts each side against the rollout step's floor (``rl_step_floor``).
 The last line is one JSON object with every figure.
 
     python profiling/bench_rl_workload.py                        # 3 pairs, 2 rounds a run
@@ -61,16 +64,54 @@ from compare_peers import (  # noqa: E402
     JAX_PY,
     PEERS,
     TORCH_PY,
+    MachineSettings,
     Measurement,
     PairedComparison,
+    add_machine_args,
     emit_json,
+    guarded_peak,
+    machine_settings,
     paired,
+    print_comparison,
     run,
+    toy_shape,
 )
+
+from tunix_agentic.compare.floor import (  # noqa: E402
+    MachinePeak,
+    StepFloor,
+    decode_floor_s,
+    measure_peak,
+)
+from tunix_agentic.compare.machine import parse_threads, xla_threads  # noqa: E402
 
 GOALS = {"tunix": 3.0, "hf": 4.0}  # ours / theirs, generated tokens per second
 PEER_SCRIPTS = {"tunix": (JAX_PY, "bench_tunix_rl.py"), "hf": (TORCH_PY, "bench_hf_rl.py")}
 DEFAULT_PAIRS, DEFAULT_ROUNDS = 3, 2
+
+
+# ------------------------------------------------------------------ floor
+def rl_step_floor(w: tc.RLWorkload, peak: MachinePeak) -> StepFloor:
+    """The least one rollout step of ``w`` takes here: every token that must be prefilled
+    (the system prompt once, each task's message once, each observation) at the matmul
+    peak, and each turn's decode of all episodes at the decode roofline (weights and every
+    episode's KV read once a step)."""
+    shape = toy_shape()
+    unique = (
+        1 + w.system_tokens + w.tasks * w.task_tokens + w.episodes * w.obs_tokens * (w.turns - 1)
+    )
+    decode = sum(
+        decode_floor_s(
+            shape,
+            w.episodes,
+            prompt,
+            w.new_tokens,
+            flops_per_s=peak.flops_per_s,
+            bytes_per_s=peak.bytes_per_s,
+        )
+        for prompt in w.prompt_lengths()
+    )
+    return StepFloor(prefill_s=2 * shape.matmul_params * unique / peak.flops_per_s, decode_s=decode)
 
 
 # ------------------------------------------------------------------ ours
@@ -227,6 +268,7 @@ class Ours:
         if peak is not None:
             line += f", kv bytes in use at peak {peak}"
         extra = {
+            "threads": xla_threads().to_dict(),
             "kv_peak_bytes": peak,
             "prefill_tokens": int(steps[0]["prefilled"]),
             "cached_tokens": int(steps[0]["cached"]),
@@ -242,10 +284,12 @@ class Ours:
 
 
 # ------------------------------------------------------------------ peers
-def peer_measure(name: str, w: tc.RLWorkload, rounds: int, torch_threads: int | None):
+def peer_measure(
+    name: str, w: tc.RLWorkload, rounds: int, settings: MachineSettings, torch_threads: int | None
+):
     python, script = PEER_SCRIPTS[name]
-    env = {**tc.rl_workload_env(w), "RL_ROUNDS": str(rounds)}
-    if torch_threads is not None:
+    env = {**settings.env, **tc.rl_workload_env(w), "RL_ROUNDS": str(rounds)}
+    if torch_threads is not None and name == "hf":
         env["OMP_NUM_THREADS"] = str(torch_threads)
 
     def measure() -> Measurement:
@@ -254,7 +298,11 @@ def peer_measure(name: str, w: tc.RLWorkload, rounds: int, torch_threads: int | 
         line = next((ln for ln in out.splitlines() if ln.startswith("RESULT")), None)
         if res is None or line is None:
             return Measurement(None, "no figure; output ends: " + out[-400:].strip())
-        extra = {"prefill_tokens": res["prefill_tokens"], "kv_bytes": res["kv_bytes"]}
+        extra = {
+            "prefill_tokens": res["prefill_tokens"],
+            "kv_bytes": res["kv_bytes"],
+            "threads": parse_threads(out),
+        }
         return Measurement(res["gen_tok_per_s"], line, extra)
 
     return measure
@@ -277,9 +325,10 @@ def report(name: str, c: PairedComparison) -> dict[str, Any]:
         median_extra(c.theirs_extra, "kv_bytes"),
     )
     out: dict[str, Any] = {"goal_gen_tok_per_s_ratio": goal}
-    print(c.line())
+    print_comparison(c)
     if c.median is None:
-        print(f"GOAL ours/{name} >= {goal:g}x gen tok/s: no complete pair, no verdict")
+        why = "machine busy" if not c.stands else "no complete pair"
+        print(f"GOAL ours/{name} >= {goal:g}x gen tok/s: {why}, no verdict")
         return out
     met = "met" if c.median >= goal else "NOT met"
     print(
@@ -333,8 +382,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--torch-threads",
         type=int,
         default=None,
-        help="OMP_NUM_THREADS for the HF side (torch's default when unset)",
+        help="OMP_NUM_THREADS for the HF side alone, over --threads (then the sides' thread "
+        "counts differ; kept for older command lines)",
     )
+    add_machine_args(p)
     args = p.parse_args(argv)
     if args.pairs < 1:
         p.error(f"--pairs must be >= 1, got {args.pairs}")
@@ -342,6 +393,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--rounds must be >= 1, got {args.rounds}")
     if args.torch_threads is not None and args.torch_threads < 1:
         p.error(f"--torch-threads must be >= 1, got {args.torch_threads}")
+    args.machine = machine_settings(p, args, ours_in_process=True)
     args.peers = [x for x in args.peers.split(",") if x]
     bad = sorted(set(args.peers) - set(PEER_SCRIPTS))
     if bad or not args.peers:
@@ -351,7 +403,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None, workload: tc.RLWorkload | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    settings: MachineSettings = args.machine
     w = workload or tc.rl_workload_from_env()
+    print(settings.describe())
+    peak = guarded_peak(measure_peak, settings.guard)
+    floor = rl_step_floor(w, peak)
+    floor_tps = w.generated_tokens / floor.total_s
+    print(f"{peak.describe()}; rollout step {floor.describe()} = {floor_tps:,.0f} gen tok/s")
     load = os.getloadavg()
     print(
         f"workload: {w.tasks} tasks x G={w.group} = {w.episodes} episodes, {w.turns} turns of "
@@ -386,9 +444,16 @@ def main(argv: list[str] | None = None, workload: tc.RLWorkload | None = None) -
                 continue
             label = f"ours / {name} [rl workload]"
             print(f"{label}: {args.pairs} pairs (ours warm in-process, theirs fresh processes)")
-            theirs = peer_measure(name, w, args.rounds, args.torch_threads)
+            theirs = peer_measure(name, w, args.rounds, settings, args.torch_threads)
             c = paired(
-                label, ours.measure, theirs, args.pairs, unit="gen tok/s", higher_is_better=True
+                label,
+                ours.measure,
+                theirs,
+                args.pairs,
+                unit="gen tok/s",
+                higher_is_better=True,
+                guard=settings.guard,
+                floor=floor_tps,
             )
             verdicts[name] = report(name, c)
             comparisons.append(c)
@@ -407,6 +472,9 @@ def main(argv: list[str] | None = None, workload: tc.RLWorkload | None = None) -
         decode_window=args.decode_window,
         torch_threads=args.torch_threads,
         verdicts=verdicts,
+        machine=settings.to_dict(),
+        peak=peak.to_dict(),
+        floor=floor.to_dict(),
     )
 
 

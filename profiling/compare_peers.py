@@ -22,6 +22,17 @@ that prints no figure drops its pair (its output tail is printed). ``PEERS_DIR``
 (the scripts), ``ANCHOR_JAX_PY`` and ``ANCHOR_TORCH_PY`` (the venvs' Pythons)
 point elsewhere.
 
+Each pair records the machine's state (``tunix_agentic.compare.machine``: load average,
+the CPU time other processes used during the pair, each side's intra-op threads); a pair
+during which others used more than ``--busy-share`` of the CPUs is marked BUSY and left
+out of the median, and with fewer than ``--min-clean-pairs`` clean pairs the comparison
+is "machine busy: not a comparison", with no ratio. Both sides get ``--threads``
+intra-op threads, the peers' OpenMP ``--omp-wait-policy`` (passive). The FLOOR line
+gives each side's figure against this machine's decode floor (weights and KV read once
+a step at the measured bandwidth; ``tunix_agentic.compare.floor``). These flags and
+helpers (``add_machine_args``, ``judge_pairs``) are shared by ``bench_learner.py`` and
+``bench_rl_workload.py`` (they live in ``pairs.py``).
+
     python profiling/compare_peers.py                   # 5 pairs, greedy and top_p
     python profiling/compare_peers.py --pairs 7 --modes greedy --repeats 3
 """
@@ -29,199 +40,58 @@ point elsewhere.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import os
-import re
-import statistics
-import subprocess
 import sys
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from pairs import (  # noqa: E402  (re-exported: bench_learner and bench_rl_workload import them here)
+    NUMBER,
+    MachineSettings,
+    Measurement,
+    PairedComparison,
+    add_machine_args,
+    emit_json,
+    figure,
+    from_pairs,
+    guarded_peak,
+    judge_pairs,
+    machine_settings,
+    paired,
+    print_comparison,
+    process_measure,
+    ratios_of,
+    run,
+)
+
+from tunix_agentic.compare.floor import ModelShape, decode_floor, measure_peak  # noqa: E402
+
+__all__ = [
+    "NUMBER",
+    "MachineSettings",
+    "Measurement",
+    "PairedComparison",
+    "add_machine_args",
+    "emit_json",
+    "figure",
+    "from_pairs",
+    "guarded_peak",
+    "judge_pairs",
+    "machine_settings",
+    "paired",
+    "print_comparison",
+    "process_measure",
+    "ratios_of",
+    "run",
+]
+
 PEERS = Path(os.environ.get("PEERS_DIR", HERE / "peers"))
 JAX_PY = os.environ.get("ANCHOR_JAX_PY", "/tmp/peers/venv/bin/python")
 TORCH_PY = os.environ.get("ANCHOR_TORCH_PY", "/tmp/peers/venv-torch/bin/python")
-NUMBER = r"([\d,]+(?:\.\d+)?)"
 DEFAULT_PAIRS = 5
-
-
-# ------------------------------------------------------- shared pair helpers
-@dataclasses.dataclass(frozen=True)
-class Measurement:
-    """One run of one side: its figure (None when it printed none), its RESULT line, and
-    any other figures the caller wants back per pair (``extra``)."""
-
-    value: float | None
-    line: str
-    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass(frozen=True)
-class PairedComparison:
-    """Interleaved pairs of one comparison and their ratios.
-
-    ``ratios[i]`` is ``ours[i] / theirs[i]`` when ``higher_is_better`` (throughputs),
-    ``theirs[i] / ours[i]`` for times, so above 1 always means ours is faster.
-    Pairs where either side printed no figure are left out of every tuple; ``ours_extra``
-    and ``theirs_extra`` hold each kept pair's ``Measurement.extra``.
-    """
-
-    name: str
-    unit: str
-    ours: tuple[float, ...]
-    theirs: tuple[float, ...]
-    ratios: tuple[float, ...]
-    dropped: int = 0
-    ours_extra: tuple[dict[str, Any], ...] = ()
-    theirs_extra: tuple[dict[str, Any], ...] = ()
-
-    @property
-    def median(self) -> float | None:
-        return statistics.median(self.ratios) if self.ratios else None
-
-    def summary(self) -> dict[str, Any]:
-        """The JSON form: median ratio, min-max spread, per-pair ratios and figures."""
-        return {
-            "unit": self.unit,
-            "pairs": len(self.ratios),
-            "dropped": self.dropped,
-            "median_ratio": _round(self.median),
-            "min_ratio": _round(min(self.ratios, default=None)),
-            "max_ratio": _round(max(self.ratios, default=None)),
-            "ratios": [_round(r) for r in self.ratios],
-            "ours": [_round(v) for v in self.ours],
-            "theirs": [_round(v) for v in self.theirs],
-            "ours_median": _round(statistics.median(self.ours) if self.ours else None),
-            "theirs_median": _round(statistics.median(self.theirs) if self.theirs else None),
-        }
-
-    def line(self) -> str:
-        """The printed RATIO line: median, spread and the per-pair ratios."""
-        if not self.ratios:
-            return f"RATIO {self.name}: no complete pair ({self.dropped} dropped)"
-        per_pair = ", ".join(f"{r:.2f}" for r in self.ratios)
-        dropped = f", {self.dropped} dropped" if self.dropped else ""
-        return (
-            f"RATIO {self.name}: median {self.median:.2f}x (min {min(self.ratios):.2f} - "
-            f"max {max(self.ratios):.2f}) over {len(self.ratios)} interleaved pairs{dropped}; "
-            f"per pair: {per_pair}"
-        )
-
-
-def _round(x: float | None) -> float | None:
-    return None if x is None else round(x, 4)
-
-
-def paired(
-    name: str,
-    ours: Callable[[], Measurement],
-    theirs: Callable[[], Measurement],
-    pairs: int,
-    *,
-    unit: str,
-    higher_is_better: bool,
-) -> PairedComparison:
-    """Measures ``pairs`` interleaved pairs; pair i runs ours first when i is even.
-
-    Each side's RESULT line is printed as it comes, tagged with its pair and side.
-    """
-    if pairs < 1:
-        raise ValueError(f"pairs must be >= 1, got {pairs}")
-    kept: list[tuple[Measurement, Measurement]] = []
-    dropped = 0
-    for i in range(pairs):
-        order = (("ours", ours), ("theirs", theirs))
-        if i % 2:
-            order = order[::-1]
-        got: dict[str, Measurement] = {}
-        for side, measure in order:
-            got[side] = measure()
-            print(f"  pair {i + 1}/{pairs} {side}: {got[side].line}", flush=True)
-        if got["ours"].value and got["theirs"].value:
-            kept.append((got["ours"], got["theirs"]))
-        else:
-            dropped += 1
-    return from_pairs(
-        name,
-        [(a.value, b.value) for a, b in kept],
-        unit=unit,
-        higher_is_better=higher_is_better,
-        dropped=dropped,
-        ours_extra=tuple(a.extra for a, _ in kept),
-        theirs_extra=tuple(b.extra for _, b in kept),
-    )
-
-
-def from_pairs(
-    name: str,
-    values: Sequence[tuple[float, float]],
-    *,
-    unit: str,
-    higher_is_better: bool,
-    dropped: int = 0,
-    **extra: Any,
-) -> PairedComparison:
-    """A comparison from (ours, theirs) figures already measured pair by pair."""
-    ratios = tuple(a / b if higher_is_better else b / a for a, b in values)
-    return PairedComparison(
-        name,
-        unit,
-        tuple(a for a, _ in values),
-        tuple(b for _, b in values),
-        ratios,
-        dropped,
-        **extra,
-    )
-
-
-def run(cmd: list[str], env: dict[str, str] | None = None, timeout: int = 900) -> str:
-    """stdout + stderr of a fresh process (a note instead when it times out)."""
-    try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
-        )
-    except subprocess.TimeoutExpired:
-        return f"timed out after {timeout}s: {' '.join(cmd)}"
-    return proc.stdout + proc.stderr
-
-
-def figure(text: str, pattern: str) -> float | None:
-    m = re.search(pattern, text)
-    return float(m.group(1).replace(",", "")) if m else None
-
-
-def process_measure(
-    cmd: list[str], env: dict[str, str], pattern: str, line_marker: str = "RESULT"
-) -> Callable[[], Measurement]:
-    """A measurement that runs ``cmd`` in a fresh process and reads ``pattern``'s number."""
-
-    def measure() -> Measurement:
-        out = run(cmd, env)
-        value = figure(out, pattern)
-        line = next(
-            (ln for ln in out.splitlines() if ln.startswith("RESULT") and line_marker in ln),
-            None,
-        )
-        if value is None or line is None:
-            return Measurement(value, line or "no figure; output ends: " + out[-400:].strip())
-        return Measurement(value, line)
-
-    return measure
-
-
-def emit_json(bench: str, pairs: int, comparisons: Sequence[PairedComparison], **extra) -> dict:
-    """Prints the closing JSON line (medians and spreads) and returns it."""
-    out = {
-        "bench": bench,
-        "pairs_requested": pairs,
-        **extra,
-        "comparisons": {c.name: c.summary() for c in comparisons},
-    }
-    print(json.dumps(out), flush=True)
-    return out
 
 
 # ------------------------------------------------------------------- main
@@ -246,7 +116,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="timed calls per process on both sides (the scripts' default: 5)",
     )
+    add_machine_args(p)
     args = p.parse_args(argv)
+    args.machine = machine_settings(p, args, ours_in_process=False)
     if args.pairs < 1:
         p.error(f"--pairs must be >= 1, got {args.pairs}")
     if args.repeats is not None and args.repeats < 1:
@@ -262,8 +134,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def toy_shape() -> ModelShape:
+    """The peers' toy model (``peers/toy_common.MODEL_DIMS``) for the floor arithmetic."""
+    sys.path.insert(0, str(PEERS))
+    import toy_common as tc
+
+    d = tc.MODEL_DIMS
+    return ModelShape(
+        params=tc.param_count(d),
+        vocab_size=d["vocab_size"],
+        d_model=d["d_model"],
+        num_layers=d["num_layers"],
+        num_heads=d["num_heads"],
+        num_kv_heads=d["num_kv_heads"],
+        head_dim=d["head_dim"],
+        tied=d["tied_embedding"],
+    )
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    settings: MachineSettings = args.machine
+    print(settings.describe())
     repeats = {} if args.repeats is None else {"ENGINE_REPEATS": str(args.repeats)}
     comparisons, skipped = [], []
     for name in args.peers:
@@ -271,27 +163,60 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if not Path(python).exists():
             print(f"skip {name}: {python} not found (bash {PEERS}/setup_venvs.sh builds it)")
             skipped.append(name)
+    peak = floor = None
+    if len(skipped) < len(args.peers):
+        peak = guarded_peak(measure_peak, settings.guard)
+        rows, prompt, new = 16, 32, 64
+        floor = decode_floor(toy_shape(), peak, rows=rows, prompt=prompt, new=new)
+        floor_tps = rows * new / floor.total_s
+        print(
+            f"{peak.describe()}; decode floor of batch {rows}, P={prompt}, N={new}: "
+            f"{floor.describe()} = {floor_tps:,.0f} gen tok/s"
+        )
     for mode in args.modes:
         ours = process_measure(
             [sys.executable, str(HERE / "bench_engine.py")],
-            {"ENGINE_BATCHES": "16", "ENGINE_SAMPLING": mode, **repeats},
+            {"ENGINE_BATCHES": "16", "ENGINE_SAMPLING": mode, **repeats, **settings.env},
             rf"engine\[{mode}\] B=16 .*?: {NUMBER} gen tok/s",
             line_marker="B=16",
+            jax_side=True,
         )
         for name in args.peers:
             if name in skipped:
                 continue
             python, script = PEER_SCRIPTS[name]
-            env = {"ANCHOR_SAMPLING": mode}
+            env = {"ANCHOR_SAMPLING": mode, **settings.env}
             if args.repeats is not None:
                 env["ANCHOR_REPEATS"] = str(args.repeats)
-            theirs = process_measure([python, str(PEERS / script)], env, rf"{NUMBER} gen tok/s")
+            theirs = process_measure(
+                [python, str(PEERS / script)],
+                env,
+                rf"{NUMBER} gen tok/s",
+                jax_side=name == "tunix_sampler",
+            )
             label = f"ours / {name} [{mode}]"
             print(f"{label}: batch 16, P=32, N=64, {args.pairs} pairs, fresh processes")
-            c = paired(label, ours, theirs, args.pairs, unit="gen tok/s", higher_is_better=True)
-            print(c.line(), flush=True)
+            c = paired(
+                label,
+                ours,
+                theirs,
+                args.pairs,
+                unit="gen tok/s",
+                higher_is_better=True,
+                guard=settings.guard,
+                floor=floor_tps,
+            )
+            print_comparison(c)
             comparisons.append(c)
-    return emit_json("compare_peers", args.pairs, comparisons, skipped=skipped)
+    return emit_json(
+        "compare_peers",
+        args.pairs,
+        comparisons,
+        skipped=skipped,
+        machine=settings.to_dict(),
+        peak=peak.to_dict() if peak else None,
+        floor=floor.to_dict() if floor else None,
+    )
 
 
 if __name__ == "__main__":

@@ -107,6 +107,7 @@ def main() -> None:
         "tokens_per_s_runs": [round(x, 1) for x in tps],
         "sample_text": tok.decode(new[0][:10].tolist()),
     }
+    tc.print_threads("torch")
     print(json.dumps(res))
     print(
         f"RESULT hf_generate[{mode},{cache}] B={tc.BATCH} P={tc.PROMPT_LEN} "

@@ -94,6 +94,7 @@ def main() -> None:
         "prefill_tokens": rounds[0]["prefilled"],
         "kv_bytes": max(r["kv"] for r in rounds),
     }
+    tc.print_threads("torch")
     print(json.dumps(res))
     print(
         f"RESULT hf_rl {w.tasks}x{w.group} turns={w.turns}: {res['gen_tok_per_s']} gen tok/s "

@@ -134,6 +134,7 @@ def main() -> None:
         "rewards": [h.get("reward") for h in logs],
         "losses": [h.get("loss") for h in logs],
     }
+    tc.print_threads("torch")
     print(json.dumps(res))
     print(
         f"RESULT trl_grpo {N_PROMPTS}x{G} P={tc.PROMPT_LEN} C={tc.NEW_TOKENS} beta={BETA}: "

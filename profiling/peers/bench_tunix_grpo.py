@@ -163,6 +163,7 @@ def main() -> None:
         "actor_train_steps": cluster.actor_trainer.train_steps,
         "metrics": training_metrics(cluster),
     }
+    tc.print_threads("jax")
     print(json.dumps(res))
     print(
         f"RESULT tunix_grpo {N_PROMPTS}x{G} P={tc.PROMPT_LEN} C={tc.NEW_TOKENS} beta={BETA}: "

@@ -94,6 +94,7 @@ def main() -> None:
         "prefill_tokens": rounds[0]["prefilled"],
         "kv_bytes": int(kv_bytes),
     }
+    tc.print_threads("jax")
     print(json.dumps(res))
     print(
         f"RESULT tunix_rl {w.tasks}x{w.group} turns={w.turns}: {res['gen_tok_per_s']} gen tok/s "

@@ -113,6 +113,7 @@ def main() -> None:
         "tokens_per_s_median": round(median_tps, 1),
         "tokens_per_s_runs": [round(x, 1) for x in tps],
     }
+    tc.print_threads("jax")
     print(json.dumps(res))
     print(
         f"RESULT tunix_sampler[{mode}] B={tc.BATCH} P={tc.PROMPT_LEN} N={tc.NEW_TOKENS}: "

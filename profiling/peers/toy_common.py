@@ -44,6 +44,54 @@ SPECIAL_IDS = [PAD_ID, BOS_ID, EOS_ID, UNK_ID]
 FIRST_WORD = len(SPECIAL_IDS)  # ids below this are never sampled nor written
 
 
+def param_count(dims: dict = MODEL_DIMS) -> int:
+    """Parameters of the toy decoder: embedding (tied: also the LM head), per layer q/k/v/o,
+    SwiGLU's three matrices, two RMSNorms and q/k-norm, and the final norm."""
+    d, hd, layers = dims["d_model"], dims["head_dim"], dims["num_layers"]
+    attn = d * hd * (2 * dims["num_heads"] + 2 * dims["num_kv_heads"])
+    layer = attn + 3 * d * dims["ffn_dim"] + 2 * d + 2 * hd
+    head = 0 if dims["tied_embedding"] else dims["vocab_size"] * d
+    return dims["vocab_size"] * d + layers * layer + d + head
+
+
+THREAD_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "NPROC", "XLA_FLAGS")
+
+
+def print_threads(side: str) -> None:
+    """Print ``THREADS {json}``: this process's intra-op threads, read back by our
+    benchmarks (``tunix_agentic.compare.machine.parse_threads``) beside each pair. torch:
+    ``torch.get_num_threads()``; JAX: its running ``tf_XLAEigen`` threads (call after a
+    computation), else ``NPROC`` or the affinity mask, as XLA sizes its pool."""
+    import json
+    import sys
+
+    info: dict = {"side": side, "env": {k: os.environ[k] for k in THREAD_ENV if k in os.environ}}
+    if "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        info.update(
+            intra_op=torch.get_num_threads(),
+            source="torch.get_num_threads()",
+            interop=torch.get_num_interop_threads(),
+        )
+    else:
+        names = []
+        for task in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{task}/comm") as f:
+                    names.append(f.read().strip())
+            except OSError:
+                continue
+        running = names.count("tf_XLAEigen")
+        nproc = os.environ.get("NPROC", "")
+        if running:
+            info.update(intra_op=running, source="running tf_XLAEigen threads")
+        elif nproc.isdigit():
+            info.update(intra_op=int(nproc), source="NPROC")
+        else:
+            info.update(intra_op=len(os.sched_getaffinity(0)), source="CPU affinity")
+    print("THREADS " + json.dumps(info), flush=True)
+
+
 def kv_bytes_per_token(dims: dict = MODEL_DIMS, itemsize: int = 4) -> int:
     """Bytes of K and V one token holds over all layers (4,096 for the toy model in fp32)."""
     return 2 * dims["num_layers"] * dims["num_kv_heads"] * dims["head_dim"] * itemsize

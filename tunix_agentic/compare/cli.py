@@ -33,6 +33,25 @@ def add_compare(sub) -> None:
     )
     cp.add_argument("--out", default="runs/compare", metavar="DIR", help="where the report goes")
     cp.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="intra-op threads of both sides (default: the CPUs this process may use)",
+    )
+    cp.add_argument(
+        "--omp-wait-policy",
+        choices=("passive", "active", "default"),
+        default="passive",
+        help="OpenMP wait policy of both processes (passive: idle threads sleep; default: unset)",
+    )
+    cp.add_argument(
+        "--busy-share",
+        type=float,
+        default=0.10,
+        help="timing rows say 'machine busy: not a comparison' when other processes used more "
+        "than this share of the CPUs during either side's run (0.10)",
+    )
+    cp.add_argument(
         "overrides", nargs="*", help="dotted overrides for both sides, e.g. model.path=DIR"
     )
     cp.set_defaults(handler=_compare)
@@ -50,6 +69,9 @@ def _compare(args: argparse.Namespace) -> int:
             out_dir=args.out,
             heldout=args.heldout,
             overrides=args.overrides,
+            threads=args.threads,
+            omp_wait_policy=args.omp_wait_policy,
+            busy_share=args.busy_share,
         )
     except (ConfigError, ImportError, ValueError, FileNotFoundError) as exc:
         print(f"tunix-agentic: error: {exc}", file=sys.stderr)

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from tunix_agentic.compare.jobs import job_main
+from tunix_agentic.compare.machine import xla_threads
 
 
 def _keep_first_batch(path: Path) -> None:
@@ -114,6 +115,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         "train_wall_s": result.seconds,
         "wall_s": time.perf_counter() - t0,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "threads": xla_threads().to_dict(),
     }
 
 

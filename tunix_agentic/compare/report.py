@@ -8,8 +8,10 @@ import math
 from pathlib import Path
 from typing import Any
 
+from tunix_agentic.compare.machine import BUSY_SUMMARY
 from tunix_agentic.compare.mapping import TRLMapping
 from tunix_agentic.compare.parity import LossParity
+from tunix_agentic.compare.stamp import Stamp
 
 # A float32 engine against float32 torch on the same weights: summation order only.
 SAMPLER_TOLERANCE = 1e-3
@@ -30,6 +32,14 @@ class CompareResult:
     out_dir: str
     ours_fixed: dict[str, str] = dataclasses.field(default_factory=dict)  # key: "value (why)"
     heldout: int = 0  # held-out tasks per evaluation (0: none)
+    # Each side's machine state, threads and the verdict (run.machine_record); {}: unknown.
+    machine: dict[str, Any] = dataclasses.field(default_factory=dict)
+    command: str = ""  # the command line that made it, for the report's figure stamp
+
+    @property
+    def busy(self) -> bool:
+        """Whether other work shared the machine: timing ratios are then no comparison."""
+        return self.machine.get("verdict", "ok") != "ok"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -44,6 +54,8 @@ class CompareResult:
             "trl_plays_single_turn": self.multi_turn,
             "ours_fixed": self.ours_fixed,
             "heldout_tasks": self.heldout,
+            "machine": self.machine,
+            "command": self.command,
         }
 
 
@@ -118,6 +130,8 @@ def markdown(result: CompareResult) -> str:
         "",
         "## Headline figures",
         "",
+        *machine_lines(result),
+        stamp(result),
         "| | ours (JAX) | TRL (PyTorch) | ours / TRL |",
         "|---|---|---|---|",
     ]
@@ -135,9 +149,8 @@ def markdown(result: CompareResult) -> str:
         ("peak_rss_mb", "peak RSS MB"),
         ("wall_s", "process wall s"),
     ):
-        lines.append(
-            f"| {label} | {_f(ours[key])} | {_f(trl[key])} | {_ratio(ours[key], trl[key])} |"
-        )
+        ratio = "busy" if result.busy and key in TIMING else _ratio(ours[key], trl[key])
+        lines.append(f"| {label} | {_f(ours[key])} | {_f(trl[key])} | {ratio} |")
     held_ours, held_trl = heldout(result.ours), heldout(result.trl)
     if result.heldout:
         lines += [
@@ -196,6 +209,52 @@ def markdown(result: CompareResult) -> str:
             "every prompt (it re-tokenises the rendered text)"
         ]
     return "\n".join(lines) + "\n"
+
+
+# Headline rows that are times or rates: no ratio of them stands on a busy machine.
+TIMING = frozenset(
+    {"step_s", "first_step_s", "tokens_per_s", "generation_s", "train_s", "weight_sync_s", "wall_s"}
+)
+
+
+def machine_lines(result: CompareResult) -> list[str]:
+    """The machine's state over each side's run, the threads each had, and the verdict."""
+    m = result.machine
+    if not m:
+        return []
+    lines = []
+    if result.busy:
+        lines += [f"**{BUSY_SUMMARY}** for the timing rows: {m['why']}.", ""]
+    sides = []
+    for name, state in m["sides"].items():
+        threads = (m.get("side_threads") or {}).get(name) or {}
+        sides.append(
+            f"{name}: others used {100 * state['other_share']:.0f}% of {state['cpus']} CPUs over "
+            f"its {state['wall_s']:.0f} s, load {state['load_start']:.2f}->{state['load_end']:.2f}, "
+            f"{threads.get('intra_op', '?')} intra-op threads"
+        )
+    lines += [
+        f"Machine: {m['machine']}; both sides {m['threads']} threads, OpenMP wait policy "
+        f"{m['omp_wait_policy']}; " + "; ".join(sides) + ".",
+        "",
+    ]
+    return lines
+
+
+def stamp(result: CompareResult) -> str:
+    """The figure stamp of the headline table (``tunix_agentic.compare.stamp``)."""
+    import datetime
+
+    m = result.machine
+    state = "; ".join(
+        f"{n} others {100 * s['other_share']:.0f}%" for n, s in m.get("sides", {}).items()
+    )
+    return Stamp(
+        command=result.command or f"tunix-agentic compare --config {result.config}",
+        date=datetime.date.today().isoformat(),
+        machine=m.get("machine", "unknown"),
+        extra=(("state", f"{m.get('verdict', 'not recorded')}; {state}".strip("; ")),),
+    ).render()
 
 
 def sampler_lines(gap: dict[str, float] | None) -> list[str]:

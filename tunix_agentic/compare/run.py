@@ -24,6 +24,14 @@ from typing import Any
 import numpy as np
 
 from tunix_agentic.compare.batch import ParityBatch
+from tunix_agentic.compare.machine import (
+    BUSY_SUMMARY,
+    BusyGuard,
+    Window,
+    cpu_count,
+    machine_name,
+    peer_env,
+)
 from tunix_agentic.compare.mapping import trl_mapping
 from tunix_agentic.compare.parity import judge
 from tunix_agentic.compare.report import CompareResult, write_report
@@ -59,13 +67,24 @@ OURS_FIXED = {
 }
 
 
-def _worker(module: str, job: dict[str, Any], log: Path, timeout_s: float | None) -> dict:
-    """Run ``python -m module JOB`` and return the JSON it writes; RuntimeError with the
-    log's tail when it fails."""
+def _worker(
+    module: str,
+    job: dict[str, Any],
+    log: Path,
+    timeout_s: float | None,
+    thread_env: dict[str, str] | None = None,
+) -> dict:
+    """Run ``python -m module JOB`` and return the JSON it writes, with the machine's
+    state over the run under ``"machine"``; RuntimeError with the log's tail when it
+    fails. ``thread_env`` (``machine.peer_env``) goes into the process's environment."""
     job_path = Path(job["result"]).with_suffix(".job.json")
     job_path.write_text(json.dumps(job, indent=1))
-    env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
-    with open(log, "w") as err:
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu"),
+        **(thread_env or {}),
+    }
+    with open(log, "w") as err, Window() as window:
         proc = subprocess.run(
             [sys.executable, "-m", module, str(job_path)],
             stdout=err,
@@ -76,7 +95,9 @@ def _worker(module: str, job: dict[str, Any], log: Path, timeout_s: float | None
     if proc.returncode != 0:
         tail = log.read_text()[-3000:]
         raise RuntimeError(f"{module} failed (exit {proc.returncode}); {log}:\n{tail}")
-    return json.loads(Path(job["result"]).read_text())
+    out = json.loads(Path(job["result"]).read_text())
+    out["machine"] = window.state.to_dict()
+    return out
 
 
 def _check(cfg: RunConfig) -> None:
@@ -104,11 +125,20 @@ def compare(
     log: Callable[[str], None] = print,
     timeout_s: float | None = None,
     heldout: int = 8,
+    threads: int | None = None,
+    omp_wait_policy: str = "passive",
+    busy_share: float = 0.10,
 ) -> CompareResult:
     """Run both sides for ``steps`` steps and write the report to ``out_dir``.
 
     ``heldout``: held-out tasks each side's policy is evaluated on before RL and after
     every step (``rl.eval_temperature``; 0: greedy, as our evaluation), 0 for none.
+    ``threads``: intra-op threads of both sides (XLA's ``NPROC``, torch's
+    ``OMP_NUM_THREADS``; None: the CPUs this process may use); ``omp_wait_policy``:
+    OpenMP's wait policy in both processes (``passive``, ``active`` or ``default``:
+    unset). The machine's state over each side's run goes into the report; when other
+    processes used more than ``busy_share`` of the CPUs during either, its timing rows
+    say "machine busy: not a comparison".
 
     Raises ValueError for an unknown ``against`` or bad steps, ConfigError for a run TRL
     cannot share (not an HF model, not float32), ImportError naming ``pip install -e
@@ -122,6 +152,13 @@ def compare(
         raise ValueError(f"--steps must be >= 1, got {steps}")
     if heldout < 0:
         raise ValueError(f"--heldout must be >= 0, got {heldout}")
+    if not 0 < busy_share <= 1:
+        raise ValueError(f"--busy-share must be in (0, 1], got {busy_share}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}")
+    guard = BusyGuard(busy_share, 1)
+    threads = threads or cpu_count()
+    thread_env = peer_env(threads, omp_wait_policy)  # ValueError naming a bad policy
     from tunix_agentic.compare.trl_side import require_trl
 
     require_trl()
@@ -172,6 +209,7 @@ def compare(
         },
         out / "ours.log",
         timeout_s,
+        thread_env,
     )
     batches = parity_batches(cfg, out)
     from tunix_agentic.compare.parity import ours_loss
@@ -195,6 +233,7 @@ def compare(
         },
         out / "trl.log",
         timeout_s,
+        thread_env,
     )
     trl_values = trl.pop("parity_losses")
     parity = {
@@ -212,12 +251,52 @@ def compare(
         ours_fixed={k: f"{v} ({why})" for k, (v, why) in OURS_FIXED.items()},
         heldout=heldout,
         out_dir=str(out),
+        machine=machine_record(ours, trl, guard, threads, omp_wait_policy),
+        command=_command(config, against, steps, heldout, out, overrides),
     )
+    if result.machine["verdict"] != "ok":
+        log(f"{BUSY_SUMMARY}: {result.machine['why']}")
     write_report(result, out)
     for name, p in parity.items():
         log(f"{name}: {p.line()}")
     log(f"wrote {out / 'compare.md'} ({time.perf_counter() - t0:.0f} s)")
     return result
+
+
+def machine_record(
+    ours: dict[str, Any],
+    trl: dict[str, Any],
+    guard: BusyGuard,
+    threads: int,
+    omp_wait_policy: str,
+) -> dict[str, Any]:
+    """Both sides' machine states (popped from their results), their threads, and the
+    verdict: ``ok``, or :data:`BUSY_SUMMARY` with why."""
+    states = {name: side.pop("machine") for name, side in (("ours", ours), ("trl", trl))}
+    busy = [n for n, s in states.items() if s["other_share"] > guard.max_other_share]
+    why = "; ".join(
+        f"other processes used {100 * states[n]['other_share']:.0f}% of the CPUs during "
+        f"{n}'s run (more than {100 * guard.max_other_share:g}%)"
+        for n in busy
+    )
+    return {
+        "machine": machine_name(),
+        "threads": threads,
+        "omp_wait_policy": omp_wait_policy,
+        "max_other_share": guard.max_other_share,
+        "sides": states,
+        "side_threads": {n: side.get("threads") for n, side in (("ours", ours), ("trl", trl))},
+        "verdict": BUSY_SUMMARY if busy else "ok",
+        "why": why,
+    }
+
+
+def _command(config, against, steps, heldout, out, overrides) -> str:
+    extra = " ".join(overrides)
+    return (
+        f"tunix-agentic compare --config {config} --against {against} --steps {steps} "
+        f"--heldout {heldout} --out {out}{' ' + extra if extra else ''}"
+    )
 
 
 def parity_batches(cfg: RunConfig, out: Path) -> dict[str, ParityBatch]:

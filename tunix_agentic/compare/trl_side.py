@@ -25,6 +25,7 @@ import numpy as np
 
 from tunix_agentic.compare.batch import ParityBatch, split_for_trl
 from tunix_agentic.compare.jobs import job_main
+from tunix_agentic.compare.machine import ThreadSettings, thread_env
 from tunix_agentic.config import RunConfig, load_config
 
 
@@ -40,6 +41,19 @@ def inference_mode(model):
             yield
     finally:
         model.train(was_training)
+
+
+def torch_threads() -> dict[str, Any]:
+    """This process's torch intra-op threads and thread environment."""
+    import torch
+
+    return ThreadSettings(
+        "torch",
+        torch.get_num_threads(),
+        "torch.get_num_threads()",
+        thread_env(),
+        {"interop": torch.get_num_interop_threads()},
+    ).to_dict()
 
 
 def require_trl() -> None:
@@ -404,6 +418,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             "train_wall_s": train_wall,
             "wall_s": time.perf_counter() - t_start,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "threads": torch_threads(),
         }
     )
     return result
