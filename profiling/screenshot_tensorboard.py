@@ -3,7 +3,7 @@
 Starts the real ``tensorboard`` server on the run's event files (127.0.0.1, a free
 port), waits until it serves the run's custom-scalars layout, loads the page in
 headless Chromium and saves what it drew: a way to look at the dashboard a user
-opens, without a desktop (the README's picture of it, ``docs/report/
+opens, without a desktop (the picture of it in docs/observability.md, ``docs/report/
 tensorboard_custom_scalars.png``, is made this way). Not a test: it prints the PNG's
 path and asserts nothing.
 

@@ -1,5 +1,5 @@
 """Writing your own environment: ToolEnvironment, tool schemas, failure counts, start-up checks,
-and the README's key-value example trained from the CLI."""
+and the docs' key-value example (docs/writing_environments.md) trained from the CLI."""
 
 from __future__ import annotations
 
@@ -41,10 +41,11 @@ CONFIG = str(ROOT / "configs" / "calculator_tiny.yaml")
 
 
 def _readme_kv_env() -> str:
-    """The README's tool-using example, written to a file of this test run's own."""
-    text = (ROOT / "README.md").read_text()
+    """The docs' tool-using example (docs/writing_environments.md), written to a file of this
+    test run's own."""
+    text = (ROOT / "docs" / "writing_environments.md").read_text()
     match = re.search(r"<!-- example: kv_env.py.*?-->\n```python\n(.*?)```", text, re.DOTALL)
-    assert match, "the README's tool-using environment example is missing"
+    assert match, "docs/writing_environments.md's tool-using environment example is missing"
     path = Path(tempfile.mkdtemp(prefix="tunix-readme-")) / "kv_env.py"
     path.write_text(match.group(1))
     atexit.register(shutil.rmtree, path.parent, True)

@@ -4,7 +4,7 @@
 #   $PEERS_WORKDIR/venv-torch  torch (CPU) + transformers + trl + datasets
 # PEERS_WORKDIR defaults to /tmp/peers; PYTHON (python3) makes the venvs. An existing venv
 # is reused, so a second run only installs what is missing. Versions seen when the
-# figures in README.md were taken: freeze-venv-jax.txt / freeze-venv-torch.txt here
+# figures in docs/performance.md were taken: freeze-venv-jax.txt / freeze-venv-torch.txt here
 # (install with `pip install -r` for the same stack).
 set -euo pipefail
 WORK=${PEERS_WORKDIR:-/tmp/peers}

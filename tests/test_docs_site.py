@@ -1,0 +1,79 @@
+"""The docs site builds with --strict (broken links, missing anchors and pages left out of the
+nav fail), and the README stays a front door: the two set-up commands first, at most 300 lines,
+its links to the docs pages resolving."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+README = ROOT / "README.md"
+HAS_MKDOCS = importlib.util.find_spec("mkdocs") is not None and (
+    importlib.util.find_spec("material") is not None
+)
+needs_mkdocs = pytest.mark.skipif(not HAS_MKDOCS, reason="mkdocs / mkdocs-material not installed")
+
+
+def build(root: Path, out: Path) -> subprocess.CompletedProcess:
+    # No -q: a quiet build does not count warnings, so --strict would pass them.
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    cmd = [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", "mkdocs.yml", "-d", str(out)]
+    return subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+
+
+@needs_mkdocs
+def test_the_docs_site_builds_with_strict(tmp_path):
+    done = build(ROOT, tmp_path / "site")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for page in ("index", "getting_started", "performance", "compare", "changelog"):
+        assert (tmp_path / "site" / f"{page}.html").is_file(), page
+    # The compare page and the example run's folder live side by side.
+    assert (tmp_path / "site" / "compare" / "index.html").is_file()
+    assert (tmp_path / "site" / "report" / "reward.png").is_file()
+
+
+@needs_mkdocs
+def test_a_page_left_out_of_the_nav_or_a_broken_link_fails_the_build(tmp_path):
+    site = tmp_path / "repo"
+    shutil.copytree(ROOT / "docs", site / "docs")
+    for name in ("mkdocs.yml", "CHANGELOG.md"):
+        shutil.copy(ROOT / name, site / name)
+    (site / "docs" / "orphan.md").write_text("# Orphan\n\nSee [nowhere](nowhere.md).\n")
+    done = build(site, tmp_path / "site")
+    assert done.returncode != 0
+    out = done.stdout + done.stderr
+    assert "orphan.md" in out and "nowhere.md" in out, out[-3000:]
+
+
+def setup_section() -> str:
+    text = README.read_text()
+    first = re.search(r"^## (.*)$", text, re.MULTILINE)
+    assert first and first.group(1) == "Set-up: two commands", "README: set-up must come first"
+    return text[first.end() : text.index("\n## ", first.end())]
+
+
+def test_the_readme_is_a_front_door_with_the_two_commands_first():
+    assert len(README.read_text().splitlines()) <= 300
+    block = re.search(r"```bash\n(.*?)```", setup_section(), re.DOTALL)
+    assert block, "README: the set-up section has no bash block"
+    commands = [line.split("#")[0].strip() for line in block.group(1).splitlines()]
+    assert commands == ["pip install -e '.[dev]' && tunix-agentic train", "python -m pytest -q"]
+    # CI runs the README's test command.
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(r"^python -m pytest -q$", ci, re.MULTILINE), ".ci/run no longer runs it"
+
+
+def test_the_readme_links_resolve():
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README.read_text())
+    local = [link for link in links if "://" not in link]
+    assert any(link.startswith("docs/") for link in local)
+    missing = [link for link in local if not (ROOT / link).exists()]
+    assert not missing, f"README links to missing files: {missing}"
