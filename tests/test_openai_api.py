@@ -28,12 +28,12 @@ from tunix_agentic.inference.config import EngineConfig
 from tunix_agentic.inference.engine import JaxEngine
 from tunix_agentic.models.char_tokenizer import CharTokenizer
 from tunix_agentic.models.hf_tokenizer import HFTokenizer, save_char_tokenizer
+from tunix_agentic.rollout.service.engines import EngineSet
 from tunix_agentic.rollout.service.openai_api import (
     ChatCompletions,
     OpenAIConfig,
     add_openai_routes,
 )
-from tunix_agentic.rollout.service.engines import EngineSet
 from tunix_agentic.rollout.service.openai_episodes import (
     EpisodeLimits,
     ExternalEpisodes,
