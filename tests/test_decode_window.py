@@ -169,8 +169,10 @@ def test_a_chunked_cache_prefills_copies_and_decodes_as_one_array(attention):
     want, whole = model(tokens, positions, whole, rows)
     got, pieces = model(tokens, positions, pieces, rows)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # The written K/V come from the same matmuls but XLA may fuse them differently for the
+    # two cache shapes: float32 rounding (3e-6 relative seen on one CPU), not a misplaced row.
     for a, b in zip(_join(pieces), [x for layer in whole for x in layer], strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     step = jnp.asarray([[5], [6], [7], [8]], jnp.int32), jnp.asarray([[3], [47], [32], [12]])
     want, _ = model(*step, whole)
     for window in (None, 40):  # 40: read pieces up to 48, the rest masked
