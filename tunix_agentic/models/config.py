@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-ATTENTION_IMPLS = ("einsum", "dot_product")
+ATTENTION_IMPLS = ("einsum", "dot_product", "auto", "cudnn", "pallas")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,11 +41,17 @@ class ModelConfig:
     # How attention is computed; the weights, shapes and checkpoints are the same either way.
     # "einsum" (the default): our grouped einsums with an f32 softmax, the reference the
     # tests compare against. "dot_product": jax.nn.dot_product_attention with
-    # implementation=None, i.e. whatever JAX picks for the platform (XLA in jax 0.10, which
-    # also keeps an f32 softmax; a fused kernel where a later JAX picks one). There is no
-    # "auto": as long as JAX's own choice is XLA, choosing dot_product by platform would
-    # change nothing but the op graph, so the default stays the einsum path everywhere.
+    # implementation=None (XLA in jax 0.10, f32 softmax). "cudnn": the same function with
+    # implementation="cudnn" (GPU; bf16/fp16, else the einsum path, with a warning).
+    # "pallas": JAX's TPU kernels: ragged_paged_attention over the paged KV cache
+    # (engine.kv_layout: paged; a dense cache keeps the einsum path) and splash attention in
+    # training. "auto": pallas on TPU, cudnn on GPU, einsum on CPU, resolved when the model
+    # is built (tunix_agentic/models/attention.py); a forced name the platform cannot run
+    # is an error then.
     attention: str = "einsum"
+    # Run "pallas" off TPU for tests: splash attention in Pallas interpret mode, ragged
+    # paged attention by JAX's reference of it (eager calls only). Slow; never for a run.
+    attention_interpret: bool = False
     source: str = "builtin"
     path: str = ""
 

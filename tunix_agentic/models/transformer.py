@@ -9,6 +9,7 @@ index it by slot. One code path serves training (no cache), prefill and decode.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from tunix_agentic.models import attention as attn_impl
 from tunix_agentic.models.config import ModelConfig  # noqa: F401  (re-exported)
 
 # A cache is one (k, v) pair per layer; each is [slots, kv_heads, max_len, head_dim], or a
@@ -114,13 +116,23 @@ class Attention(nnx.Module):
         inv_freq = rope_frequencies(cfg)
         q = rope(q, positions, inv_freq)
         k = rope(k, positions, inv_freq)
+        scale = cfg.head_dim**-0.5
         if cache is None:
             keys, values = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, S, D]
+            if cfg.attention == "pallas":  # JAX's splash attention kernel, causal by index
+                out = attn_impl.splash_causal(q, keys, values, scale, cfg.attention_interpret)
+                return dense(self.o_proj, out.reshape(b, t, -1)), None
             key_pos = positions  # [B, S]
             new_cache = None
         elif tables is not None:
+            new_cache = _paged_write(cache, tables, positions, k, v)
+            if cfg.attention == "pallas":  # JAX's ragged paged attention over the blocks
+                out = attn_impl.ragged_paged(
+                    q, positions, new_cache, tables, scale, cfg.attention_interpret
+                )
+                return dense(self.o_proj, out.reshape(b, t, -1)), new_cache
             # Keys and values stay in blocks ([B, W, K, bs, D]): no transposed copy.
-            new_cache, keys, values = _paged_update(cache, tables, positions, k, v, window)
+            keys, values = _paged_gather(new_cache, tables, window)
             span = keys.shape[1] * keys.shape[3]
             key_pos = jnp.broadcast_to(jnp.arange(span), (b, span))
         else:
@@ -134,9 +146,10 @@ class Attention(nnx.Module):
             span = sum(x.shape[2] for x in keys) if isinstance(keys, tuple) else keys.shape[2]
             key_pos = jnp.broadcast_to(jnp.arange(span), (b, span))
         mask = key_pos[:, None, :] <= positions[:, :, None]  # [B, T, S], causal by position
-        if cfg.attention == "dot_product":
-            out = _dot_product(q, keys, values, mask, cfg.head_dim**-0.5)
-            return dense(self.o_proj, out.reshape(b, t, -1)), new_cache
+        if cfg.attention in ("dot_product", "cudnn"):
+            out = _dot_product(q, keys, values, mask, scale, cfg.attention, cache is None)
+            if out is not None:  # None: cuDNN cannot take this call (said once), einsum
+                return dense(self.o_proj, out.reshape(b, t, -1)), new_cache
         groups = cfg.num_heads // cfg.num_kv_heads
         qg = q.reshape(b, t, cfg.num_kv_heads, groups, cfg.head_dim).transpose(
             0, 2, 3, 1, 4
@@ -150,9 +163,7 @@ class Attention(nnx.Module):
             scores = jnp.concatenate(
                 [jnp.einsum("bkgtd,bksd->bkgts", qg, x.astype(q.dtype)) for x in keys], axis=-1
             ).astype(jnp.float32)
-        scores = jnp.where(
-            mask[:, None, None], scores * cfg.head_dim**-0.5, jnp.finfo(jnp.float32).min
-        )
+        scores = jnp.where(mask[:, None, None], scores * scale, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
         if not isinstance(values, tuple):
             blocks = probs.reshape(*probs.shape[:4], values.shape[1], values.shape[3])
@@ -247,17 +258,23 @@ def map_cache_pieces(fn: Callable[[jax.Array, int], jax.Array], cache: KVCache) 
     return tuple((side(k), side(v)) for k, v in cache)
 
 
-def _dot_product(q, keys, values, mask, scale):
-    """``model.attention: dot_product``: ``jax.nn.dot_product_attention`` with the einsum
-    path's scale and mask and ``implementation=None`` (JAX picks; XLA in jax 0.10 on every
-    platform, softmax in f32 like ours). q ``[B, T, N, D]``; keys/values as ``__call__``
-    holds them: ``[B, K, S, D]`` (training, dense cache; a chunked cache's pieces are joined
-    first) or ``[B, W, K, bs, D]`` (paged blocks); mask ``[B, T, S]``. Returns ``[B, T, N, D]``.
+def _dot_product(q, keys, values, mask, scale, impl="dot_product", causal=False):
+    """``model.attention: dot_product`` or ``cudnn``: ``jax.nn.dot_product_attention``
+    with the einsum path's scale and mask, ``implementation=None`` (JAX picks; XLA in jax
+    0.10 on every platform, softmax in f32 like ours) or ``"cudnn"``. q ``[B, T, N, D]``;
+    keys/values as ``__call__`` holds them: ``[B, K, S, D]`` (training, dense cache; a
+    chunked cache's pieces are joined first) or ``[B, W, K, bs, D]`` (paged blocks); mask
+    ``[B, T, S]``. Returns ``[B, T, N, D]``, or None where cuDNN cannot take the call
+    (not bf16/fp16, or JAX refuses its shapes: said once, the caller uses einsum).
+    ``causal`` (training, cuDNN): its causal mask by index instead of ours by position.
 
     The function wants keys ``[B, S, K, D]``. In training that undoes ``__call__``'s own
     transpose (XLA folds the two). The dense cache and the paged blocks are transposed into
     that layout: a copy of every row's keys and values per layer per call (per decode
     step), which the einsum path avoids by contracting them in place."""
+    if impl == "cudnn" and not attn_impl.cudnn_dtype_ok(q.dtype):
+        attn_impl.fallback(f"cuDNN takes bf16/fp16, the model computes in {q.dtype}")
+        return None
 
     def key_major(x):
         if isinstance(x, tuple):  # a chunked cache's pieces, joined
@@ -267,24 +284,29 @@ def _dot_product(q, keys, values, mask, scale):
             return x.transpose(0, 1, 3, 2, 4).reshape(bsz, w * bs, k, d)
         return x.transpose(0, 2, 1, 3)  # [B, K, S, D] -> [B, S, K, D]
 
-    return jax.nn.dot_product_attention(
-        q,
-        key_major(keys).astype(q.dtype),
-        key_major(values).astype(q.dtype),
-        mask=mask[:, None],  # [B, 1, T, S]: the same for every head
-        scale=scale,
-        implementation=None,
-    )
+    cudnn = impl == "cudnn"
+    try:
+        return jax.nn.dot_product_attention(
+            q,
+            key_major(keys).astype(q.dtype),
+            key_major(values).astype(q.dtype),
+            mask=None if cudnn and causal else mask[:, None],  # [B, 1, T, S]: every head
+            scale=scale,
+            is_causal=cudnn and causal,
+            implementation="cudnn" if cudnn else None,
+        )
+    except (ValueError, NotImplementedError, TypeError) as e:
+        if not cudnn:
+            raise
+        attn_impl.fallback(str(e).splitlines()[0] if str(e) else type(e).__name__)
+        return None
 
 
-def _paged_update(cache, tables, positions, k, v, window=None):
+def _paged_write(cache, tables, positions, k, v):
     """Write ``k``/``v`` ([B, T, K, D]) at ``positions`` through the block ``tables``
     ([B, blocks_per_seq]) into the block pools ([N, K, block_size, D]); return the new
-    pools and each row's keys and values gathered block by block ([B, blocks, K,
-    block_size, D]: position ``w * block_size + s`` at ``[:, w, :, s]``; attention
-    contracts both axes, so no transposed copy). Positions past the table (padding,
-    stopped slots) and table entries ``>= N`` (no block) are dropped. ``window``: gather
-    only the blocks of positions ``[0, window)`` (writes still go through the whole table)."""
+    pools. Positions past the table (padding, stopped slots) and table entries ``>= N``
+    (no block) are dropped."""
     k_pool, v_pool = cache
     n, _, bs, _ = k_pool.shape
     width = tables.shape[1]
@@ -294,11 +316,20 @@ def _paged_update(cache, tables, positions, k, v, window=None):
     offset = positions % bs
     k_pool = k_pool.at[block, :, offset].set(k.astype(k_pool.dtype), mode="drop")
     v_pool = v_pool.at[block, :, offset].set(v.astype(v_pool.dtype), mode="drop")
-    # Entries without a block read a clipped one: positions past the row's end, masked.
+    return k_pool, v_pool
+
+
+def _paged_gather(pools, tables, window=None):
+    """Each row's keys and values gathered block by block ([B, blocks, K, block_size, D]:
+    position ``w * block_size + s`` at ``[:, w, :, s]``; attention contracts both axes, so
+    no transposed copy). ``window``: only the blocks of positions ``[0, window)``."""
+    k_pool, v_pool = pools
+    n, _, bs, _ = k_pool.shape
     if window is not None:
         tables = tables[:, : -(-window // bs)]
+    # Entries without a block read a clipped one: positions past the row's end, masked.
     safe = jnp.clip(tables, 0, n - 1)
-    return (k_pool, v_pool), k_pool[safe], v_pool[safe]
+    return k_pool[safe], v_pool[safe]
 
 
 class MLP(nnx.Module):
@@ -351,6 +382,12 @@ class Transformer(nnx.Module):
     """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        # model.attention resolved for the platform it is built for (models/attention.py):
+        # "auto" becomes the platform's kernels, a forced name that cannot run is an error.
+        resolved = attn_impl.resolve_attention(
+            cfg.attention, attn_impl.target_platform(), interpret=cfg.attention_interpret
+        )
+        cfg = dataclasses.replace(cfg, attention=resolved)
         self.cfg = cfg
         dt = cfg.jnp_dtype
         self.embed = nnx.Embed(

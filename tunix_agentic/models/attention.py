@@ -1,0 +1,273 @@
+"""How attention is computed (``model.attention``): the name a run resolves to for its
+platform, and the glue to the attention kernels JAX ships.
+
+- ``einsum``: the transformer's own grouped einsums with an f32 softmax; the reference.
+- ``dot_product``: ``jax.nn.dot_product_attention`` with ``implementation=None`` (XLA).
+- ``cudnn``: ``jax.nn.dot_product_attention(implementation="cudnn")`` (GPU; bf16/fp16
+  only, anything else falls back to ``einsum`` with a warning when traced).
+- ``pallas``: JAX's TPU Pallas kernels. Over the paged KV cache (``engine.kv_layout:
+  paged``) prefill and decode run ``ragged_paged_attention``; training (no cache) runs
+  splash attention (causal). A dense KV cache has no TPU kernel here and keeps the einsum
+  path. Both kernels want a head_dim that is a multiple of 128: a smaller one is padded
+  with zeros (exact, more bytes).
+- ``auto``: ``pallas`` on TPU, ``cudnn`` on GPU, ``einsum`` on CPU.
+
+The resolved name alone selects the code path (no backend check while tracing), so a
+program for a TPU can be built and compiled on a CPU host (``aot``).
+
+``ModelConfig.attention_interpret`` runs the ``pallas`` path on any platform for tests:
+splash attention in Pallas TPU interpret mode, and ragged paged attention through JAX's
+own reference of that kernel (``ref_ragged_paged_attention``, eager calls only): jax
+0.10.2's Pallas interpreters cannot run the ragged kernel (it reshapes a VMEM ref).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from tunix_agentic.models.config import ATTENTION_IMPLS
+
+log = logging.getLogger(__name__)
+
+PLATFORMS = ("tpu", "gpu", "cpu")
+_AUTO = {"tpu": "pallas", "gpu": "cudnn", "cpu": "einsum"}
+_NEEDS = {"pallas": "tpu", "cudnn": "gpu"}
+LANES = 128  # the TPU kernels' head_dim and sequence tile
+
+
+def resolve_attention(requested: str, platform: str, *, interpret: bool = False) -> str:
+    """The attention path a run takes on ``platform`` ("tpu", "gpu" or "cpu") for the
+    configured ``model.attention``: ``auto`` picks the platform's kernels; a forced name
+    is kept, or a ValueError naming ``model.attention`` when it cannot run there
+    (``interpret``: the TPU kernels run anywhere, in Pallas interpret mode)."""
+    if requested not in ATTENTION_IMPLS:
+        raise ValueError(
+            f"model.attention must be one of {', '.join(ATTENTION_IMPLS)}, got {requested!r}"
+        )
+    if platform not in PLATFORMS:
+        raise ValueError(f"unknown platform {platform!r}: one of {', '.join(PLATFORMS)}")
+    if requested == "auto":
+        return _AUTO[platform]
+    need = _NEEDS.get(requested)
+    if need is not None and need != platform and not (requested == "pallas" and interpret):
+        hint = " (or model.attention_interpret=true, slow, for tests)" if need == "tpu" else ""
+        raise ValueError(
+            f"model.attention={requested} needs a {need.upper()}, this run's platform is "
+            f"{platform}: use auto or einsum{hint}"
+        )
+    return requested
+
+
+def target_platform() -> str:
+    """The platform programs are built for: the default device's when one is set (``with
+    jax.default_device(topology.devices[0])`` builds for a TPU from a CPU host), else
+    ``jax.default_backend()``."""
+    device = jax.config.jax_default_device
+    if isinstance(device, str):
+        return device
+    return device.platform if device is not None else jax.default_backend()
+
+
+def _pad_last(x: jax.Array, size: int) -> jax.Array:
+    """Zero-pad the last axis to ``size``."""
+    extra = size - x.shape[-1]
+    return x if extra == 0 else jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, extra)])
+
+
+def _lanes(n: int) -> int:
+    return -(-n // LANES) * LANES
+
+
+# ---------------------------------------------------------------- meshes
+# The mesh axes of tunix_agentic.sharding: heads over "tp", a batch's rows over "fsdp".
+HEADS_AXIS, ROWS_AXIS = "tp", "fsdp"
+
+
+def _mesh_of(*arrays):
+    """The mesh a traced call's arrays lie on, when it has more than one device, else None.
+
+    Mosaic kernels cannot be partitioned by XLA: on a mesh each kernel call runs under
+    ``jax.shard_map``. Under jit the arrays' types carry the mesh of the arguments'
+    NamedShardings (the engine and learner place weights and cache on theirs), or the one
+    ``jax.set_mesh`` gives."""
+    for x in arrays:
+        mesh = getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
+        if mesh is not None and not mesh.empty and mesh.size > 1:
+            return mesh
+    mesh = jax.sharding.get_abstract_mesh()
+    return None if mesh.empty or mesh.size == 1 else mesh
+
+
+def _split(mesh, axis: str, size: int) -> str | None:
+    """``axis`` when ``mesh`` has it over more than one device and it divides ``size``;
+    else None (that dimension replicated: correct, each device computes all of it)."""
+    n = dict(mesh.shape).get(axis, 1)
+    return axis if n > 1 and size % n == 0 else None
+
+
+# ---------------------------------------------------------------- training: splash
+def _splash_kernel(heads: int, length: int, interpret: bool):
+    # Built in every trace, not cached: its mask tables become arrays of the trace.
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+    block = next(b for b in (512, 256, 128) if length % b == 0)
+    sizes = splash.BlockSizes(
+        block_q=block,
+        block_kv=block,
+        block_kv_compute=block,
+        block_q_dkv=block,
+        block_kv_dkv=block,
+        block_kv_dkv_compute=block,
+        block_q_dq=block,
+        block_kv_dq=block,
+    )
+    mask = splash.MultiHeadMask([splash.CausalMask((length, length))] * heads)
+    return splash.make_splash_mha(
+        mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret
+    )
+
+
+def splash_causal(
+    q: jax.Array, keys: jax.Array, values: jax.Array, scale: float, interpret: bool
+) -> jax.Array:
+    """Causal attention by JAX's splash attention kernel (grouped-query: ``N`` query heads
+    over ``K`` kv heads). q ``[B, T, N, D]``, keys/values ``[B, K, T, D]``; returns
+    ``[B, T, N, D]``. Causal by index: every row starts at position 0 (a training batch;
+    right padding only changes the padded positions' outputs). T is padded to a multiple
+    of 128 and D to one of 128 (zeros: exact)."""
+    b, t, n, d = q.shape
+    length, dim = _lanes(t), _lanes(d)
+
+    def prep(x):  # [B, H, T, D] -> padded
+        return _pad_last(jnp.pad(x, ((0, 0), (0, 0), (0, length - t), (0, 0))), dim)
+
+    qh = prep((q * jnp.asarray(scale, q.dtype)).transpose(0, 2, 1, 3))
+    kh, vh = prep(keys.astype(q.dtype)), prep(values.astype(q.dtype))
+
+    def local(qh, kh, vh):  # one device's rows and heads (whole query groups)
+        return jax.vmap(_splash_kernel(qh.shape[1], length, interpret))(qh, kh, vh)
+
+    mesh = _mesh_of(q, keys)
+    if mesh is not None:  # rows over fsdp, kv heads (and their query heads) over tp
+        spec = P(_split(mesh, ROWS_AXIS, b), _split(mesh, HEADS_AXIS, keys.shape[1]))
+        local = jax.shard_map(
+            local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False
+        )
+    out = local(qh, kh, vh)
+    return out[:, :, :t, :d].transpose(0, 2, 1, 3)
+
+
+# ------------------------------------------------- paged KV: ragged paged attention
+def ragged_paged(
+    q: jax.Array,
+    positions: jax.Array,
+    pools: tuple[jax.Array, jax.Array],
+    tables: jax.Array,
+    scale: float,
+    interpret: bool,
+) -> jax.Array:
+    """Attention of ``q`` ``[B, T, N, D]`` at ``positions`` ``[B, T]`` over the paged KV
+    (``pools``: K and V ``[blocks, K, block_size, D]``, the new tokens already written;
+    ``tables`` ``[B, W]``) by JAX's ``ragged_paged_attention``: every row one sequence,
+    prefill chunks and decode steps alike. Returns ``[B, T, N, D]``.
+
+    A row's real tokens are its leading run of consecutive positions inside the table
+    (the rest is padding, whose outputs are garbage nobody reads). The kernel takes each
+    sequence's queries as the last ``q_len`` of its ``kv_len`` keys, so each row's real
+    tokens are rotated to the end of its ``T`` queries and back afterwards.
+
+    The pools are interleaved into the kernel's one ``[blocks, block_size, 2K, D]`` array
+    here, a copy of the pool per layer per call. TODO: keep the paged pool in that layout."""
+    k_pool, v_pool = pools
+    blocks, kv_heads, block_size, d = k_pool.shape
+    b, t, n, _ = q.shape
+    cap = tables.shape[1] * block_size
+    start = positions[:, :1]
+    run = (positions == start + jnp.arange(t)) & (positions < cap)
+    real = jnp.sum(jnp.cumprod(run.astype(jnp.int32), axis=1), axis=1)  # [B]
+    kv_lens = jnp.where(real > 0, start[:, 0] + real, 1).astype(jnp.int32)
+    shift = (t - real)[:, None]  # row b's token i sits at query (i + shift) % t
+    order = (jnp.arange(t)[None] - shift) % t
+    aligned = jnp.take_along_axis(q, order[:, :, None, None], axis=1)
+    tables = jnp.clip(tables, 0, blocks - 1).astype(jnp.int32)  # no block: any, never read
+    call = functools.partial(_ragged_local, scale=scale, interpret=interpret)
+    mesh = None if interpret else _mesh_of(k_pool, q)
+    if mesh is not None:
+        # Each device: its rows (fsdp) and its kv heads' pages with their query heads (tp;
+        # contiguous query heads are whole groups). The pool is whole on every row shard.
+        rows, heads = _split(mesh, ROWS_AXIS, b), _split(mesh, HEADS_AXIS, kv_heads)
+        pool = P(None, heads)
+        call = jax.shard_map(
+            call,
+            mesh=mesh,
+            in_specs=(P(rows, None, heads), pool, pool, P(rows), P(rows)),
+            out_specs=P(rows, None, heads),
+            check_vma=False,
+        )
+    out = call(aligned, k_pool, v_pool, kv_lens, tables)
+    back = (jnp.arange(t)[None] + shift) % t
+    return jnp.take_along_axis(out, back[:, :, None, None], axis=1)
+
+
+def _ragged_local(q, k_pool, v_pool, kv_lens, tables, *, scale: float, interpret: bool):
+    """One kernel call: q ``[B, T, N, D]`` (each row's real tokens last), the pools, the
+    rows' ``kv_lens`` ``[B]`` and ``tables`` ``[B, W]``; returns ``[B, T, N, D]``."""
+    blocks, kv_heads, block_size, d = k_pool.shape
+    b, t, n, _ = q.shape
+    dim = _lanes(d)
+    kv = jnp.stack([k_pool, v_pool.astype(k_pool.dtype)], axis=2)  # [P, K, 2, bs, D]
+    kv = _pad_last(kv.transpose(0, 3, 1, 2, 4).reshape(blocks, block_size, 2 * kv_heads, d), dim)
+    args = (
+        _pad_last(q.reshape(b * t, n, d), dim).astype(kv.dtype),
+        kv,
+        kv_lens,
+        tables,
+        (jnp.arange(b + 1) * t).astype(jnp.int32),
+        jnp.array([b], jnp.int32),
+    )
+    out = _ragged_call(args, scale, interpret).astype(q.dtype)
+    return out.reshape(b, t, n, dim)[..., :d]
+
+
+def _ragged_call(args, scale: float, interpret: bool) -> jax.Array:
+    from jax.experimental.pallas.ops.tpu import ragged_paged_attention as rpa
+
+    if not interpret:
+        # Block sizes given: JAX's tuned table asks jax.devices() for the chip, which is
+        # the host's CPU when compiling for a TPU topology from here (aot). Its defaults:
+        # 32 queries a block; KV blocks of ~512 tokens here (its table's 128 pages).
+        queries, tables = args[0], args[3]
+        pages_per_block = min(tables.shape[1], max(1, 512 // args[1].shape[1]))
+        return rpa.ragged_paged_attention(
+            *args,
+            sm_scale=scale,
+            num_kv_pages_per_block=pages_per_block,
+            num_queries_per_block=min(queries.shape[0], 32),
+        )
+    if any(isinstance(a, jax.core.Tracer) for a in args):
+        raise ValueError(
+            "model.attention_interpret runs ragged paged attention through JAX's reference "
+            "of the kernel, which takes concrete arrays: call the model eagerly (no jit)"
+        )
+    return rpa.ref_ragged_paged_attention(*args, sm_scale=scale)
+
+
+# ---------------------------------------------------------------- GPU: cuDNN
+@functools.cache
+def _warn_once(message: str) -> None:
+    log.warning(message)
+
+
+def cudnn_dtype_ok(dtype) -> bool:
+    """cuDNN's fused attention takes bf16 and fp16 only."""
+    return jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def fallback(reason: str) -> None:
+    """Say once why ``model.attention=cudnn`` computes this call by the einsum path."""
+    _warn_once(f"model.attention=cudnn: {reason}; using the einsum path")
