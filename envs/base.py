@@ -123,7 +123,10 @@ class Environment(abc.ABC):
     A tool-using environment is simplest as a
     :class:`~tunix_agentic.envs.tool_env.ToolEnvironment`, which runs the tool calls and
     records them for the metrics; one written on this class directly answers a turn of
-    calls with :func:`run_tool_calls`, or ``tool_use`` and ``time/tool/<name>`` stay empty.
+    calls with :func:`run_tool_calls` (or its own code, e.g. ``call_tool`` per call). The
+    agent loop counts the calls from the agent's parsed action either way (``tool_use``,
+    ``count/tool/<name>/calls``); ``time/tool/<name>`` and the error counts need the
+    environment's report in ``info["tool_calls"]``, which :func:`run_tool_calls` fills.
 
     Subclasses call ``super().__init__()``. The default :meth:`evaluate` sums
     ``self.step_rewards``; a subclass that keeps it appends each step's reward there and

@@ -9,9 +9,11 @@ from tunix_agentic.agent.chat import ChatTemplate
 from tunix_agentic.agent.loop import AgentConfig
 from tunix_agentic.envs.base import Environment, StepResult, run_tool_calls
 from tunix_agentic.envs.calculator import ArithmeticEnv, CalculatorTool, make_arithmetic_task
-from tunix_agentic.envs.tools import Tool, ToolUnavailable
+from tunix_agentic.envs.tools import Tool, ToolUnavailable, call_tool
 from tunix_agentic.inference import EngineConfig, JaxEngine
 from tunix_agentic.inference.base import TokenOutput
+from tunix_agentic.metrics.recorder import MetricsRecorder
+from tunix_agentic.metrics.rollout import rollout_stats
 from tunix_agentic.models.char_tokenizer import CharTokenizer
 from tunix_agentic.rollout import RolloutConfig, RolloutOrchestrator
 from tunix_agentic.testing import arithmetic_demonstration as demonstration
@@ -585,6 +587,39 @@ async def test_a_turn_runs_at_most_max_tool_calls_per_turn(random_model):
             assert "this turn made 15 tool calls; only the first 3 were run" in seen
     assert SleepTool.runs == 2 * 2 * 3  # 2 episodes of 2 turns of 3 calls
     await orch.engine.close()
+
+
+class OwnCallsEnv(Environment):
+    """A user environment on the lower-level API: it runs the agent's calls with
+    ``call_tool`` and answers in its own words, reporting nothing in ``info``."""
+
+    tools = {"sleep": SleepTool()}
+
+    async def reset(self, task):
+        return "sleep"
+
+    async def step(self, action):
+        outputs = [(await call_tool(self.tools, call)).output for call in action.tool_calls]
+        return StepResult(" ".join(outputs), reward=0.0, done=False)
+
+
+async def test_tool_use_is_counted_from_the_agents_calls_when_the_env_reports_none(
+    random_model,
+):
+    SleepTool.runs = 0
+    recorder = MetricsRecorder(None)
+    agent = dataclasses.replace(AGENT, max_turns=2)
+    config = RolloutConfig(group_size=2, filter_uniform_groups=False, infra_retries=0)
+    engine = ScriptedEngine(random_model, _sleeps(2, 0) + _sleeps(1, 0).replace("sleep", "nap"))
+    orch = RolloutOrchestrator(engine, OwnCallsEnv, TEMPLATE, agent, config, metrics=recorder)
+    group = await orch.run_group(TASKS[0])
+    await orch.engine.close()
+    assert SleepTool.runs == 2 * 2 * 2  # 2 episodes of 2 turns of 2 calls, run by the env
+    assert rollout_stats([group])["rollout/tool_use"] == 1.0
+    out = recorder.write_step(1)
+    assert out["count/tool/sleep/calls"] == SleepTool.runs  # the per-tool count
+    assert out["count/tool_calls/unknown_tool"] == 2 * 2  # "nap": not one of its tools
+    assert "time/tool/sleep_count" not in out  # the seconds are the environment's to report
 
 
 async def test_tool_calls_past_the_episode_deadline_are_the_agents_failure(random_model):

@@ -16,9 +16,10 @@ from collections.abc import Callable
 
 from tqdm.auto import tqdm
 
-from tunix_agentic.agent.chat import ChatFormat, TemplateError, make_chat_template
+from tunix_agentic.agent.chat import ChatFormat
 from tunix_agentic.config import ConfigError, RunConfig
 from tunix_agentic.data.demos import demonstration_batches
+from tunix_agentic.data.run_inputs import run_task_sources, run_template
 from tunix_agentic.data.sources import RunSources
 from tunix_agentic.env_checks import check_sources
 from tunix_agentic.inference.base import InferenceEngine
@@ -41,11 +42,12 @@ _log = logging.getLogger(__name__)
 
 
 def chat_template(config: RunConfig, tokenizer: Tokenizer) -> ChatFormat:
-    """The model's chat template with ``agent``'s template options."""
+    """The model's chat template with ``agent``'s template options, as a rollout node
+    builds it (:func:`~tunix_agentic.data.run_inputs.run_template`)."""
     try:
-        return make_chat_template(tokenizer, **config.agent.template_options())
-    except TemplateError as exc:
-        raise ConfigError(f"model.path={config.model.path!r}: {exc}") from None
+        return run_template(config, tokenizer)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def run_sources(
@@ -55,13 +57,7 @@ def run_sources(
     any work (:func:`check_run_config`; each source's seeds and splits, one ``reset`` per
     source against its demonstrations, their lengths: ``env_checks``)."""
     try:
-        sources = RunSources(
-            config.tasks,
-            tool_timeout=config.env.tool_timeout_s,
-            sandbox=config.env.sandbox,
-            env_name=config.env.name,
-            env_kwargs=config.env.kwargs,
-        )
+        sources = run_task_sources(config)  # as a rollout node builds them
         sources.train_stream(config.seed)  # seeds and splits
         check_sources(sources, template, config)  # reset vs demos, lengths
     except ValueError as exc:

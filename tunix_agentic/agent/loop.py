@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from tunix_agentic.agent.chat import TOOLS_FALLBACKS, ChatFormat
 from tunix_agentic.agent.context import context_rule_for, get_context_rule
@@ -205,7 +207,7 @@ async def run_agent(
             traj.timings["actions_s"] = traj.timings.get("actions_s", 0.0) + env_s
         step.timings["env_s"] = env_s
         step.reward, step.done = float(result.reward), bool(result.done)
-        step.tool_calls = list(result.info.get("tool_calls", []))
+        step.tool_calls = tool_call_records(capped, result.info, getattr(env, "tools", None) or {})
         metrics.add_time("env_step", env_s)
         for call in step.tool_calls:
             _record_tool_call(metrics, call)
@@ -225,15 +227,40 @@ async def run_agent(
     return traj
 
 
+def tool_call_records(action: Action, info: Mapping[str, Any], tools: Mapping) -> list[dict]:
+    """One record per tool call of the turn, counted from the agent's parsed ``action``
+    (so ``rollout/tool_use`` and ``count/tool/<name>/calls`` see the calls of an
+    environment written on :class:`~tunix_agentic.envs.base.Environment` that runs them
+    itself and reports nothing), each with what the environment reported of it in call
+    order (``info["tool_calls"]``, as :func:`~tunix_agentic.envs.base.run_tool_calls`
+    fills it: ``seconds``, ``error``, ``kind``), which only it knows. A call the
+    environment did not report, to a tool outside the ``tools`` it declares, is
+    ``kind: "unknown_tool"`` (a name the model made up)."""
+    records: list[dict] = [{"name": call.name} for call in action.tool_calls]
+    if tools:
+        for rec in records:
+            if rec["name"] not in tools:
+                rec["kind"] = "unknown_tool"
+    for i, reported in enumerate(info.get("tool_calls") or ()):
+        if i < len(records):
+            records[i] = {**records[i], **reported}
+        else:
+            records.append(dict(reported))
+    return records
+
+
 def _record_tool_call(metrics: MetricsSink, call: dict) -> None:
-    """``time/tool/<name>`` of one call and, for a failed one, ``count/tool/<name>/error``
-    and ``count/tool/<name>/<kind>`` (a call to an unknown tool, a name the model made up,
-    is only ``count/tool_calls/unknown_tool``)."""
+    """``count/tool/<name>/calls`` of one call, ``time/tool/<name>`` when the environment
+    reported its seconds and, for a failed one, ``count/tool/<name>/error`` and
+    ``count/tool/<name>/<kind>`` (a call to an unknown tool, a name the model made up, is
+    only ``count/tool_calls/unknown_tool``)."""
     name, kind = call.get("name", "?"), call.get("kind")
     if kind == "unknown_tool":
         metrics.count("tool_calls/unknown_tool")
         return
-    metrics.add_time(f"tool/{name}", float(call.get("seconds", 0.0)))
+    metrics.count(f"tool/{name}/calls")
+    if "seconds" in call:
+        metrics.add_time(f"tool/{name}", float(call["seconds"]))
     if call.get("error"):
         metrics.count(f"tool/{name}/error")
         if kind:

@@ -35,8 +35,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tunix_agentic.agent.chat import ChatFormat, TemplateError, make_chat_template
+from tunix_agentic.agent.chat import ChatFormat
 from tunix_agentic.agent.loop import AgentConfig
+from tunix_agentic.data.run_inputs import run_inputs
 from tunix_agentic.data.sources import RunSources
 from tunix_agentic.envs.base import (
     Environment,
@@ -50,7 +51,6 @@ from tunix_agentic.envs.base import (
 from tunix_agentic.envs.remote import type_name
 from tunix_agentic.envs.sandbox import SandboxError, sweep_orphans
 from tunix_agentic.metrics.sink import NullMetrics
-from tunix_agentic.models.tokenizers import load_tokenizer
 from tunix_agentic.rollout.config import RolloutConfig
 from tunix_agentic.rollout.episode import EpisodeRunner, Group, episode_seed
 from tunix_agentic.rollout.service.caps import NodeCaps
@@ -174,31 +174,20 @@ class NodeSetup:
 
 def setup_from_config(cfg: Any) -> NodeSetup:
     """The :class:`NodeSetup` of a loaded :class:`~tunix_agentic.config.RunConfig`, built
-    with the trainer's builders (``load_tokenizer``, ``make_chat_template``,
-    ``RunSources``). ValueError naming the key when a piece cannot be built."""
-    model = cfg.model
-    tokenizer = load_tokenizer(model.source, model.path, model.vocab_size)
-    try:
-        template = make_chat_template(tokenizer, kwargs=cfg.agent.template_kwargs())
-    except TemplateError as exc:
-        raise ValueError(f"model.path={model.path!r}: {exc}") from None
-    sources = RunSources(
-        cfg.tasks,
-        tool_timeout=cfg.env.tool_timeout_s,
-        sandbox=cfg.env.sandbox,
-        env_name=cfg.env.name,
-        env_kwargs=cfg.env.kwargs,
-    )
+    as the trainer builds its own (:func:`~tunix_agentic.data.run_inputs.run_inputs`:
+    tokenizer, chat template with all of ``agent``'s template options, task sources).
+    ValueError naming the key when a piece cannot be built."""
+    inputs = run_inputs(cfg)
     return NodeSetup(
-        template=template,
+        template=inputs.template,
         agent=cfg.agent,
         rollout=cfg.rollout,
-        sources=sources,
+        sources=inputs.sources,
         env_name=cfg.env.name,
         tool_timeout_s=cfg.env.tool_timeout_s,
         sandbox=cfg.env.sandbox,
         seed=cfg.seed,
-        vocab_size=model.vocab_size,
+        vocab_size=cfg.model.vocab_size,
     )
 
 
