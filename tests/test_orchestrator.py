@@ -660,3 +660,47 @@ async def test_a_reward_past_its_deadline_is_a_clear_env_error_not_a_stall(rando
     assert [t.status for t in group.dropped] == ["env_error", "env_error"]
     assert all("reward took over 0.2s" in t.error for t in group.dropped), group.dropped
     await orch.engine.close()
+
+
+class MetricsEnv(OwnCallsEnv):
+    """Reports its own figure each turn: ``info["metrics"]`` (here, the calls it ran)."""
+
+    bad: object = None
+
+    async def step(self, action):
+        result = await super().step(action)
+        metrics = self.bad if self.bad is not None else {"calls_run": len(action.tool_calls)}
+        return dataclasses.replace(result, info={"metrics": metrics})
+
+
+async def test_an_environments_own_metrics_are_summed_per_episode_and_averaged(random_model):
+    agent = dataclasses.replace(AGENT, max_turns=2)
+    config = RolloutConfig(group_size=2, filter_uniform_groups=False, infra_retries=0)
+    engine = ScriptedEngine(random_model, _sleeps(2, 0) + _sleeps(1, 0))
+    orch = RolloutOrchestrator(engine, MetricsEnv, TEMPLATE, agent, config)
+    group = await orch.run_group(TASKS[0])
+    await orch.engine.close()
+    # Each turn's scripted reply holds 3 calls (the script is one turn's text): 2 turns.
+    assert [t.info["metrics"] for t in group.trajectories] == [{"calls_run": 6.0}] * 2
+    assert rollout_stats([group])["rollout/env/calls_run"] == 6.0
+
+
+@pytest.mark.parametrize(
+    "bad, named",
+    [({"calls run": 1}, "'calls run'"), ({"x": float("nan")}, "'x'"), ([1], "list")],
+    ids=["name", "nan", "not-a-mapping"],
+)
+async def test_a_bad_metric_from_the_environment_is_named(random_model, bad, named):
+    class BadEnv(MetricsEnv):
+        pass
+
+    BadEnv.bad = bad
+    config = RolloutConfig(group_size=1, filter_uniform_groups=False, infra_retries=0)
+    engine = ScriptedEngine(random_model, _sleeps(1, 0))
+    orch = RolloutOrchestrator(engine, BadEnv, TEMPLATE, AGENT, config)
+    group = await orch.run_group(TASKS[0])
+    await orch.engine.close()
+    assert not group.trajectories  # an environment's fault is never scored
+    (traj,) = group.dropped
+    assert traj.status == "env_error"
+    assert "BadEnv.step" in traj.error and named in traj.error

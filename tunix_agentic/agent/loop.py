@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -208,6 +210,11 @@ async def run_agent(
         step.timings["env_s"] = env_s
         step.reward, step.done = float(result.reward), bool(result.done)
         step.tool_calls = tool_call_records(capped, result.info, getattr(env, "tools", None) or {})
+        try:
+            add_env_metrics(traj, result.info)
+        except ValueError as exc:  # the environment's own mistake, named
+            traj.status, traj.error = "env_error", f"{type(env).__name__}.step: {exc}"
+            return traj
         metrics.add_time("env_step", env_s)
         for call in step.tool_calls:
             _record_tool_call(metrics, call)
@@ -247,6 +254,37 @@ def tool_call_records(action: Action, info: Mapping[str, Any], tools: Mapping) -
         else:
             records.append(dict(reported))
     return records
+
+
+_METRIC_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]*")
+
+
+def add_env_metrics(traj: Trajectory, info: Mapping[str, Any]) -> None:
+    """Adds a step's ``info["metrics"]`` (``{name: number}``, the environment's own
+    figures, e.g. ``{"guesses": 1}``) to the episode's sums in ``traj.info["metrics"]``;
+    the trainer logs their mean over a step's episodes as ``rollout/env/<name>``
+    (:func:`~tunix_agentic.metrics.rollout.rollout_stats`). Raises ``ValueError`` naming
+    the key for a name that is not a metric name or a value that is not a finite number."""
+    reported = info.get("metrics")
+    if reported is None:
+        return
+    if not isinstance(reported, Mapping):
+        raise ValueError(
+            f'info["metrics"] must map names to numbers, got {type(reported).__name__}'
+        )
+    sums = traj.info.setdefault("metrics", {})
+    for name, value in reported.items():
+        if not isinstance(name, str) or not _METRIC_NAME.fullmatch(name):
+            raise ValueError(
+                f'info["metrics"] key {name!r} is not a metric name (letters, digits, _ . / -)'
+            )
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
+            raise ValueError(f'info["metrics"][{name!r}] must be a finite number, got {value!r}')
+        sums[name] = sums.get(name, 0.0) + float(value)
 
 
 def _record_tool_call(metrics: MetricsSink, call: dict) -> None:

@@ -18,7 +18,9 @@ if TYPE_CHECKING:
 
 def rollout_stats(groups: list[Group]) -> dict[str, float]:
     """``rollout/*`` figures of a batch: reward, success (reward > 0) and their means per
-    task source, tool use, turns, step rewards, generated tokens and episodes."""
+    task source, tool use, turns, step rewards, generated tokens and episodes, and
+    ``rollout/env/<name>``: the mean over the episodes that reported it of an environment's
+    own figure (``StepResult.info["metrics"]``, summed over each episode's steps)."""
     trajs = [t for g in groups for t in g.trajectories]
     if not trajs:
         return {}
@@ -26,7 +28,12 @@ def rollout_stats(groups: list[Group]) -> dict[str, float]:
     per_task: dict[str, list[float]] = {}
     for t in trajs:
         per_task.setdefault(t.task_name, []).append(t.reward)
+    env_metrics: dict[str, list[float]] = {}  # an environment's own figures, per episode
+    for t in trajs:
+        for name, value in (t.info.get("metrics") or {}).items():
+            env_metrics.setdefault(name, []).append(float(value))
     return {
+        **{f"rollout/env/{name}": float(np.mean(v)) for name, v in env_metrics.items()},
         **{f"rollout/reward_mean/{name}": float(np.mean(r)) for name, r in per_task.items()},
         **{
             f"rollout/success/{name}": float((np.asarray(r) > 0).mean())
