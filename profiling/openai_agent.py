@@ -90,7 +90,11 @@ async def worker(client: openai.AsyncOpenAI, budget: list[int | None]) -> None:
         except openai.APIError as exc:  # its lease runs out on the node
             print(f"episode {claim['episode_id']} failed: {exc}", file=sys.stderr, flush=True)
             continue
-        print(f"episode {claim['episode_id']} reward {reward:g} tool_calls {calls}", flush=True)
+        print(
+            f"episode {claim['episode_id']} group {claim['group_id']} reward {reward:g} "
+            f"tool_calls {calls}",
+            flush=True,
+        )
 
 
 async def main(url: str, concurrency: int, max_episodes: int, api_key: str) -> None:
