@@ -20,7 +20,10 @@ BOUND_S = 600  # a bound against hangs, never a timing assertion
 @pytest.mark.slow  # five processes, ~50 s on 2 quiet cores
 def test_the_fault_soak_loses_no_group_and_leaves_nothing_behind():
     argv = [sys.executable, str(REPO / "profiling" / "soak_rollout.py")]
+    # 48 episodes are too few for the memory check (its baseline comes after the restarts,
+    # by when most of the span has passed): left out, and the result must say so.
     argv += ["--episodes", "48", "--rss-from", "24", "--node-kill-at", "0.25"]
+    argv += ["--no-memory-check"]
     env = {k: v for k, v in os.environ.items() if k != "TUNIX_AGENTIC_API_KEY"}
     # Its own session: past the bound, the script and the servers it started are killed.
     proc = subprocess.Popen(
@@ -43,6 +46,8 @@ def test_the_fault_soak_loses_no_group_and_leaves_nothing_behind():
     failed = [name for name, ok in result["checks"].items() if not ok]
     assert not failed and proc.returncode == 0, (failed, result, err[-3000:])
     assert result["groups"] == 12 and result["episodes"] == 48
+    assert "node_rss_within_10pct" not in result["checks"]
+    assert "not checked" in result["rss_note"]
     # The faults were met: the node was killed with groups running, which the client
     # placed again; tool calls crashed or hung.
     assert result["faults"]["node"]["groups_running"] >= 1
