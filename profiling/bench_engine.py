@@ -7,7 +7,7 @@ machine. Also: the same engine serving requests one at a time, the fraction
 of this machine's measured f32 matmul peak, and prefill tokens of a 5-turn
 episode with and without per-session KV reuse.
 
-    python profiling/bench_engine.py            # ENGINE_BATCHES=1,16,64 ENGINE_REPEATS=5
+    python -m profiling.bench_engine            # ENGINE_BATCHES=1,16,64 ENGINE_REPEATS=5
 
 ``ENGINE_DECODE_WINDOW`` sets ``engine.decode_window`` (``bucketed``, the default, or
 ``full``); ``ab`` measures both on one model for each batch, interleaved repeat by repeat
@@ -22,29 +22,22 @@ import statistics
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from tunix_agentic.inference import EngineConfig, JaxEngine, SamplingParams
-from tunix_agentic.models.transformer import ModelConfig, Transformer, count_params
-
-PEER_DIMS = ModelConfig(
-    vocab_size=2048,
-    d_model=256,
-    num_layers=4,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=64,
-    ffn_dim=1024,
-    rope_theta=1_000_000.0,
-    qk_norm=True,
-    tie_embeddings=True,
+from profiling.common import (
+    DECODE_STEPS,
+    PEER_DIMS,
+    PEER_NEW,
+    PEER_PROMPT,
+    matmul_peak_gflops,
 )
-PROMPT, NEW = 32, 64
+from tunix_agentic.inference import EngineConfig, JaxEngine, SamplingParams
+from tunix_agentic.models.transformer import Transformer, count_params
+
+PROMPT, NEW = PEER_PROMPT, PEER_NEW
 REPEATS = int(os.environ.get("ENGINE_REPEATS", 5))
 BATCHES = [int(b) for b in os.environ.get("ENGINE_BATCHES", "1,16,64").split(",")]
-DECODE_STEPS = int(os.environ.get("ENGINE_DECODE_STEPS", 16))
 # ENGINE_SAMPLING=top_p is the peers' sampled mode: temperature 1, top_p 1.0 (nothing cut).
 SAMPLING_MODE = os.environ.get("ENGINE_SAMPLING", "greedy")
 DECODE_WINDOW = os.environ.get("ENGINE_DECODE_WINDOW", "bucketed")
@@ -62,16 +55,6 @@ GREEDY = (
 def prompts(n: int, seed: int = 0) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return [[1] + rng.integers(4, PEER_DIMS.vocab_size, PROMPT - 1).tolist() for _ in range(n)]
-
-
-def matmul_peak_gflops(n: int = 1024, reps: int = 10) -> float:
-    a = jnp.ones((n, n), jnp.float32)
-    f = jax.jit(lambda x: x @ x)
-    f(a).block_until_ready()
-    t = time.perf_counter()
-    for _ in range(reps):
-        f(a).block_until_ready()
-    return 2 * n**3 * reps / (time.perf_counter() - t) / 1e9
 
 
 async def timed_calls(

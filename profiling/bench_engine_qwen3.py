@@ -9,9 +9,9 @@ vocabulary: the jitted sampling function alone on ``[B, 151936]`` logits
 (greedy; temperature 1; temperature 1 with top-k 50 and top-p 0.95) against
 the engine's time per decode step.
 
-    python profiling/bench_engine_qwen3.py                 # float32 on CPU, bfloat16 elsewhere
-    QWEN3_BATCHES=1,8,32 QWEN3_DTYPE=bfloat16 python profiling/bench_engine_qwen3.py
-    QWEN3_LAYERS=2 QWEN3_VOCAB=4096 python profiling/bench_engine_qwen3.py   # a quick look
+    python -m profiling.bench_engine_qwen3                 # float32 on CPU, bfloat16 elsewhere
+    QWEN3_BATCHES=1,8,32 QWEN3_DTYPE=bfloat16 python -m profiling.bench_engine_qwen3
+    QWEN3_LAYERS=2 QWEN3_VOCAB=4096 python -m profiling.bench_engine_qwen3   # a quick look
 
 Environment: QWEN3_BATCHES (1,8), QWEN3_PROMPT (64), QWEN3_NEW (32), QWEN3_REPEATS (3),
 QWEN3_DTYPE, QWEN3_LAYERS (28), QWEN3_VOCAB (151936), QWEN3_DECODE_STEPS (8).

@@ -9,9 +9,9 @@ unless BENCH_EVAL_TASKS says otherwise. The RL step time is the median of
 because a shared machine's load spikes single steps); the ratio on/off is printed
 (goal: within 15 %, i.e. <= 1.15), never asserted.
 
-    python profiling/bench_eval_overlap.py
-    BENCH_EVAL_EVERY=2 BENCH_PRIORITIES=high,low python profiling/bench_eval_overlap.py
-    python profiling/bench_eval_overlap.py --set rollout.max_staleness=2   # any override
+    python -m profiling.bench_eval_overlap
+    BENCH_EVAL_EVERY=2 BENCH_PRIORITIES=high,low python -m profiling.bench_eval_overlap
+    python -m profiling.bench_eval_overlap --set rollout.max_staleness=2   # any override
 
 Environment: BENCH_RL_STEPS (8), BENCH_SFT_STEPS (200), BENCH_EVAL_TASKS (0: the recipe's),
 BENCH_EVAL_EVERY (2), BENCH_PRIORITIES (high), BENCH_SEED (0).
@@ -28,8 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import env_int
-
+from profiling.common import env_int
 from tunix_agentic.metrics import read_scalars
 from tunix_agentic.trainer import train
 

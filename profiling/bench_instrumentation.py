@@ -56,8 +56,8 @@ process CPU seconds are read at its ``write_step``.
 On SIGTERM (``kill PID``) the run under way stops and the figures of the finished pairs are
 printed.
 
-    python profiling/bench_instrumentation.py
-    BENCH_PAIRS=12 BENCH_RL_STEPS=20 BENCH_WARM_DIR=/tmp/warm python profiling/bench_instrumentation.py
+    python -m profiling.bench_instrumentation
+    BENCH_PAIRS=12 BENCH_RL_STEPS=20 BENCH_WARM_DIR=/tmp/warm python -m profiling.bench_instrumentation
 
 Environment: BENCH_PAIRS (8), BENCH_RL_STEPS (the recipe's 40), BENCH_WARMUP_STEPS (2),
 BENCH_SEED (0), BENCH_WARM_DIR (none: a temporary warm start; a directory keeps it and
@@ -81,8 +81,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import jax
-from common import env_int
 
+from profiling.common import env_int
 from tunix_agentic.compiles import BACKEND_COMPILE_EVENT
 from tunix_agentic.config import load_config
 from tunix_agentic.inference.clock import EngineClock

@@ -42,9 +42,9 @@ torch with ``--omp-wait-policy`` (passive). Beside each ratio, the FLOOR line gi
 side's s/step over the GRPO step's floor on this machine (``tunix_agentic.compare.floor``:
 train FLOPs at the measured matmul peak, decode at the measured memory bandwidth).
 
-    python profiling/bench_learner.py --pairs 5   # LEARNER_STEPS=8 LEARNER_TRAIN_REPEATS=7
-    LEARNER_PEERS=0 LEARNER_BIG=0 LEARNER_STEPS=3 python profiling/bench_learner.py  # quick
-    LEARNER_STEPS=4 python profiling/bench_learner.py --peers-only --pairs 3  # peers only
+    python -m profiling.bench_learner --pairs 5   # LEARNER_STEPS=8 LEARNER_TRAIN_REPEATS=7
+    LEARNER_PEERS=0 LEARNER_BIG=0 LEARNER_STEPS=3 python -m profiling.bench_learner  # quick
+    LEARNER_STEPS=4 python -m profiling.bench_learner --peers-only --pairs 3  # peers only
 """
 
 from __future__ import annotations
@@ -54,7 +54,6 @@ import asyncio
 import dataclasses
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -63,11 +62,10 @@ import jax
 import numpy as np
 from flax import nnx
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from bench_engine import DECODE_STEPS, NEW, PEER_DIMS, PROMPT, matmul_peak_gflops  # noqa: E402
-from compare_peers import (  # noqa: E402
+from profiling.common import DECODE_STEPS, PEER_DIMS, matmul_peak_gflops
+from profiling.common import PEER_NEW as NEW
+from profiling.common import PEER_PROMPT as PROMPT
+from profiling.pairs import (
     JAX_PY,
     NUMBER,
     PEERS,
@@ -84,8 +82,7 @@ from compare_peers import (  # noqa: E402
     print_comparison,
     process_measure,
 )
-
-from tunix_agentic.compare.floor import (  # noqa: E402
+from tunix_agentic.compare.floor import (
     MachinePeak,
     ModelShape,
     StepFloor,
@@ -93,13 +90,13 @@ from tunix_agentic.compare.floor import (  # noqa: E402
     measure_bandwidth,
     measure_matmul_flops,
 )
-from tunix_agentic.compare.machine import xla_threads  # noqa: E402
-from tunix_agentic.config import load_config  # noqa: E402
-from tunix_agentic.inference import EngineConfig, JaxEngine, SamplingParams  # noqa: E402
-from tunix_agentic.learners.batching import pad_rows  # noqa: E402
-from tunix_agentic.learners.grpo import GRPOConfig, GRPOLearner  # noqa: E402
-from tunix_agentic.learners.state import OptimizerConfig  # noqa: E402
-from tunix_agentic.models.transformer import ModelConfig, Transformer, count_params  # noqa: E402
+from tunix_agentic.compare.machine import xla_threads
+from tunix_agentic.config import load_config
+from tunix_agentic.inference import EngineConfig, JaxEngine, SamplingParams
+from tunix_agentic.learners.batching import pad_rows
+from tunix_agentic.learners.grpo import GRPOConfig, GRPOLearner
+from tunix_agentic.learners.state import OptimizerConfig
+from tunix_agentic.models.transformer import ModelConfig, Transformer, count_params
 
 STEPS = int(os.environ.get("LEARNER_STEPS", 8))  # step 1 compiles and is not counted
 PAIRS = int(os.environ.get("LEARNER_PAIRS", 5))
@@ -111,7 +108,9 @@ RUN_BIG = os.environ.get("LEARNER_BIG", "1") != "0"
 BIG_ROWS = int(os.environ.get("LEARNER_BIG_ROWS", 8))
 BIG_LEN = int(os.environ.get("LEARNER_BIG_LEN", 128))
 # The default run's model (234K parameters, character vocab), read from its config.
-DEFAULT_CONFIG = load_config(HERE.parent / "configs" / "calculator_tiny.yaml")
+DEFAULT_CONFIG = load_config(
+    Path(__file__).resolve().parents[1] / "configs" / "calculator_tiny.yaml"
+)
 DEFAULT_DIMS = DEFAULT_CONFIG.model
 _ROLLOUT = DEFAULT_CONFIG.rollout
 DEFAULT_ROWS = int(

@@ -12,8 +12,8 @@ collector off (its full collections grow with the number of live objects,
 so their share grows with concurrency); one under ``tracemalloc`` (which slows
 Python down several times) for the memory figures.
 
-    python profiling/bench_overhead.py
-    BENCH_EPISODES=50000 python profiling/bench_overhead.py
+    python -m profiling.bench_overhead
+    BENCH_EPISODES=50000 python -m profiling.bench_overhead
 
 Environment: BENCH_EPISODES (10000), BENCH_GROUP_SIZE (8), BENCH_POOL (episodes), BENCH_SEED (0).
 """
@@ -28,8 +28,7 @@ import time
 import tracemalloc
 from typing import Any
 
-from common import InstantEngine, env_int, max_rss_mb
-
+from profiling.common import InstantEngine, env_int, max_rss_mb
 from tunix_agentic.agent.chat import ChatTemplate
 from tunix_agentic.agent.loop import AgentConfig
 from tunix_agentic.envs.calculator import ArithmeticEnv, make_arithmetic_task

@@ -13,7 +13,7 @@ and is not timed). Prints:
 - generated tokens per second of wall time of each engine (the workload's prefill
   included; decode dominates it) and the paged/dense ratio per round.
 
-    python profiling/bench_paged_kv.py   # PAGED_P=8 PAGED_G=8 PAGED_PREFIX=192 PAGED_NEW=64
+    python -m profiling.bench_paged_kv   # PAGED_P=8 PAGED_G=8 PAGED_PREFIX=192 PAGED_NEW=64
                                          # PAGED_SLOTS=16 PAGED_BLOCK=16 PAGED_ROUNDS=3
 """
 

@@ -13,7 +13,7 @@ and distinct groups interleaved, and how many of the shared group's answers repo
 ``meta_info.cached_tokens`` (the issue's acceptance shape: at least G - 1 of G, served
 at least 2.5x faster than G distinct prompts).
 
-    python profiling/bench_prefix_cache.py   # PREFIX_G=8 PREFIX_PROMPT=400 PREFIX_NEW=64 PREFIX_ROUNDS=5
+    python -m profiling.bench_prefix_cache   # PREFIX_G=8 PREFIX_PROMPT=400 PREFIX_NEW=64 PREFIX_ROUNDS=5
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import time
 
 import aiohttp
 import numpy as np
-from bench_engine import PEER_DIMS  # the peers' model dimensions (profiling/ is on sys.path)
 from flax import nnx
 
+from profiling.common import PEER_DIMS  # the peers' model dimensions
 from tunix_agentic.inference import EngineConfig, JaxEngine, SamplingParams
 from tunix_agentic.models.transformer import Transformer
 from tunix_agentic.serving import start_server

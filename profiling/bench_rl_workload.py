@@ -34,13 +34,13 @@ tokens/s), measured as ``--pairs`` interleaved pairs (ours, theirs, ours, theirs
 more than the differences measured: ours in this process, each peer run a fresh
 process in its venv (``bash profiling/peers/setup_venvs.sh`` builds them; a missing
 one is skipped with a note). The load average is printed at the start and the end;
-each pair's machine state is recorded and busy pairs left out as in ``compare_peers.py``
+each pair's machine state is recorded and busy pairs left out as in ``profiling.compare_peers``
 (``--busy-share``, ``--min-clean-pairs``, ``--threads``, ``--omp-wait-policy``), and the
 FLOOR line puts each side against the rollout step's floor (``rl_step_floor``).
 The last line is one JSON object with every figure.
 
-    python profiling/bench_rl_workload.py                        # 3 pairs, 2 rounds a run
-    python profiling/bench_rl_workload.py --pairs 1 --peers tunix --torch-threads 1
+    python -m profiling.bench_rl_workload                        # 3 pairs, 2 rounds a run
+    python -m profiling.bench_rl_workload --pairs 1 --peers tunix --torch-threads 1
 """
 
 from __future__ import annotations
@@ -50,17 +50,11 @@ import asyncio
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE / "peers"))
-
-import toy_common as tc  # noqa: E402
-from compare_peers import (  # noqa: E402
+from profiling.pairs import (
     JAX_PY,
     PEERS,
     TORCH_PY,
@@ -76,14 +70,14 @@ from compare_peers import (  # noqa: E402
     run,
     toy_shape,
 )
-
-from tunix_agentic.compare.floor import (  # noqa: E402
+from profiling.peers import toy_common as tc
+from tunix_agentic.compare.floor import (
     MachinePeak,
     StepFloor,
     decode_floor_s,
     measure_peak,
 )
-from tunix_agentic.compare.machine import parse_threads, xla_threads  # noqa: E402
+from tunix_agentic.compare.machine import parse_threads, xla_threads
 
 GOALS = {"tunix": 3.0, "hf": 4.0}  # ours / theirs, generated tokens per second
 PEER_SCRIPTS = {"tunix": (JAX_PY, "bench_tunix_rl.py"), "hf": (TORCH_PY, "bench_hf_rl.py")}

@@ -3,7 +3,7 @@
 One process, one real :class:`JaxEngine` over the tiny calculator model
 (configs/calculator_tiny.yaml dims), warm-started by SFT on tool-using
 demonstrations so episodes really call the calculator. The environment waits
-as a remote one would (profiling/common.py: sandbox start-up, lognormal tool
+as a remote one would (profiling.common: sandbox start-up, lognormal tool
 latency, slow verifier).
 
 * sync: a batch of episodes is reset together, then turn by turn every active
@@ -22,7 +22,7 @@ task stream; both walls include the learner's train steps.
 
 * service (``--service N``): the async workload again, but the groups run on
   ``tunix-agentic serve-rollout`` nodes (real processes on loopback, the same slow
-  environment through ``profiling/bench_env.py``) generating with this process's
+  environment through ``profiling.bench_env``) generating with this process's
   engine served over HTTP, as ``tunix-agentic train rollout.service.urls=...``
   runs: once through one node, and through N nodes when N >= 2. Printed as ratios
   to the in-process async run (goal: one node >= 90 %). Nodes cannot INIT ahead
@@ -31,11 +31,11 @@ task stream; both walls include the learner's train steps.
   as a ratio to the faster of the two (the load of a shared machine drifts between runs,
   and each mode prints how many engine compiles fell inside it).
 
-    python profiling/bench_rollout.py
-    BENCH_TRAJECTORIES=512 BENCH_TRAIN_S=1.0 python profiling/bench_rollout.py
-    python profiling/bench_rollout.py --set engine.max_slots=32   # any config override
-    python profiling/bench_rollout.py --service 2 --prefetch-groups 0   # + 1 and 2 nodes
-    python profiling/bench_rollout.py --service 1 --prefetch-groups 0 --node-max-groups 8
+    python -m profiling.bench_rollout
+    BENCH_TRAJECTORIES=512 BENCH_TRAIN_S=1.0 python -m profiling.bench_rollout
+    python -m profiling.bench_rollout --set engine.max_slots=32   # any config override
+    python -m profiling.bench_rollout --service 2 --prefetch-groups 0   # + 1 and 2 nodes
+    python -m profiling.bench_rollout --service 1 --prefetch-groups 0 --node-max-groups 8
 
 Environment: BENCH_TRAJECTORIES (256), BENCH_GROUP_SIZE (8), BENCH_GROUPS_PER_BATCH (8),
 BENCH_SFT_STEPS (250), BENCH_SFT_BATCH (16), BENCH_TRAIN_S (0.5), BENCH_POOL (64),
@@ -60,7 +60,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import (
+from flax import nnx
+
+from profiling.common import (
     HandoffProbe,
     InFlightSampler,
     Waits,
@@ -70,8 +72,6 @@ from common import (
     slow_env_factory,
     warm_engine,
 )
-from flax import nnx
-
 from tunix_agentic.agent.chat import ChatTemplate
 from tunix_agentic.agent.context import get_context_rule
 from tunix_agentic.agent.loop import AgentConfig
@@ -90,7 +90,8 @@ from tunix_agentic.rollout import RolloutConfig, RolloutOrchestrator, Step, Traj
 from tunix_agentic.rollout.service.runner import ServiceEpisodeRunner
 from tunix_agentic.serving.engine_server import start_server
 
-CONFIG = Path(__file__).resolve().parents[1] / "configs" / "calculator_tiny.yaml"
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "configs" / "calculator_tiny.yaml"
 AGENT = AgentConfig(max_turns=3, max_new_tokens=48, temperature=1.0)
 ARITHMETIC = ArithmeticTasks()
 
@@ -427,6 +428,17 @@ async def run_async(
         filter_uniform_groups=False,
         seed=p.seed,
     )
+    runner = None
+    if nodes:
+        runner = ServiceEpisodeRunner(
+            nodes,
+            agent_config=AGENT,
+            config=config,
+            version=version,
+            engine_urls=[engine_url],
+            own_engines=True,
+        )
+        await runner.connect()
     orch = RolloutOrchestrator(
         engine,
         slow_env_factory(p.waits, p.seed),
@@ -434,14 +446,9 @@ async def run_async(
         AGENT,
         config,
         tasks=task_iterator(ARITHMETIC, seed=p.seed, split="train"),
+        runner=runner,
     )
     orch.set_version(version)
-    runner = None
-    if nodes:
-        runner = ServiceEpisodeRunner(
-            nodes, agent_config=AGENT, config=config, engine_urls=[engine_url], own_engines=True
-        ).attach(orch)
-        await runner.connect()
     trajs: list[Trajectory] = []
     lags: list[int] = []
     waits: list[float] = []
@@ -667,7 +674,7 @@ def _spawn_node(p: BenchParams, state_dir: Path) -> subprocess.Popen:
     )
     overrides = [
         *p.overrides,
-        f"env.import={Path(__file__).with_name('bench_env.py')}",
+        "env.import=profiling.bench_env",  # found from the node's working directory
         source,
         f"rollout.group_size={p.group_size}",
         *(f"rollout.{k}_workers={p.pool}" for k in ("init", "run", "eval")),
@@ -680,7 +687,7 @@ def _spawn_node(p: BenchParams, state_dir: Path) -> subprocess.Popen:
     argv += overrides
     env = {k: v for k, v in os.environ.items() if k != "TUNIX_AGENTIC_API_KEY"}
     return subprocess.Popen(
-        argv, stdout=subprocess.PIPE, text=True, env={**env, "JAX_PLATFORMS": "cpu"}
+        argv, cwd=REPO, stdout=subprocess.PIPE, text=True, env={**env, "JAX_PLATFORMS": "cpu"}
     )
 
 

@@ -7,8 +7,8 @@ first command, then the p50/p95 latency of each tool on one warm sandbox: ``bash
 (``echo hi``), ``python`` (``print(1)``) and ``file_edit`` (``view`` of a 50-line file), and
 what the first call of a tool costs (it starts the shell or the interpreter).
 
-    python profiling/bench_sandbox.py
-    BENCH_STARTS=200 BENCH_CONCURRENCY=32 python profiling/bench_sandbox.py
+    python -m profiling.bench_sandbox
+    BENCH_STARTS=200 BENCH_CONCURRENCY=32 python -m profiling.bench_sandbox
 
 Environment: BENCH_STARTS (60), BENCH_CONCURRENCY (16), BENCH_CALLS (50),
 BENCH_BACKENDS (bwrap,process).
@@ -24,8 +24,7 @@ import time
 import warnings
 from typing import Any
 
-from common import env_int, percentiles
-
+from profiling.common import env_int, percentiles
 from tunix_agentic.envs.sandbox import Sandbox, SandboxConfig, SandboxIsolationWarning
 from tunix_agentic.envs.tools import BashTool, FileEditTool, PythonTool
 

@@ -5,8 +5,8 @@ after another (each takes a few minutes on 2 cores), and prints one line per
 seed and the spread. Nothing is asserted: it shows whether the recipe is robust
 on this machine.
 
-    python profiling/bench_seeds.py                 # seeds 0-9
-    python profiling/bench_seeds.py --seeds 0,3 rl.steps=30
+    python -m profiling.bench_seeds                 # seeds 0-9
+    python -m profiling.bench_seeds --seeds 0,3 rl.steps=30
 """
 
 from __future__ import annotations

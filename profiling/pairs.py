@@ -2,10 +2,11 @@
 peer's run, each pair's machine state, the busy guard, both sides' threads and the
 floor, the printed RATIO / BUSY / FLOOR lines and the closing JSON.
 
-Used by ``compare_peers.py``, ``bench_learner.py`` and ``bench_rl_workload.py`` (which
-import it through ``compare_peers``). The machine's state and the guard live in
-``tunix_agentic.compare.machine``, the floor arithmetic in
-``tunix_agentic.compare.floor``. Benchmark devices only.
+Used by ``compare_peers``, ``bench_learner`` and ``bench_rl_workload``, with where the
+peers' scripts and virtual environments are (``PEERS_DIR``, ``ANCHOR_JAX_PY``,
+``ANCHOR_TORCH_PY``) and the peers' toy model as the floor arithmetic's shape. The
+machine's state and the guard live in ``tunix_agentic.compare.machine``, the floor
+arithmetic in ``tunix_agentic.compare.floor``. Benchmark devices only.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ import re
 import statistics
 import subprocess
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
-from tunix_agentic.compare.floor import MachinePeak
+from profiling.peers import toy_common
+from tunix_agentic.compare.floor import MachinePeak, ModelShape
 from tunix_agentic.compare.machine import (
     BUSY_SUMMARY,
     WAIT_POLICIES,
@@ -35,6 +38,25 @@ from tunix_agentic.compare.machine import (
 )
 
 NUMBER = r"([\d,]+(?:\.\d+)?)"
+# The peers' scripts (profiling/peers/) and the Pythons of their venvs (setup_venvs.sh).
+PEERS = Path(os.environ.get("PEERS_DIR", Path(__file__).resolve().parent / "peers"))
+JAX_PY = os.environ.get("ANCHOR_JAX_PY", "/tmp/peers/venv/bin/python")
+TORCH_PY = os.environ.get("ANCHOR_TORCH_PY", "/tmp/peers/venv-torch/bin/python")
+
+
+def toy_shape() -> ModelShape:
+    """The peers' toy model (``peers/toy_common.MODEL_DIMS``) for the floor arithmetic."""
+    d = toy_common.MODEL_DIMS
+    return ModelShape(
+        params=toy_common.param_count(d),
+        vocab_size=d["vocab_size"],
+        d_model=d["d_model"],
+        num_layers=d["num_layers"],
+        num_heads=d["num_heads"],
+        num_kv_heads=d["num_kv_heads"],
+        head_dim=d["head_dim"],
+        tied=d["tied_embedding"],
+    )
 
 
 @dataclasses.dataclass(frozen=True)

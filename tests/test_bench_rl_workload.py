@@ -2,18 +2,16 @@
 counts it states, the prompt sharing it relies on, and its flags; no peer venv needed."""
 
 import importlib
-from pathlib import Path
 
 import pytest
 
-PROFILING = Path(__file__).resolve().parents[1] / "profiling"
-
 
 @pytest.fixture
-def mods(monkeypatch):
-    monkeypatch.syspath_prepend(str(PROFILING / "peers"))
-    monkeypatch.syspath_prepend(str(PROFILING))
-    return importlib.import_module("toy_common"), importlib.import_module("bench_rl_workload")
+def mods():
+    return (
+        importlib.import_module("profiling.peers.toy_common"),
+        importlib.import_module("profiling.bench_rl_workload"),
+    )
 
 
 def test_default_workload_has_the_stated_token_counts(mods):
@@ -61,7 +59,7 @@ def test_workload_rejects_a_non_positive_field(mods, field):
 
 def test_our_model_matches_the_peers_dims(mods):
     _, bench = mods
-    assert bench.peer_model_config() == importlib.import_module("bench_engine").PEER_DIMS
+    assert bench.peer_model_config() == importlib.import_module("profiling.common").PEER_DIMS
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,7 @@ from tunix_agentic.envs.calculator import ArithmeticEnv, ArithmeticTasks
 from tunix_agentic.envs.tool_env import schema_from_signature
 from tunix_agentic.envs.tools import Tool, ToolFailureMonitor, call_tool
 from tunix_agentic.metrics.recorder import MetricsRecorder
-from tunix_agentic.rollout.orchestrator import _all_filtered_message
+from tunix_agentic.rollout.batch_queue import _all_filtered_message
 from tunix_agentic.testing import TINY_RUN_OVERRIDES
 from tunix_agentic.trainer import Trainer
 

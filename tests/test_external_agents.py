@@ -1,5 +1,5 @@
 """Groups run by agents outside the node (``"agent": "external"``): the 30-line agent of
-profiling/openai_agent.py, written against the official ``openai`` client, claims their
+examples/openai_agent.py, written against the official ``openai`` client, claims their
 members from a rollout node and trains the tiny calculator policy through it."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ openai = pytest.importorskip("openai")
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = str(REPO / "configs" / "calculator_tiny.yaml")
 SHARED = [*TINY_RUN_OVERRIDES, "engine.max_seq_len=128"]
-AGENT_SCRIPT = REPO / "profiling" / "openai_agent.py"
+AGENT_SCRIPT = REPO / "examples" / "openai_agent.py"
 TASK = make_arithmetic_task(0, seed=0, split="train")
 BOUND_S = 120  # a bound against hangs, never a timing assertion
 

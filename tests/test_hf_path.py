@@ -16,10 +16,11 @@ from flax import nnx
 
 from tunix_agentic.cli.main import main
 from tunix_agentic.config import ConfigError, load_config
+from tunix_agentic.export import engine_from_config
 from tunix_agentic.inference import SamplingParams
 from tunix_agentic.models.char_tokenizer import CharTokenizer
 from tunix_agentic.models.hf import load_hf_model, save_hf
-from tunix_agentic.serving import SGLangEngine, engine_from_config, start_server
+from tunix_agentic.serving import SGLangEngine, start_server
 from tunix_agentic.testing import TINY_RUN_OVERRIDES
 from tunix_agentic.trainer import Trainer
 

@@ -4,7 +4,6 @@ import collections
 import dataclasses
 import importlib
 import time
-from pathlib import Path
 
 import pytest
 
@@ -13,13 +12,10 @@ from tunix_agentic.inference.clock import EngineClock
 from tunix_agentic.metrics.recorder import MetricsRecorder
 from tunix_agentic.metrics.trace import TraceConfig, open_trace
 
-PROFILING = Path(__file__).resolve().parents[1] / "profiling"
-
 
 @pytest.fixture
-def bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(PROFILING))  # beside its helpers (profiling/common.py)
-    return importlib.import_module("bench_instrumentation")
+def bench():
+    return importlib.import_module("profiling.bench_instrumentation")
 
 
 def test_a_step_lasts_from_the_previous_rl_row_to_its_own(bench):

@@ -15,13 +15,12 @@ from flax import nnx
 from tunix_agentic.checkpoint import Checkpointer
 from tunix_agentic.cli.main import main
 from tunix_agentic.config import load_config, save_config, to_dict
-from tunix_agentic.export import export_run, load_run_policy
+from tunix_agentic.export import engine_from_config, export_run, load_run_policy
 from tunix_agentic.inference import EngineConfig, JaxEngine, SamplingParams
 from tunix_agentic.learners.grpo import GRPOConfig, GRPOLearner
 from tunix_agentic.learners.lora import LoRAConfig, init_adapters, merge
 from tunix_agentic.models.hf import load_hf_model
 from tunix_agentic.models.transformer import sequence_logprobs
-from tunix_agentic.serving import engine_from_config
 from tunix_agentic.testing import TINY, TINY_RUN_OVERRIDES, on_policy_batch, tiny_model
 
 REPO = Path(__file__).resolve().parents[1]

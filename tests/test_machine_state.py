@@ -1,5 +1,6 @@
 """The peer benchmarks' machine guard (tunix_agentic/compare/machine.py), the floor
-arithmetic (tunix_agentic/compare/floor.py) and how profiling/compare_peers.py judges pairs."""
+arithmetic (tunix_agentic/compare/floor.py) and how the peer benchmarks judge pairs
+(profiling/pairs.py)."""
 
 import importlib
 import subprocess
@@ -34,9 +35,9 @@ PROFILING = Path(__file__).resolve().parents[1] / "profiling"
 
 
 @pytest.fixture
-def peers(monkeypatch):
-    monkeypatch.syspath_prepend(str(PROFILING))
-    return importlib.import_module("compare_peers")
+def peers():
+    """The pair machinery of the peer benchmarks (``profiling.pairs``)."""
+    return importlib.import_module("profiling.pairs")
 
 
 # ------------------------------------------------------------------ /proc
@@ -207,12 +208,10 @@ def test_threads_line_round_trips_through_a_process_output():
 
 def test_a_peer_script_prints_its_thread_settings(tmp_path):
     """toy_common.print_threads (the peer scripts' line) read back by parse_threads."""
-    code = (
-        f"import sys; sys.path.insert(0, {str(PROFILING / 'peers')!r})\n"
-        "import toy_common; toy_common.print_threads('jax')\n"
-    )
+    code = "import toy_common; toy_common.print_threads('jax')\n"  # as a peer script does
     out = subprocess.run(
         [sys.executable, "-c", code],
+        cwd=PROFILING / "peers",  # -c puts it first on sys.path, as a peer script's folder
         capture_output=True,
         text=True,
         env={"NPROC": "3", "PATH": ""},
@@ -236,7 +235,7 @@ def test_the_toy_param_count_matches_our_model(peers):
 
     from tunix_agentic.models.transformer import Transformer, count_params
 
-    cfg = importlib.import_module("bench_rl_workload").peer_model_config()
+    cfg = importlib.import_module("profiling.bench_rl_workload").peer_model_config()
     assert peers.toy_shape() == TOY
     abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))  # no weights made
     assert count_params(abstract) == TOY.params

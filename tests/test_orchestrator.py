@@ -13,9 +13,9 @@ from tunix_agentic.envs.tools import Tool, ToolUnavailable, call_tool
 from tunix_agentic.inference import EngineConfig, JaxEngine
 from tunix_agentic.inference.base import TokenOutput
 from tunix_agentic.metrics.recorder import MetricsRecorder
-from tunix_agentic.metrics.rollout import rollout_stats
 from tunix_agentic.models.char_tokenizer import CharTokenizer
 from tunix_agentic.rollout import RolloutConfig, RolloutOrchestrator
+from tunix_agentic.rollout.stats import rollout_stats
 from tunix_agentic.testing import arithmetic_demonstration as demonstration
 from tunix_agentic.testing import memorize, tiny_model
 from tunix_agentic.trajectory import POLICY_STATUSES
@@ -704,3 +704,64 @@ async def test_a_bad_metric_from_the_environment_is_named(random_model, bad, nam
     (traj,) = group.dropped
     assert traj.status == "env_error"
     assert "BadEnv.step" in traj.error and named in traj.error
+
+
+# ---- one seam for both runners ---------------------------------------------------------
+
+
+def test_both_runners_run_groups_with_the_protocols_signature():
+    """The in-process and the rollout-node runner implement one GroupRunner: the same
+    ``run_group`` parameters, and every method the orchestrator calls."""
+    from inspect import signature
+
+    from tunix_agentic.rollout.episode import EpisodeRunner
+    from tunix_agentic.rollout.group_runner import GroupRunner
+    from tunix_agentic.rollout.service.runner import ServiceEpisodeRunner
+
+    want = signature(GroupRunner.run_group)
+    calls = [n for n, v in vars(GroupRunner).items() if callable(v) and not n.startswith("_")]
+    assert {"bind", "run_group", "set_version", "checkpoint_state"} <= set(calls)
+    for runner in (EpisodeRunner, ServiceEpisodeRunner):
+        assert signature(runner.run_group) == want, runner.__name__
+        assert not [n for n in calls if not callable(getattr(runner, n, None))], runner.__name__
+
+
+async def test_a_runner_given_to_the_orchestrator_shares_its_bookkeeping():
+    """``RolloutOrchestrator(..., runner=...)``: the runner takes the orchestrator's stats,
+    hears each published version, and its state rides in the orchestrator's checkpoint and
+    back; a runner whose environments are made on the nodes says so (None) and refuses one."""
+    import json
+
+    from tunix_agentic.data.tasks import task_iterator
+    from tunix_agentic.envs.calculator import ArithmeticTasks
+    from tunix_agentic.rollout.service.runner import ServiceEpisodeRunner
+
+    config = RolloutConfig(group_size=2, groups_per_batch=1)
+    nowhere = ["http://127.0.0.1:9"]  # never asked: nothing here talks to a node
+
+    def orchestrator(runner):
+        tasks = task_iterator(ArithmeticTasks(), seed=0)
+        return RolloutOrchestrator(
+            None, ArithmeticEnv, TEMPLATE, AGENT, config, tasks=tasks, runner=runner
+        )
+
+    runner = ServiceEpisodeRunner(nowhere, agent_config=AGENT, config=config, run_id="run-a")
+    orch = orchestrator(runner)
+    assert orch.runner is runner and runner.stats is orch.stats
+    assert orch.env_factory is None
+    with pytest.raises(ValueError, match="nodes make the environments"):
+        orch.env_factory = ArithmeticEnv
+    orch.set_version(3)
+    assert runner.version == orch.version == 3
+    drawn = [orch.stream.next() for _ in range(2)]  # two groups drawn, none trained on
+    state = json.loads(json.dumps(orch.checkpoint_state()))
+    assert [index for index, _ in state["pending"]] == [index for index, _ in drawn]
+    assert state["service"] == {"run_id": "run-a", "finished": []}
+
+    again = ServiceEpisodeRunner(nowhere, agent_config=AGENT, config=config)
+    restored = orchestrator(again)
+    restored.restore_state(state)
+    assert again.run_id == "run-a"
+    assert [restored.stream.next()[1].task_id for _ in drawn] == [t.task_id for _, t in drawn]
+    await runner.close()
+    await again.close()

@@ -1,9 +1,14 @@
-"""Smoke tests of the rollout benchmarks at a tiny scale: structure only, never timings."""
+"""Smoke tests of the benchmarks at a tiny scale: structure only, never timings. And the
+``profiling`` package's shape: every module imports as part of it, none edits
+``sys.path``, and every benchmark command the docs give names a module or script that
+exists."""
 
+import ast
 import importlib
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -11,17 +16,17 @@ import pytest
 
 from tunix_agentic.testing import TINY_RUN_OVERRIDES
 
-PROFILING = Path(__file__).resolve().parents[1] / "profiling"
+ROOT = Path(__file__).resolve().parents[1]
+MODULES = sorted(p.stem for p in (ROOT / "profiling").glob("*.py") if p.stem != "__init__")
 
 
 @pytest.fixture
 def bench(monkeypatch):
-    # The benchmarks are scripts beside their shared helpers (profiling/common.py).
-    monkeypatch.syspath_prepend(str(PROFILING))
+    """A module of the ``profiling`` package by its name (``bench_rollout``)."""
     for name in list(os.environ):
         if name.startswith("BENCH_"):
             monkeypatch.delenv(name)
-    return importlib.import_module
+    return lambda name: importlib.import_module(f"profiling.{name}")
 
 
 def _check_latencies(figures: dict) -> None:
@@ -120,9 +125,9 @@ print(f"RESULT {side} B=16: {value:,} gen tok/s" if value else "Traceback: crash
 """
 
 
-def test_compare_peers_pairs_interleave_and_summarise(bench, tmp_path, capsys):
+def test_pairs_interleave_and_summarise(bench, tmp_path, capsys):
     # Real fresh processes for each side, as the peers' scripts run; their figures are fixed.
-    mod = bench("compare_peers")
+    mod = bench("pairs")
     script, log = tmp_path / "side.py", tmp_path / "order.log"
     script.write_text(_FAKE_SIDE)
     ours, theirs = (
@@ -166,3 +171,56 @@ def test_compare_peers_rejects_bad_flags(bench, argv, capsys):
     with pytest.raises(SystemExit):
         bench("compare_peers").main(argv)
     assert argv[0] in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", MODULES, ids=MODULES)
+def test_every_benchmark_imports_as_part_of_the_package(name):
+    """``python -m profiling.NAME`` from the repository root: no module finds another
+    through a ``sys.path`` edit or by sitting beside it."""
+    importlib.import_module(f"profiling.{name}")
+
+
+def _edits_sys_path(tree: ast.AST) -> bool:
+    """Whether ``tree`` calls a method of ``sys.path`` or assigns to it."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if ast.unparse(node.func.value) == "sys.path":
+                return True
+        if isinstance(node, ast.Assign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(ast.unparse(t) == "sys.path" for t in targets):
+                return True
+    return False
+
+
+def test_no_script_outside_the_library_edits_sys_path():
+    """Benchmarks import ``profiling.common``; the peers' scripts, the soaks, the example
+    agent and the docs tools find their neighbours as scripts do (their folder comes first
+    on ``sys.path``)."""
+    paths = [
+        *(ROOT / "profiling").rglob("*.py"),
+        *(ROOT / "examples").rglob("*.py"),
+        *(ROOT / "tools").rglob("*.py"),
+        *(ROOT / "tests").glob("soak_*.py"),
+    ]
+    assert len(paths) > 20  # the walk sees the benchmarks, the peers and the soaks
+    editing = [str(p.relative_to(ROOT)) for p in paths if _edits_sys_path(ast.parse(p.read_text()))]
+    assert not editing, editing
+    assert _edits_sys_path(ast.parse("import sys\nsys.path.insert(0, 'x')\n"))  # it can fail
+
+
+COMMAND = re.compile(r"python\s+(?:-m\s+(profiling(?:\.[a-z_0-9]+)+)|([\w./-]+\.py))")
+
+
+def test_every_command_in_the_docs_names_what_exists():
+    """``python -m profiling.X`` and ``python PATH.py`` in README.md and docs/ (figure
+    stamps included) name a module of the package or a script in the repository."""
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    found, missing = 0, []
+    for doc in docs:
+        for module, script in COMMAND.findall(doc.read_text()):
+            found += 1
+            path = ROOT / (module.replace(".", "/") + ".py" if module else script)
+            if not path.is_file():
+                missing.append(f"{doc.relative_to(ROOT)}: {module or script}")
+    assert found > 20 and not missing, missing

@@ -540,9 +540,10 @@ def test_by_default_a_node_runs_enough_groups_to_fill_every_stage_pool(pools, ex
 
 
 def test_serve_rollout_refuses_max_groups_below_one(capsys):
+    from tunix_agentic.config import load_config
     from tunix_agentic.rollout.service.node_http import serve_rollout_main
 
-    assert serve_rollout_main(CONFIG, overrides=NODE_OVERRIDES, max_groups=0) == 2
+    assert serve_rollout_main(load_config(CONFIG, NODE_OVERRIDES), max_groups=0) == 2
     assert "--max-groups must be >= 1" in capsys.readouterr().err
 
 

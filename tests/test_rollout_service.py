@@ -149,7 +149,8 @@ async def test_groups_go_to_the_node_with_the_fewest_members_in_flight(tmp_path,
     """Two nodes, one engine (a random tiny model served here): 7 groups at once land
     4 and 3, and each ends once; a checkpoint of finished groups is handed back after a
     restore without running them again."""
-    from tunix_agentic.serving.engine_server import engine_from_config, start_server
+    from tunix_agentic.export import engine_from_config
+    from tunix_agentic.serving.engine_server import start_server
 
     cfg = load_config(CONFIG, SHARED)
     engine, info = engine_from_config(cfg)

@@ -17,10 +17,11 @@ from flax import nnx
 from tunix_agentic.checkpoint import Checkpointer, save_params
 from tunix_agentic.cli.main import main
 from tunix_agentic.config import load_config
+from tunix_agentic.export import engine_from_config
 from tunix_agentic.inference import EngineConfig, EngineError, JaxEngine, SamplingParams
 from tunix_agentic.learners.state import make_optimizer
 from tunix_agentic.models.transformer import Transformer
-from tunix_agentic.serving import SGLangEngine, engine_from_config, start_server
+from tunix_agentic.serving import SGLangEngine, start_server
 from tunix_agentic.testing import tiny_model
 
 REPO = Path(__file__).resolve().parents[1]

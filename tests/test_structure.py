@@ -37,11 +37,11 @@ def _room(module: str) -> str:
 
 
 def _import_graph() -> dict[str, set[str]]:
-    """Room -> rooms it imports at module level (imports inside functions and under
-    ``TYPE_CHECKING`` do not run at import time and are left out)."""
+    """Room -> rooms it imports anywhere in its files: at module level, inside functions
+    and under ``TYPE_CHECKING`` alike (a lazy or typing import is still a dependency)."""
     graph: dict[str, set[str]] = {}
     for module, path in _modules():
-        for node in ast.parse(path.read_text()).body:
+        for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
@@ -57,6 +57,7 @@ def _import_graph() -> dict[str, set[str]]:
 def test_imports_between_packages_form_no_cycle():
     graph = _import_graph()
     assert graph["trainer"] >= {"rollout", "learners", "inference"}  # the walk sees real edges
+    assert "trainer" in graph["cli"]  # and lazy ones: the CLI imports the trainer on first use
     state: dict[str, str] = {}
 
     def visit(room: str, path: list[str]) -> None:
@@ -70,9 +71,11 @@ def test_imports_between_packages_form_no_cycle():
 
     for room in sorted(graph):
         visit(room, [])
-    # The leaves stay leaves: a trajectory, an environment and the model know no engine.
-    for leaf in ("trajectory", "envs", "models"):
-        assert not graph.get(leaf, set()) - {"models"}, (leaf, graph.get(leaf))
+    # The leaves stay leaves: a trajectory, an environment and the model know no engine
+    # (an environment scores a trajectory: that record is all it knows of the rest).
+    for leaf, known in (("trajectory", {"models"}), ("envs", {"models", "trajectory"})):
+        assert not graph.get(leaf, set()) - known, (leaf, graph.get(leaf))
+    assert not graph.get("models", set()), graph.get("models")
 
 
 def test_every_module_opens_with_a_docstring():
@@ -209,13 +212,15 @@ def test_every_parametrize_names_its_cases():
     assert not missing, missing
 
 
-def test_no_class_is_longer_than_400_lines():
-    """A class past 400 lines holds more than one job: split it (the trainer's setup went to
-    ``run_setup``, the node's request resolution to ``NodeSetup``)."""
+def test_no_class_is_longer_than_350_lines():
+    """A class past 350 lines holds more than one job: split it (the trainer's setup went to
+    ``run_setup`` and its checkpoints to ``run_context``, the orchestrator's task stream,
+    prefetch and batch queue to their own modules, the scheduler's admission and prefill
+    planning to ``admission``, the node's request resolution to ``NodeSetup``)."""
     long = [
         f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1})"
         for _, path in _modules()
         for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 400
+        if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 350
     ]
     assert not long, long

@@ -13,8 +13,8 @@ from tunix_agentic.cli.main import main
 from tunix_agentic.config import load_config
 from tunix_agentic.envs.base import register_env
 from tunix_agentic.envs.calculator import ArithmeticEnv, ArithmeticTasks
-from tunix_agentic.inference import clock
 from tunix_agentic.inference.clock import EngineClock
+from tunix_agentic.metrics import device_calls
 from tunix_agentic.metrics.recorder import MetricsRecorder
 from tunix_agentic.metrics.trace import (
     EPISODE,
@@ -116,7 +116,7 @@ def test_clock_observers_see_each_call_and_the_host_gaps_outside_idle():
         seen.append((name, start, end))
 
     c = EngineClock(now=0.0)
-    clock.add_observer(observer)
+    device_calls.add_observer(observer)
     try:
         c.account(dispatched=1.0, done=3.0, kind="prefill")
         c.idle_from(3.0)
@@ -124,7 +124,7 @@ def test_clock_observers_see_each_call_and_the_host_gaps_outside_idle():
         c.account(dispatched=5.5, done=6.0, kind="decode")
         c.account(dispatched=5.8, done=7.0, kind="decode")  # queued behind: no gap
     finally:
-        clock.remove_observer(observer)
+        device_calls.remove_observer(observer)
     c.account(dispatched=8.0, done=9.0, kind="decode")  # removed: not seen
     assert seen == [
         ("host_gap", 0.0, 1.0),
@@ -142,11 +142,11 @@ def test_an_observer_that_raises_is_removed_and_the_clock_goes_on():
         calls.append(args)
         raise RuntimeError("observer bug")
 
-    clock.add_observer(broken)
+    device_calls.add_observer(broken)
     c = EngineClock(now=0.0)
     assert c.account(dispatched=0.0, done=1.0, kind="decode") == 1.0
     assert c.account(dispatched=1.0, done=2.0, kind="decode") == 1.0
-    assert len(calls) == 1 and broken not in clock._observers
+    assert len(calls) == 1 and broken not in device_calls._observers
 
 
 # ---- the writer --------------------------------------------------------------------

@@ -52,7 +52,7 @@ _API: dict[str, str] = {
     # rollout and agents
     "RolloutOrchestrator": "tunix_agentic.rollout.orchestrator",
     "RolloutConfig": "tunix_agentic.rollout.config",
-    "Group": "tunix_agentic.rollout.episode",
+    "Group": "tunix_agentic.rollout.group",
     "Trajectory": "tunix_agentic.trajectory",
     "Step": "tunix_agentic.trajectory",
     "AgentConfig": "tunix_agentic.agent.loop",

@@ -1,4 +1,5 @@
-"""``tunix-agentic export``: a run's latest checkpoint as a Hugging Face model directory.
+"""``tunix-agentic export``: a run's latest checkpoint as a Hugging Face model directory;
+and the engine ``serve-engine`` serves from weights on disk (:func:`engine_from_config`).
 
 What is written (safetensors, ``config.json``, tokenizer files) loads in
 transformers and in SGLang, and back here through ``model.source: hf``. A run
@@ -9,6 +10,7 @@ the built-in framing as its chat template, so the two give the same ids.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -17,12 +19,13 @@ import jax
 from flax import nnx
 
 from tunix_agentic.agent.chat import BUILTIN_CHAT_TEMPLATE
-from tunix_agentic.checkpoint import load_run_params
+from tunix_agentic.checkpoint import load_params, load_run_params
 from tunix_agentic.config import ConfigError, RunConfig, load_config
+from tunix_agentic.inference.engine import JaxEngine
 from tunix_agentic.learners.lora import init_adapters
 from tunix_agentic.learners.lora import merge as lora_merge
 from tunix_agentic.models.char_tokenizer import CharTokenizer
-from tunix_agentic.models.hf import save_hf
+from tunix_agentic.models.hf import build_model, is_hf_dir, load_hf_model, save_hf
 from tunix_agentic.models.hf_tokenizer import save_char_tokenizer
 from tunix_agentic.models.transformer import Transformer
 
@@ -67,3 +70,49 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, dtype: str | None = 
             CharTokenizer(cfg.model.vocab_size), out, chat_template=BUILTIN_CHAT_TEMPLATE
         )
     return {"out_dir": str(out), "step": version, "dtype": dtype or cfg.model.dtype}
+
+
+def engine_from_config(
+    cfg: RunConfig, params_path: str | None = None
+) -> tuple[JaxEngine, dict[str, Any]]:
+    """Build the engine ``serve-engine`` serves, and its model info.
+
+    ``params_path`` is a directory written by ``save_params``, a run
+    directory (one holding ``checkpoints/``), whose latest checkpoint is
+    served with its step as the weight version, or a Hugging Face model
+    directory (its ``config.json`` gives the model's shape). Without it the
+    model keeps its random initialisation from ``cfg.seed``. Raises
+    FileNotFoundError or ValueError when the parameters cannot be loaded.
+    """
+    if params_path is not None and not Path(params_path).exists():
+        raise FileNotFoundError(f"--params {params_path!r} does not exist")
+    version = 0
+    model_path = f"random-init(seed={cfg.seed})"
+    path = None if params_path is None else Path(params_path)
+    if path is not None and is_hf_dir(path):
+        # At the checkpoint's own dtype (bf16 stays bf16), attention as configured.
+        model = load_hf_model(path, attention=cfg.model.attention)
+        cfg = dataclasses.replace(cfg, model=model.cfg)
+    elif path is not None and (path / "checkpoints").is_dir():
+        model, version = load_run_policy(path, cfg)  # no random init, no source weights read
+    else:
+        model = build_model(cfg.model, seed=cfg.seed)
+        if path is not None:
+            nnx.update(model, load_params(path, nnx.state(model, nnx.Param)))
+    if path is not None:
+        model_path = str(path.absolute())
+    # The model's tokenizer directory: its end-of-sequence ids stop every request.
+    tokenizer_path = ""
+    if path is not None and (path / "tokenizer.json").is_file():
+        tokenizer_path = str(path.absolute())
+    elif cfg.model.source == "hf":
+        tokenizer_path = str(Path(cfg.model.path).absolute())
+    engine = JaxEngine(model, cfg.engine, version=version)
+    info = {
+        "model_path": model_path,
+        "tokenizer_path": tokenizer_path,
+        "vocab_size": cfg.model.vocab_size,
+        "max_seq_len": cfg.engine.max_seq_len,
+        "max_slots": cfg.engine.max_slots,
+    }
+    return engine, info

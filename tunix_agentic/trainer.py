@@ -35,11 +35,10 @@ from tunix_agentic.config import (
 from tunix_agentic.evaluation import EvalResult, evaluate, evaluate_beside_training, log_eval
 from tunix_agentic.inference.base import InferenceEngine
 from tunix_agentic.inference.engine import JaxEngine
-from tunix_agentic.learners.batching import grpo_batch
 from tunix_agentic.learners.grpo import GRPOLearner
+from tunix_agentic.metrics.engine import EngineWindow
 from tunix_agentic.metrics.layout import write_layout
 from tunix_agentic.metrics.recorder import MetricsRecorder, drop_records
-from tunix_agentic.metrics.rollout import EngineWindow, rollout_stats
 from tunix_agentic.metrics.trace import ProfileSteps, Timeline, open_timeline
 from tunix_agentic.metrics.wandb_mirror import WandbMirror
 from tunix_agentic.models.hf import build_model
@@ -47,11 +46,12 @@ from tunix_agentic.models.tokenizers import load_tokenizer
 from tunix_agentic.models.transformer import count_params
 from tunix_agentic.resume import logged_after, restore_newest
 from tunix_agentic.rl_loop import PeriodicEval, StepReport, run_rl_steps
-from tunix_agentic.rollout.episode import Group
 from tunix_agentic.rollout.orchestrator import RolloutOrchestrator
 from tunix_agentic.rollout.service.connect import connect_service
 from tunix_agentic.rollout.service.runner import ServiceEpisodeRunner
+from tunix_agentic.rollout.stats import rollout_stats
 from tunix_agentic.rollout.transcripts import TranscriptLog
+from tunix_agentic.run_context import GRPOSteps, RunCheckpoints, RunContext
 from tunix_agentic.run_setup import build_engine, chat_template, run_sources, warm_start
 from tunix_agentic.signals import RunInterrupted, Stopped, StopSignals
 
@@ -138,8 +138,7 @@ class Trainer:
         # The rollout nodes' client once built (rollout.service.urls): its outcomes and counts.
         self.rollout_service: ServiceEpisodeRunner | None = None
         self._signals: StopSignals | None = None
-        self._done_step: int | None = None  # the last finished RL step (0: warm start done)
-        self._saved_step: int | None = None
+        self.checkpoints = RunCheckpoints(to_dict(self.cfg.model))
 
     # ------------------------------------------------------------- pieces
     async def evaluate(
@@ -195,9 +194,11 @@ class Trainer:
                     return await self._run_in(stack)
             except Stopped:
                 pass  # the stack has closed everything, the last step's checkpoint included
-            raise RunInterrupted(signals.signum or signal.SIGINT, self._done_step, self.run_dir)
+            raise RunInterrupted(
+                signals.signum or signal.SIGINT, self.checkpoints.done_step, self.run_dir
+            )
 
-    async def _build(self, stack: contextlib.AsyncExitStack) -> tuple[_RunContext, dict[str, Any]]:
+    async def _build(self, stack: contextlib.AsyncExitStack) -> tuple[RunContext, dict[str, Any]]:
         """Build the run, every piece's lifetime on ``stack``: model (restored, or warm-started
         by SFT), learner, engine (compiled on a second thread beside SFT), metrics,
         checkpointer, task stream and orchestrator. Returns them and the checkpoint's
@@ -222,27 +223,14 @@ class Trainer:
                 restored.unreadable if restored else [],
                 self.run_dir / "checkpoints_unreadable",
             )
-        metrics = MetricsRecorder(
-            self.run_dir / "tensorboard", max_samples=cfg.metrics.latency_samples
-        )
-        stack.callback(metrics.close)
-        if cfg.metrics.wandb.project is not None:
-            mirror = WandbMirror(cfg.metrics.wandb, self.run_dir, to_dict(cfg))
-            stack.callback(mirror.close)  # once the run is done writing (LIFO)
-            metrics.add_write_listener(mirror)
-        if cfg.metrics.layout:
-            write_layout(metrics)  # the custom-scalars dashboard TensorBoard opens on
-        timeline = open_timeline(
-            self.run_dir, cfg.trace, metrics, step=start_step, profile_steps=self.profile_steps
-        )
-        stack.callback(timeline.close)  # before metrics.close; on every path, errors included
+        metrics, timeline = _open_metrics(stack, cfg, self.run_dir, start_step, self.profile_steps)
         ckpt = Checkpointer(self.run_dir / "checkpoints", max_to_keep=cfg.rl.keep_checkpoints)
         stack.callback(ckpt.close)  # runs before metrics.close: pending writes finish first
         self._log(f"model: {count_params(model):,} parameters; run dir {self.run_dir}")
         if restored:
             learner = restored.learner
             model = learner.policy_model()
-            self._saved_step = self._done_step = start_step
+            self.checkpoints.resumed_at(start_step)
             self._log(f"resumed from step {start_step}")
         elif self.resume:
             self._log(f"no checkpoint under {ckpt.directory}: starting fresh")
@@ -281,6 +269,8 @@ class Trainer:
                 f"engine warm-up: {warmed['shapes']:.0f} shapes compiled in "
                 f"{warmed['seconds']:.0f}s on a second thread"
             )
+        # On rollout nodes (rollout.service.urls) their runner runs the groups.
+        runner = self.rollout_service = await self._node_runner(stack, engine, start_step)
         orch = RolloutOrchestrator(
             engine,
             self.env_factory,
@@ -289,23 +279,27 @@ class Trainer:
             cfg.rollout,
             tasks=tasks,
             metrics=metrics,
+            runner=runner,
         )
         orch.set_version(start_step)
         if restored:
             orch.restore_state(meta["rollout"])
-        if cfg.rollout.service.enabled:  # groups run on rollout nodes from here on
-            self.rollout_service = await connect_service(
-                stack,
-                orch,
-                engine,
-                cfg.rollout,
-                cfg.agent,
-                state=meta["rollout"].get("service") if restored else None,
-                model_info={"model_path": f"tunix-agentic run {self.run_dir.name}"},
-            )
-        ctx = _RunContext(learner, orch, engine, ckpt, metrics, t_start, start_step, timeline)
+        ctx = RunContext(learner, orch, engine, ckpt, metrics, t_start, start_step, timeline)
         ctx.transcripts = TranscriptLog(self.run_dir, self.template, cfg.agent.parser, metrics)
         return ctx, meta
+
+    async def _node_runner(
+        self, stack: contextlib.AsyncExitStack, engine: InferenceEngine, version: int
+    ) -> ServiceEpisodeRunner | None:
+        """The connected runner of groups on rollout nodes (``rollout.service.urls``),
+        closed by ``stack``; None: groups run in process."""
+        cfg = self.cfg
+        info = {"model_path": f"tunix-agentic run {self.run_dir.name}"}
+        if cfg.rollout.service.enabled:
+            return await connect_service(
+                stack, engine, cfg.rollout, cfg.agent, version=version, model_info=info
+            )
+        return None
 
     async def _run_in(self, stack: contextlib.AsyncExitStack) -> TrainResult:
         cfg = self.cfg
@@ -314,7 +308,7 @@ class Trainer:
         orch, metrics = ctx.orch, ctx.metrics
         # From here on a stop signal or an error saves the last finished step before the
         # stack closes (the checkpointer, closed after, finishes the write).
-        stack.push(functools.partial(self._save_on_exit, ctx))
+        stack.push(functools.partial(self.checkpoints.save_on_exit, ctx))
         if restored:
             before = float(meta["success_before"])
             by_task_before = dict(meta.get("success_before_by_task", {}))
@@ -326,20 +320,20 @@ class Trainer:
             log_eval(metrics, ev, start_step, ctx.transcripts)
         ctx.before, ctx.by_task_before = before, by_task_before
         if not restored:
-            self._done_step = 0
-            self._save(ctx, 0)  # the warm start is never redone
+            self.checkpoints.done_step = 0
+            self.checkpoints.save(ctx, 0)  # the warm start is never redone
         self._log(f"held-out success before RL: {before:.3f}, mean reward {ctx.reward_before:.3f}")
 
         history = await self._rl_loop(ctx, ctx.engine, start_step)
         final_step = max(cfg.rl.steps, start_step)
-        self._save(ctx, final_step)
+        self.checkpoints.save(ctx, final_step)
         with metrics.span("eval"):
             after_eval = await self._signals.race(self.evaluate(orch, cfg.rl.eval_tasks))
         log_eval(metrics, after_eval, final_step, ctx.transcripts)
         return _finish(self.run_dir, cfg.rl.steps, ctx, after_eval, history)
 
     async def _rl_loop(
-        self, ctx: _RunContext, engine: InferenceEngine, start_step: int
+        self, ctx: RunContext, engine: InferenceEngine, start_step: int
     ) -> list[dict]:
         cfg = self.cfg
         metrics = ctx.metrics
@@ -360,47 +354,27 @@ class Trainer:
         def on_step(report: StepReport) -> None:
             step, groups, out = report.step, report.groups, report.out
             stats = rollout_stats(groups)
-            versions = [
-                t.min_version for g in groups for t in g.trajectories if t.min_version is not None
-            ]
-            extra = {
-                **stats,
-                **{f"learner/{k}": v for k, v in out.items()},
-                "rollout/staleness_max": float(step - 1 - min(versions)) if versions else 0.0,
-                "throughput/generated_tokens_per_s": stats.get("rollout/generated_tokens", 0.0)
-                / report.wall_s,
-                "throughput/step_s": report.wall_s,
-                **window.scalars(),
-            }
-            history.append(metrics.write_step(step, extra))
+            history.append(metrics.write_step(step, _step_scalars(report, stats, window)))
             ctx.transcripts.write_step(step, groups)  # a few episodes, to read (tunix-agentic show)
             ctx.timeline.begin_step(step + 1)  # the step's trace to disk; the profile window
-            if isinstance(ctx.orch.episodes, ServiceEpisodeRunner):
-                # The nodes learn the version on the engine (behind ``step`` while weights
-                # are held back for an evaluation: rl.eval_every).
-                ctx.orch.episodes.set_version(ctx.orch.version)
-            self._done_step = step
-            # What a checkpoint of this step holds, as it is now: the next batch may be taken
-            # (and its groups leave the task stream's pending list) before a later save.
-            ctx.trained_at_done = steps.started
-            ctx.rollout_at_done = json.loads(json.dumps(_rollout_state(ctx.orch)))
+            self.checkpoints.step_done(ctx, step)
             bar.update(1)
             bar.set_postfix(
                 reward=f"{stats.get('rollout/reward_mean', 0):.2f}", loss=f"{out['loss']:.3f}"
             )
             every = cfg.rl.checkpoint_every
             if every and step % every == 0:
-                self._save(ctx, step)
+                self.checkpoints.save(ctx, step)
             if self._signals.requested:
                 raise Stopped
 
-        steps = ctx.steps = _GRPOSteps(ctx.learner, cfg, self.tokenizer.pad_id)
+        ctx.steps = GRPOSteps(ctx.learner, cfg, self.tokenizer.pad_id)
         ctx.timeline.begin_step(start_step + 1)
         try:
             await run_rl_steps(
                 ctx.orch,
                 engine,
-                steps,
+                ctx.steps,
                 start_step=start_step,
                 steps=cfg.rl.steps,
                 on_step=on_step,
@@ -412,7 +386,7 @@ class Trainer:
             bar.close()
         return history
 
-    def _periodic_eval(self, ctx: _RunContext) -> PeriodicEval:
+    def _periodic_eval(self, ctx: RunContext) -> PeriodicEval:
         """``rl.eval_every``: evaluations beside training, logged at the version they measure
         (with ``eval/wall_s``; a due step never on the engine logs ``eval/skipped``)."""
         metrics = ctx.metrics
@@ -431,115 +405,13 @@ class Trainer:
             self.cfg.rl.eval_every, run, done, lambda v: metrics.scalar("eval/skipped", 1.0, v)
         )
 
-    def _save(self, ctx: _RunContext, step: int) -> None:
-        """Checkpoint ``step`` in the background (once per step; skipped if already saved)."""
-        if self._saved_step == step:
-            return
-        ctx.metrics.flush()  # every scalar up to this step is on disk before the checkpoint
-        at_done = step == self._done_step and ctx.rollout_at_done is not None
-        meta = {
-            "success_before": ctx.before,
-            "success_before_by_task": ctx.by_task_before,
-            "reward_before": ctx.reward_before,
-            "rollout": ctx.rollout_at_done if at_done else _rollout_state(ctx.orch),
-            "version": step,
-            "elapsed_s": time.perf_counter() - ctx.t_start,
-            "wall_time": time.time(),  # for people: a resume decides what to redo by step
-            "model": to_dict(self.cfg.model),
-        }
-        ctx.ckpt.save(step, ctx.learner.checkpoint_params(), ctx.learner.state.opt_state, meta)
-        self._saved_step = step
-
-    def _save_on_exit(self, ctx: _RunContext, exc_type, exc, tb) -> bool:
-        """On a stop signal or an error, checkpoint the last finished step (an exit-stack
-        callback; never suppresses the exit's exception).
-
-        Only a whole step is saved: after a train step began whose step did not finish
-        (it raised, or its report did), the learner holds no finished step's state, and
-        the newest checkpoint stays the last one written. A forced way out (a second
-        Ctrl-C) saves nothing; a save that fails is logged, not raised over the error.
-        """
-        if exc_type is None or not issubclass(exc_type, Exception):
-            return False  # a run that ended saved its last step; a forced exit waits for nothing
-        if self._done_step is None or ctx.before is None or self._saved_step == self._done_step:
-            return False
-        if ctx.steps is not None and ctx.steps.started != ctx.trained_at_done:
-            _log.warning(
-                "step %d did not finish: the newest checkpoint stays step %s",
-                self._done_step + 1,
-                self._saved_step,
-            )
-            return False
-        try:
-            self._save(ctx, self._done_step)
-        except Exception as save_exc:
-            _log.warning(
-                "could not checkpoint step %d on the way out: %s",
-                self._done_step,
-                f"{type(save_exc).__name__}: {save_exc}",
-            )
-        return False
-
     def _log(self, msg: str) -> None:
         if self.progress:
             tqdm.write(msg, file=sys.stderr)
 
 
-class _GRPOSteps:
-    """The GRPO learner as the RL loop sees it: groups in, one train step, figures out."""
-
-    def __init__(self, learner: GRPOLearner, cfg: RunConfig, pad_id: int):
-        self.learner, self.cfg, self.pad_id = learner, cfg, pad_id
-        # Train steps begun on the learner's state (a step that raised may have consumed it).
-        self.started = 0
-
-    def train_on(self, groups: list[Group]) -> dict[str, float]:
-        rollout, lcfg = self.cfg.rollout, self.cfg.learner
-        rows = rollout.groups_per_batch * rollout.group_size
-        multiple = self.learner.row_multiple()
-        batch = grpo_batch(
-            groups,
-            self.learner.advantage_fn,
-            pad_id=self.pad_id,
-            num_rows=-(-rows // multiple) * multiple,
-            length_multiple=lcfg.length_bucket,
-            geometric=True,
-            task_normalize=lcfg.task_normalize,
-            turn_level=lcfg.turn_advantage,
-            overlong=lcfg.overlong,
-            overlong_max_len=lcfg.overlong_max_len,
-            overlong_cache_len=lcfg.overlong_cache_len,
-        )
-        self.started += 1
-        return self.learner.train_step(batch, pad_id=self.pad_id)
-
-    def params_for_engine(self) -> Any:
-        return self.learner.params_for_engine()
-
-
-@dataclasses.dataclass
-class _RunContext:
-    """The built run: what the loop drives and what a checkpoint is made of."""
-
-    learner: GRPOLearner
-    orch: RolloutOrchestrator
-    engine: InferenceEngine
-    ckpt: Checkpointer
-    metrics: MetricsRecorder
-    t_start: float
-    start_step: int
-    timeline: Timeline  # the trace and the --profile-steps profiler
-    before: float | None = None
-    by_task_before: dict[str, float] = dataclasses.field(default_factory=dict)
-    reward_before: float = 0.0
-    transcripts: TranscriptLog | None = None  # set once built
-    steps: _GRPOSteps | None = None  # the RL loop's learner, once RL began
-    trained_at_done: int = 0  # its train steps begun when the last RL step finished
-    rollout_at_done: dict[str, Any] | None = None  # the task stream's state then
-
-
 def _finish(
-    run_dir: Path, steps: int, ctx: _RunContext, after: EvalResult, history: list[dict]
+    run_dir: Path, steps: int, ctx: RunContext, after: EvalResult, history: list[dict]
 ) -> TrainResult:
     """The run's result, also written to ``run_dir/summary.json`` with the last
     evaluation's figures (its transcripts are in ``run_dir/transcripts``)."""
@@ -561,13 +433,47 @@ def _finish(
     return result
 
 
-def _rollout_state(orch: RolloutOrchestrator) -> dict[str, Any]:
-    """The orchestrator's checkpoint state; on rollout nodes, with the ``service`` part too
-    (the run id and the finished groups not yet trained on, kept instead of regenerated)."""
-    state = orch.checkpoint_state()
-    if isinstance(orch.episodes, ServiceEpisodeRunner):
-        state["service"] = orch.episodes.checkpoint_state(i for i, _ in state["pending"])
-    return state
+def _open_metrics(
+    stack: contextlib.AsyncExitStack,
+    cfg: RunConfig,
+    run_dir: Path,
+    start_step: int,
+    profile_steps: ProfileSteps | None,
+) -> tuple[MetricsRecorder, Timeline]:
+    """The run's metrics recorder (TensorBoard, with a W&B mirror and the dashboard layout
+    as configured) and its timeline (trace and profiler), both closed by ``stack``."""
+    metrics = MetricsRecorder(run_dir / "tensorboard", max_samples=cfg.metrics.latency_samples)
+    stack.callback(metrics.close)
+    if cfg.metrics.wandb.project is not None:
+        mirror = WandbMirror(cfg.metrics.wandb, run_dir, to_dict(cfg))
+        stack.callback(mirror.close)  # once the run is done writing (LIFO)
+        metrics.add_write_listener(mirror)
+    if cfg.metrics.layout:
+        write_layout(metrics)  # the custom-scalars dashboard TensorBoard opens on
+    timeline = open_timeline(
+        run_dir, cfg.trace, metrics, step=start_step, profile_steps=profile_steps
+    )
+    stack.callback(timeline.close)  # before metrics.close; on every path, errors included
+    return metrics, timeline
+
+
+def _step_scalars(
+    report: StepReport, stats: dict[str, float], window: EngineWindow
+) -> dict[str, float]:
+    """What an RL step logs besides its step number: the rollout's figures (``stats``), the
+    learner's, the batch's staleness, throughput and the engine's window."""
+    versions = [
+        t.min_version for g in report.groups for t in g.trajectories if t.min_version is not None
+    ]
+    return {
+        **stats,
+        **{f"learner/{k}": v for k, v in report.out.items()},
+        "rollout/staleness_max": float(report.step - 1 - min(versions)) if versions else 0.0,
+        "throughput/generated_tokens_per_s": stats.get("rollout/generated_tokens", 0.0)
+        / report.wall_s,
+        "throughput/step_s": report.wall_s,
+        **window.scalars(),
+    }
 
 
 async def _settle(fut: asyncio.Future) -> None:

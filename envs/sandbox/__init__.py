@@ -80,6 +80,7 @@ from tunix_agentic.envs.sandbox.config import (
     SandboxError,
     SandboxIsolationWarning,
     isolated,
+    load_sandbox_config,
     unisolated_refusal,
 )
 from tunix_agentic.envs.sandbox.core import Sandbox
@@ -104,6 +105,7 @@ __all__ = [
     "bwrap_problem",
     "check_uid_range",
     "isolated",
+    "load_sandbox_config",
     "sweep_orphans",
     "truncate_middle",
     "unisolated_refusal",

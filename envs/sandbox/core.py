@@ -4,8 +4,9 @@ See the package docstring (:mod:`tunix_agentic.envs.sandbox`) for what a sandbox
 how. The class starts, tracks and kills processes and reaches the working directory's files
 from the host; what it takes at start and releases at close lives in
 :mod:`~tunix_agentic.envs.sandbox.resources`, one command's run to completion in
-:mod:`~tunix_agentic.envs.sandbox.run`, and the command lines in
-:mod:`~tunix_agentic.envs.sandbox.launch`.
+:mod:`~tunix_agentic.envs.sandbox.run`, the command lines in
+:mod:`~tunix_agentic.envs.sandbox.launch`, and the host's way to the working directory's
+files in :mod:`~tunix_agentic.envs.sandbox.files`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import contextlib
 import os
 import shlex
 import shutil
-import stat
 import subprocess
 import time
 import warnings
@@ -35,6 +35,7 @@ from tunix_agentic.envs.sandbox.config import (
     _under,
     interpreter,
 )
+from tunix_agentic.envs.sandbox.files import WorkdirFiles
 from tunix_agentic.envs.sandbox.launch import (
     _STANDARD_PATH,
     _bwrap_prefix,
@@ -44,13 +45,12 @@ from tunix_agentic.envs.sandbox.launch import (
     bwrap_problem,
 )
 from tunix_agentic.envs.sandbox.limits import SandboxTotals, join_prefix, warn_unbounded
-from tunix_agentic.envs.sandbox.paths import _resolve_in
 from tunix_agentic.envs.sandbox.resources import _reap, _Resources, _running, _unwatch, allocate
 from tunix_agentic.envs.sandbox.run import CommandResult, run_to_completion
 
 
 # ---------------------------------------------------------------------------- sandbox
-class Sandbox:
+class Sandbox(WorkdirFiles):
     """One episode's sandbox; see the package docstring for what it isolates and how.
 
     ``Sandbox(config)`` allocates nothing; ``await sandbox.start()`` (or ``await
@@ -372,63 +372,6 @@ class Sandbox:
         finally:
             if proc.returncode is not None:
                 self.forget(proc)
-
-    # ------------------------------------------------------------------ files
-    def resolve(self, path: str) -> tuple[int, str]:
-        """Opens the directory that holds ``path`` inside the working directory, safely.
-
-        Returns ``(dir_fd, name)``: an ``O_PATH`` descriptor of the containing directory (the
-        caller closes it) and the last component (which may not exist yet; open it with
-        ``dir_fd`` and ``O_NOFOLLOW``; ``"."`` when ``path`` names a directory itself, as
-        ``"."`` names the working directory). ``path`` is relative to the working directory or
-        absolute under :attr:`cwd`. ``..`` components and symlinks that lead outside are
-        rejected with ``ValueError``; symlinks inside are followed (an absolute target is
-        read as an in-sandbox path, never the host's), and each directory is opened with
-        ``O_NOFOLLOW``, so a link swapped in concurrently cannot redirect the walk outside.
-        A missing parent directory raises ``FileNotFoundError`` (:meth:`resolve_for_write`
-        creates it).
-        """
-        return self._resolve(path, make_parents=False)
-
-    def resolve_for_write(self, path: str) -> tuple[int, str]:
-        """:meth:`resolve`, creating missing parent directories (owned by the sandbox's uid)."""
-        return self._resolve(path, make_parents=True)
-
-    def _resolve(self, path: str, *, make_parents: bool) -> tuple[int, str]:
-        self._check()
-        assert self.workdir is not None and self.cwd is not None
-        return _resolve_in(self.workdir, self.cwd, path, uid=self.uid, make_parents=make_parents)
-
-    def write_file(self, path: str, data: str | bytes, *, mode: int = 0o644) -> None:
-        """Writes a file in the working directory (parents created), owned by the sandbox's uid.
-
-        For setting up a task before the agent starts; ``path`` as in :meth:`resolve`.
-        """
-        dir_fd, name = self.resolve_for_write(path)
-        try:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(name, flags, mode, dir_fd=dir_fd)
-        finally:
-            os.close(dir_fd)
-        with os.fdopen(fd, "wb") as f:
-            if self.uid is not None:
-                os.fchown(f.fileno(), self.uid, self.uid)
-            f.write(data.encode() if isinstance(data, str) else data)
-
-    def read_file(self, path: str, *, binary: bool = False) -> str | bytes:
-        """Reads a regular file of the working directory (``path`` as in :meth:`resolve`)."""
-        dir_fd, name = self.resolve(path)
-        try:
-            fd = os.open(
-                name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
-            )
-        finally:
-            os.close(dir_fd)
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise ValueError(f"{path!r} is not a regular file")
-            data = f.read()
-        return data if binary else data.decode("utf-8", "replace")
 
 
 def _world_reachable(path: str) -> bool:

@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch  # noqa: E402
-import toy_common as tc  # noqa: E402
-import transformers  # noqa: E402
-from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+import torch
+import toy_common as tc
+import transformers
+from transformers import Qwen3Config, Qwen3ForCausalLM
 
 
 def build_model(d: dict = tc.MODEL_DIMS, seed: int = 0) -> Qwen3ForCausalLM:

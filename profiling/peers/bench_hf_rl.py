@@ -20,14 +20,12 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch  # noqa: E402
-import toy_common as tc  # noqa: E402
-import transformers  # noqa: E402
-from bench_hf_generate import build_model, generate_kwargs  # noqa: E402
+import torch
+import toy_common as tc
+import transformers
+from bench_hf_generate import build_model, generate_kwargs
 
 ROUNDS = int(os.environ.get("RL_ROUNDS", 2))
 

@@ -18,18 +18,16 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch  # noqa: E402
-import toy_common as tc  # noqa: E402
-import transformers  # noqa: E402
-import trl  # noqa: E402
-from bench_hf_generate import build_model  # noqa: E402
-from datasets import Dataset  # noqa: E402
-from transformers import TrainerCallback  # noqa: E402
-from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+import torch
+import toy_common as tc
+import transformers
+import trl
+from bench_hf_generate import build_model
+from datasets import Dataset
+from transformers import TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
 
 WORK = os.environ.get("PEERS_WORKDIR", "/tmp/peers")
 N_PROMPTS = int(os.environ.get("ANCHOR_GRPO_PROMPTS", 4))

@@ -23,20 +23,18 @@ import functools
 import json
 import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import grain  # noqa: E402
-import jax  # noqa: E402
-import optax  # noqa: E402
-import toy_common as tc  # noqa: E402
-import tunix  # noqa: E402
-from bench_tunix_sampler import build_model  # noqa: E402
-from tunix.generate import sampler as sampler_lib  # noqa: E402
-from tunix.rl import rl_cluster as rl_cluster_lib  # noqa: E402
-from tunix.rl.grpo import grpo_learner as grpo_lib  # noqa: E402
-from tunix.rl.rollout import base_rollout  # noqa: E402
+import grain
+import jax
+import optax
+import toy_common as tc
+import tunix
+from bench_tunix_sampler import build_model
+from tunix.generate import sampler as sampler_lib
+from tunix.rl import rl_cluster as rl_cluster_lib
+from tunix.rl.grpo import grpo_learner as grpo_lib
+from tunix.rl.rollout import base_rollout
 
 N_PROMPTS = int(os.environ.get("ANCHOR_GRPO_PROMPTS", 4))
 G = int(os.environ.get("ANCHOR_GRPO_G", 4))

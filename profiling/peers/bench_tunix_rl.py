@@ -23,16 +23,14 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import toy_common as tc  # noqa: E402
-import tunix  # noqa: E402
-from bench_tunix_sampler import build_model, make_sampler  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+import toy_common as tc
+import tunix
+from bench_tunix_sampler import build_model, make_sampler
 
 ROUNDS = int(os.environ.get("RL_ROUNDS", 2))
 

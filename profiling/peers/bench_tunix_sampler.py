@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import toy_common as tc  # noqa: E402
+import toy_common as tc
 
 _t = time.perf_counter()
 import jax  # noqa: E402

@@ -263,7 +263,7 @@ def add_env_metrics(traj: Trajectory, info: Mapping[str, Any]) -> None:
     """Adds a step's ``info["metrics"]`` (``{name: number}``, the environment's own
     figures, e.g. ``{"guesses": 1}``) to the episode's sums in ``traj.info["metrics"]``;
     the trainer logs their mean over a step's episodes as ``rollout/env/<name>``
-    (:func:`~tunix_agentic.metrics.rollout.rollout_stats`). Raises ``ValueError`` naming
+    (:func:`~tunix_agentic.rollout.stats.rollout_stats`). Raises ``ValueError`` naming
     the key for a name that is not a metric name or a value that is not a finite number."""
     reported = info.get("metrics")
     if reported is None:

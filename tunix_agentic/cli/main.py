@@ -417,6 +417,7 @@ def _serve_env(args: argparse.Namespace) -> int:
 
 
 def _serve_rollout(args: argparse.Namespace) -> int:
+    from tunix_agentic.config import load_config
     from tunix_agentic.rollout.service.caps import NodeCaps
     from tunix_agentic.rollout.service.node_http import serve_rollout_main
 
@@ -428,12 +429,13 @@ def _serve_rollout(args: argparse.Namespace) -> int:
             max_task_bytes=args.max_task_kb << 10,
             max_log_bytes=args.max_log_mb << 20,
         )
-    except ValueError as exc:
+        config = args.config if args.config is not None else _default_config()
+        run_config = load_config(config, list(args.overrides))
+    except (ValueError, FileNotFoundError) as exc:
         print(f"tunix-agentic: error: {exc}", file=sys.stderr)
         return 2
     return serve_rollout_main(
-        args.config if args.config is not None else _default_config(),
-        overrides=list(args.overrides),
+        run_config,
         engine_urls=list(args.engine_urls),
         state_dir=args.state_dir,
         host=args.host,
@@ -487,7 +489,8 @@ def _serve_engine(args: argparse.Namespace) -> int:
     import os
 
     from tunix_agentic.config import load_config
-    from tunix_agentic.serving.engine_server import engine_from_config, serve_forever
+    from tunix_agentic.export import engine_from_config
+    from tunix_agentic.serving.engine_server import serve_forever
     from tunix_agentic.serving.http import API_KEY_ENV, check_exposure
 
     _warn_api_key_flag(args)

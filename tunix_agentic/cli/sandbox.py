@@ -10,48 +10,21 @@ unless ``--backend process`` (or ``env.sandbox.backend: process``) asks for no i
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Sequence
-from typing import Any
 
-from tunix_agentic.envs.sandbox import Sandbox, SandboxConfig, SandboxError, isolated
+from tunix_agentic.envs.sandbox import (
+    Sandbox,
+    SandboxConfig,
+    SandboxError,
+    isolated,
+    load_sandbox_config,
+)
 from tunix_agentic.envs.sandboxed import check_isolation
 
 TIMEOUT_EXIT = 124  # as timeout(1)
 INTERRUPT_EXIT = 130  # 128 + SIGINT
-
-
-def load_sandbox_config(
-    path: str | os.PathLike[str] | None, backend: str | None = None
-) -> SandboxConfig:
-    """The ``env.sandbox`` section of a run config YAML as a :class:`SandboxConfig`.
-
-    No file, or no such section: the defaults. ``backend``, if given, replaces the file's.
-    The YAML is read directly (not through the run-config loader), so only this section
-    matters. Raises ``ValueError`` for an unreadable file, a malformed section or a bad field.
-    """
-    section: dict[str, Any] = {}
-    if path is not None:
-        import yaml
-
-        try:
-            with open(path) as f:
-                doc = yaml.safe_load(f) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ValueError(f"cannot read config {path}: {exc}") from exc
-        env = doc.get("env") if isinstance(doc, dict) else None
-        found = env.get("sandbox") if isinstance(env, dict) else None
-        if found is not None and not isinstance(found, dict):
-            raise ValueError(f"env.sandbox in {path} must be a mapping, got {found!r}")
-        section = dict(found or {})
-    if backend is not None:
-        section["backend"] = backend
-    try:
-        return SandboxConfig(**section)
-    except TypeError as exc:  # an unknown key
-        raise ValueError(f"env.sandbox: {exc}") from None
 
 
 def run_in_sandbox(

@@ -1,7 +1,7 @@
 """The stamp every figure in the docs carries: the command that made it, the date, and the
 machine and its state, as an HTML comment beside the figure (invisible when rendered).
 
-    <!-- figure: command="python profiling/bench_learner.py --pairs 5", date=2026-12-04,
+    <!-- figure: command="python -m profiling.bench_learner --pairs 5", date=2026-12-04,
          machine="2-core CPU, JAX 0.10.2", state="5 clean pairs, others <= 4% of the CPUs" -->
 
 on the line before the figure's table, paragraph or code block (inside a list item, at the

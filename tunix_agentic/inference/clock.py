@@ -10,41 +10,19 @@ device call, when it was dispatched and when it completed; completion times
 come from a thread that blocks on each call, so they are taken when they
 happen. Pure Python: the times are passed in.
 
-Observers (:func:`add_observer`) see every device call and host gap as it is
-accounted, for a run's timeline (:mod:`tunix_agentic.metrics.trace`).
+Each device call and host gap is told, as it is accounted, to the observers of
+:mod:`tunix_agentic.metrics.device_calls` (a run's timeline:
+:mod:`tunix_agentic.metrics.trace`).
 """
 
 from __future__ import annotations
 
 import itertools
-import logging
 import time
-from collections.abc import Callable
 
-_log = logging.getLogger(__name__)
+from tunix_agentic.metrics import device_calls
 
-# fn(engine_id, name, start, end): name is the call's kind ("prefill", "decode") or
-# "host_gap"; start and end are time.perf_counter() readings.
-Observer = Callable[[int, str, float, float], None]
-_observers: tuple[Observer, ...] = ()  # replaced, never mutated: read without a lock
 _engine_ids = itertools.count()
-
-
-def add_observer(fn: Observer) -> None:
-    """Call ``fn(engine_id, name, start, end)`` for each device call and host gap of every
-    engine clock in this process from now on (``engine_id`` tells the engines apart).
-
-    ``fn`` runs on the engine's scheduler thread: it must be quick and thread-safe. One
-    that raises is removed (and its error logged), so the engine never fails for it.
-    """
-    global _observers
-    _observers = (*_observers, fn)
-
-
-def remove_observer(fn: Observer) -> None:
-    """Stop calling ``fn`` (no error if it was not added)."""
-    global _observers
-    _observers = tuple(o for o in _observers if o != fn)  # a bound method: equal, not same
 
 
 class EngineClock:
@@ -83,7 +61,7 @@ class EngineClock:
         gap, less any idle period in between. ``kind`` names the call for observers.
         """
         free_from, free_to = self._device_done_at, dispatched
-        if _observers:
+        if device_calls.observed():
             self._notify(kind, free_from, free_to, done)
         if free_to > free_from:  # the device had nothing queued in between
             idle = sum(
@@ -109,13 +87,7 @@ class EngineClock:
         if free_to > at:
             events.append(("host_gap", at, free_to))
         events.append((kind, max(free_from, free_to), done))
-        for fn in _observers:
-            try:
-                for name, start, end in events:
-                    fn(self.engine_id, name, start, end)
-            except Exception:
-                remove_observer(fn)
-                _log.exception("engine clock observer %r failed; removed", fn)
+        device_calls.notify(self.engine_id, events)
 
     def reading(self, now: float | None = None) -> dict[str, float]:
         """Busy, host-gap and idle seconds so far, the idle period under way included.

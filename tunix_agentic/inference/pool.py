@@ -37,6 +37,7 @@ from tunix_agentic.inference.base import (
     summed_counters,
 )
 from tunix_agentic.inference.params import SamplingParams
+from tunix_agentic.inference.pool_health import BackendHealth
 from tunix_agentic.inference.routing import Backend, Router
 from tunix_agentic.metrics.sink import NULL_METRICS, MetricsSink
 
@@ -50,12 +51,7 @@ FAILOVER_ERRORS: tuple[type[BaseException], ...] = (
     TimeoutError,
     OSError,
 )
-# A health probe that hangs longer than this counts as a failed probe.
-_PROBE_TIMEOUT_S = 5.0
 _CLOSE_SETTLE_S = 5.0
-# A recovering backend that does not apply the latest weights within this stays out.
-_READMIT_WEIGHTS_TIMEOUT_S = 120.0
-_NO_PARAMS = object()
 
 
 class EnginePool:
@@ -125,13 +121,18 @@ class EnginePool:
         # Assume the backends start in step; the version is known if they agree on one.
         versions = {b.version for b in backends}
         self.version: int | None = versions.pop() if len(versions) == 1 else None
-        self._params: Any = _NO_PARAMS  # latest pushed weights, for backends that missed them
         self._backends = [
             Backend(i, name, engine, weights_version=self.version)
             for i, (name, engine) in enumerate(zip(names, backends, strict=True))
         ]
         self._router = Router(self._backends, max_sessions)
-        self._health_task: asyncio.Task | None = None
+        # Ejections and readmission (with the latest weights, for backends that missed them).
+        self._health = BackendHealth(
+            self._backends,
+            failures_to_eject=failures_to_eject,
+            interval_s=self.health_interval_s,
+            count=self._count,
+        )
         self._background: set[asyncio.Task] = set()  # weight updates being settled
         self._closed = False
 
@@ -171,7 +172,7 @@ class EnginePool:
         """
         if self._closed:
             raise EngineError("engine pool is closed")
-        self._ensure_health_task()
+        self._health.ensure_watching()
         self._count("pool/requests")
         tried: set[int] = set()
         errors: list[str] = []
@@ -191,7 +192,7 @@ class EnginePool:
             except FAILOVER_ERRORS as e:
                 last_error = e
                 errors.append(f"{backend.name}: {type(e).__name__}: {e}")
-                self._record_failure(backend, e)
+                self._health.record_failure(backend, e)
                 continue
             finally:
                 self._add_in_flight(backend, -1)  # also on cancellation
@@ -220,7 +221,7 @@ class EnginePool:
         loop = asyncio.get_running_loop()
         # A pool that only publishes (its engines serve others) must still probe a backend
         # it takes out, and bring it back with these weights.
-        self._ensure_health_task()
+        self._health.ensure_watching()
         handed: list[tuple[Backend, WeightUpdate]] = []
         errors: list[str] = []
         for b in self._backends:
@@ -238,7 +239,7 @@ class EnginePool:
                 continue
             handed.append((b, update))
         self.version = version
-        self._params = params
+        self._health.latest = (params, version)
         combined = WeightUpdate(version)
         task = loop.create_task(self._settle_weights(version, handed, errors, combined))
         self._background.add(task)
@@ -284,7 +285,7 @@ class EnginePool:
         logger.warning("update_weights v%d failed on %s: %r", version, b.name, error)
         errors.append(f"{b.name}: {type(error).__name__}: {error}")
         self._count("pool/weight_update_failures")
-        self._eject(b, "update_weights failed")
+        self._health.eject(b, "update_weights failed")
 
     def health(self) -> dict[str, Any]:
         """``ok`` when any backend is in rotation, the pool's version, and per-backend state."""
@@ -310,16 +311,13 @@ class EnginePool:
 
         Returns True when any backend is in rotation afterwards.
         """
-        await self._probe_and_update(self._backends)
+        await self._health.probe_and_update(self._backends)
         return any(b.healthy for b in self._backends)
 
     async def close(self) -> None:
         """Stop the health task and, if the pool owns them, close the backends."""
         self._closed = True
-        task, self._health_task = self._health_task, None
-        if task is not None and not task.done() and task.get_loop() is asyncio.get_running_loop():
-            task.cancel()
-            await asyncio.wait({task})
+        await self._health.stop()
         if not self.close_backends:
             return
         closers = [b.engine.close() for b in self._backends]
@@ -363,76 +361,6 @@ class EnginePool:
         if errors:
             msg += f"; this request failed on {'; '.join(errors)}"
         return msg + ")"
-
-    # ------------------------------------------------------- health tracking
-    def _record_failure(self, b: Backend, error: BaseException) -> None:
-        b.failures += 1
-        logger.warning("backend %s failed (%d in a row): %r", b.name, b.failures, error)
-        if b.failures >= self.failures_to_eject:
-            self._eject(b, f"{b.failures} consecutive failures")
-
-    def _eject(self, b: Backend, reason: str) -> None:
-        if not b.healthy:
-            return
-        b.healthy = False
-        self._count("pool/ejections")
-        logger.warning("backend %s taken out of rotation: %s", b.name, reason)
-
-    async def _readmit(self, b: Backend) -> None:
-        """Put ``b`` back in rotation, first bringing its weights up to date (applied)."""
-        if b.healthy:
-            return
-        if self._params is not _NO_PARAMS and b.weights_version != self.version:
-            version = self.version
-            try:
-                async with asyncio.timeout(_READMIT_WEIGHTS_TIMEOUT_S):
-                    await WeightUpdate.of(b.engine.update_weights(self._params, version), version)
-            except Exception as exc:
-                logger.warning("backend %s answers but could not take weights: %r", b.name, exc)
-                return
-            b.applied(version)
-            if b.weights_version != self.version:
-                return  # newer weights came meanwhile: the next probe brings those
-        b.healthy = True
-        b.failures = 0
-        self._count("pool/recoveries")
-        logger.info("backend %s back in rotation", b.name)
-
-    async def _probe(self, b: Backend) -> bool:
-        """Ask one backend whether it can serve; any error or hang means no."""
-        try:
-            async with asyncio.timeout(_PROBE_TIMEOUT_S):
-                return bool(await b.engine.check_health())
-        except Exception as e:
-            logger.debug("health probe of %s failed: %r", b.name, e)
-            return False
-
-    async def _probe_and_update(self, backends: list[Backend]) -> None:
-        results = await asyncio.gather(*(self._probe(b) for b in backends))
-        await asyncio.gather(
-            *(self._readmit(b) for b, ok in zip(backends, results, strict=True) if ok)
-        )
-        for b, ok in zip(backends, results, strict=True):
-            if not ok:
-                self._eject(b, "health probe failed")
-
-    def _ensure_health_task(self) -> None:
-        """Start the recovery task on the running loop unless it already runs there."""
-        loop = asyncio.get_running_loop()
-        task = self._health_task
-        if task is None or task.done() or task.get_loop() is not loop:
-            self._health_task = loop.create_task(self._watch(), name="engine-pool-health")
-
-    async def _watch(self) -> None:
-        while True:
-            await asyncio.sleep(self.health_interval_s)
-            down = [b for b in self._backends if not b.healthy]
-            if not down:
-                continue
-            try:
-                await self._probe_and_update(down)
-            except Exception:
-                logger.exception("engine pool health check failed")
 
     def _count(self, name: str) -> None:
         self._metrics.count(name)

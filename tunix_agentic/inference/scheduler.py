@@ -41,6 +41,7 @@ import jax
 import numpy as np
 
 from tunix_agentic.compiles import CompileCounter
+from tunix_agentic.inference.admission import Admission
 from tunix_agentic.inference.base import EngineError, TokenOutput, WeightUpdate
 from tunix_agentic.inference.clock import EngineClock
 from tunix_agentic.inference.config import EngineConfig, bucket
@@ -53,16 +54,14 @@ from tunix_agentic.inference.device_step import (
     prefill,
 )
 from tunix_agentic.inference.paged import (
-    BlockCopy,
     PagedKV,
     chunk_tables,
     keep_cached,
     kv_gauges,
-    make_room,
     release_forgotten,
 )
-from tunix_agentic.inference.params import SamplingParams
-from tunix_agentic.inference.slots import Grant, Parked, SlotTable
+from tunix_agentic.inference.request import Request
+from tunix_agentic.inference.slots import Parked, SlotTable
 
 _log = logging.getLogger(__name__)
 IDLE_EXIT_S = 2.0  # the thread ends after this long with nothing to do
@@ -74,30 +73,6 @@ def commit(tree: Any) -> Any:
     return jax.tree.map(
         lambda x: jax.device_put(x, x.sharding) if isinstance(x, jax.Array) else x, tree
     )
-
-
-@dataclasses.dataclass
-class Request:
-    """One generation. Built by the caller; after :class:`Submit`, the scheduler's alone."""
-
-    rid: str
-    prompt: list[int]
-    sampling: SamplingParams
-    session_id: str | None
-    future: asyncio.Future
-    loop: asyncio.AbstractEventLoop  # the caller's: the result is handed over there
-    submitted: float
-    key: np.ndarray
-    max_new: int = 0
-    slot: int = -1
-    cached: int = 0
-    grant: Grant | None = None  # where its cached prefix comes from (:class:`~.slots.Grant`)
-    block_copy: BlockCopy | None = None  # paged layout: copied on device before its prefill
-    tokens: list[int] = dataclasses.field(default_factory=list)
-    logprobs: list[float] = dataclasses.field(default_factory=list)
-    versions: list[int] = dataclasses.field(default_factory=list)
-    aborted: bool = False
-    pending: int = 0  # tokens dispatched to the device for this request, not yet collected
 
 
 # ---------------------------------------------------------------- commands
@@ -206,6 +181,44 @@ def _wait(outputs: tuple[jax.Array, ...]) -> tuple[float, tuple[np.ndarray, ...]
     return done, tuple(np.asarray(x) for x in outputs)
 
 
+class PendingWeights:
+    """Weight updates waiting for the next chunk boundary. Only the newest is applied;
+    those it replaced are resolved with it (the engine is then at, or past, their
+    version)."""
+
+    def __init__(self):
+        self._pending: Weights | None = None
+        self._superseded: list[Weights] = []  # replaced before applied: resolved with it
+
+    @property
+    def waiting(self) -> bool:
+        return self._pending is not None
+
+    def put(self, command: Weights) -> None:
+        if self._pending is not None:
+            self._superseded.append(self._pending)
+        self._pending = command
+
+    def take(self) -> list[Weights]:
+        """The updates settled by applying the newest (empty: none waits): those it
+        replaced, then it, last. The caller resolves them once the engine holds it."""
+        if self._pending is None:
+            return []
+        taken = [*self._superseded, self._pending]
+        self._superseded.clear()
+        self._pending = None
+        return taken
+
+    def fail(self, error: EngineError, queued: list[Weights]) -> None:
+        """Every update not applied (pending, superseded, and ``queued`` ones not taken
+        yet) fails with ``error``."""
+        unapplied = [*self._superseded, *([self._pending] if self._pending else []), *queued]
+        self._superseded.clear()
+        self._pending = None
+        for command in unapplied:
+            command.update.set_failed(error)
+
+
 class Scheduler:
     """The thread that drives one engine's device state; see the module docstring."""
 
@@ -230,7 +243,6 @@ class Scheduler:
         self.slots: SlotTable[Request] = SlotTable(
             s, session_reuse=config.session_reuse, prefix_cache=config.prefix_cache
         )
-        self.queue: deque[Request] = deque()
         self.paged = PagedKV.of(config)  # block tables (None: dense, a slot's rows are its own)
         self.kv = kv_gauges(self.slots, self.paged, config)  # set each iteration, for stats
         self.clock = EngineClock()
@@ -249,6 +261,10 @@ class Scheduler:
             "void_decode_steps": 0,
         }
         self.open = open_requests
+        self.admission = Admission(
+            config, self.slots, self.paged, self.sampling, self.stop, self.counters
+        )
+        self.queue = self.admission.queue  # submitted, waiting for a slot
         self.failure: str | None = None
         self.closing = False
         # The jitted steps (``.lower`` for ahead-of-time compiles) and their calls, whose
@@ -258,8 +274,7 @@ class Scheduler:
         self.compiles = CompileCounter()
         self.prefill_fn = self.compiles.wrap("prefill", self.prefill_jit)
         self.decode_fn = self.compiles.wrap("decode", self.decode_jit)
-        self._pending_weights: Weights | None = None
-        self._superseded: list[Weights] = []  # replaced before applied: resolved with it
+        self.weights = PendingWeights()
         self._outbox: list[tuple[Request, TokenOutput | BaseException]] = []
         self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -327,12 +342,8 @@ class Scheduler:
 
     def _fail_weights(self, error: EngineError) -> None:
         """Every weight update not applied (pending, superseded, still queued) fails."""
-        unapplied = [*self._superseded, *([self._pending_weights] if self._pending_weights else [])]
-        self._superseded.clear()
-        self._pending_weights = None
-        unapplied += [c for c in self._queued() if isinstance(c, Weights)]
-        for command in unapplied:
-            command.update.set_failed(error)
+        queued = [c for c in self._queued() if isinstance(c, Weights)]
+        self.weights.fail(error, queued)
 
     def _schedule(self, waiter: concurrent.futures.ThreadPoolExecutor) -> None:
         self.clock.start(time.perf_counter())
@@ -350,7 +361,7 @@ class Scheduler:
                 with self._thread_lock:
                     self._thread = None
                 return
-            admitted = self._admit()
+            admitted = self.admission.admit(self.version)
             new = self._dispatch_prefill(admitted) if admitted else []
             decodes = sum(op.kind == "decode" for op in outstanding)
             if decodes < depth and any(
@@ -372,7 +383,7 @@ class Scheduler:
                     done, arrays = op.waiter.result()
                     self._collect(op, arrays, self.clock.account(op.dispatched, done, op.kind))
                 continue
-            if not self.slots.active and not self.queue and self._pending_weights is None:
+            if not self.slots.active and not self.queue and not self.weights.waiting:
                 if self.clock.idle_since is None:
                     self.clock.idle_from(time.perf_counter())
                 if not self._wake.wait(IDLE_EXIT_S) and self._exit_if_idle():
@@ -397,20 +408,18 @@ class Scheduler:
             if isinstance(command, Abort):
                 command.request.aborted = True  # finished at this iteration, or when submitted
             elif isinstance(command, Weights):
-                if self._pending_weights is not None:
-                    self._superseded.append(self._pending_weights)
-                self._pending_weights = command
+                self.weights.put(command)
             elif isinstance(command, Close):
                 self.closing = True
 
     def _apply_pending_weights(self) -> None:
-        pending, self._pending_weights = self._pending_weights, None
-        if pending is None:
+        taken = self.weights.take()
+        if not taken:
             return
+        pending = taken[-1]
         self.params, self.version = pending.params, pending.version
-        for done in (*self._superseded, pending):
-            done.update.set_applied()  # the engine is at (or past) their version now
-        self._superseded.clear()
+        for done in taken:  # after the swap: a waiter reads the engine at their version
+            done.update.set_applied()
         if not self.config.reuse_kv_across_versions:
             self.slots.drop_parked_except(self.version)
             release_forgotten(self.paged, self.slots)  # paged: their blocks go back
@@ -425,73 +434,15 @@ class Scheduler:
             self.queue.remove(req)
             self._finish(req, "abort")
 
-    def _admit(self) -> list[Request]:
-        admitted = []
-        self.slots.new_round()
-        while self.queue:
-            req = self.queue[0]
-            total, paged = len(req.prompt) + req.max_new, self.paged
-            if paged and not make_room(paged, self.slots, req.session_id, total):
-                break  # waits until requests in flight give blocks back
-            grant = self.slots.grant(req.session_id, req.prompt, self.version)
-            if grant is None:
-                break
-            self.queue.popleft()
-            slot = grant.slot
-            req.slot, req.cached, req.grant = slot, grant.cached, grant
-            if paged:
-                req.block_copy = paged.assign(
-                    slot, grant.source, grant.cached, len(req.prompt), total
-                )
-            self.slots.activate(slot, req)
-            s = req.sampling
-            self.sampling.set_row(slot, s.temperature, s.top_k, s.top_p, s.stop_token_ids)
-            self.stop[slot] = False  # the prefill sets this slot's decode state on device
-            admitted.append(req)
-        return admitted
-
     # ---------------------------------------------------------- dispatch
     def _dispatch_prefill(self, reqs: list[Request]) -> list[_Op]:
-        cfg = self.config
-        groups: dict[tuple[int, int], list[Request]] = {}
-        for req in reqs:  # a later wave copies a prefix that an earlier one writes
-            n_new = len(req.prompt) - req.cached
-            key = (req.grant.wave, bucket(n_new, cfg.length_buckets()))
-            groups.setdefault(key, []).append(req)
+        """Prefill the admitted ``reqs``: one device call per batch of the admission's plan."""
         return [
-            self._prefill_group(group[start : start + cfg.max_slots], length)
-            for (_, length), group in sorted(groups.items())
-            for start in range(0, len(group), cfg.max_slots)
+            self._prefill(group, self.admission.prefill_batch(group, length))
+            for group, length in self.admission.plan_prefill(reqs)
         ]
 
-    def _prefill_group(self, group: list[Request], length: int) -> _Op:
-        cfg = self.config
-        paged = self.paged
-        batch = PrefillBatch.host(
-            bucket(len(group), cfg.row_buckets()),
-            length,
-            num_slots=cfg.max_slots,
-            max_seq_len=cfg.max_seq_len,
-            **({} if paged is None else paged.batch_shape),
-        )
-        for i, req in enumerate(group):
-            new = req.prompt[req.cached :]
-            batch.ids[i, : len(new)] = new
-            batch.positions[i, : len(new)] = np.arange(req.cached, len(req.prompt))
-            batch.slots[i] = req.slot
-            batch.last_index[i] = len(new) - 1
-            batch.next_position[i] = len(req.prompt)
-            batch.keys[i] = req.key
-            if paged is not None:
-                paged.fill_prefill_row(batch, i, req.slot, req.block_copy)
-            elif req.grant.copies:
-                batch.copy_from[i], batch.copy_len[i] = req.grant.source, req.cached
-            s = req.sampling
-            batch.sampling.set_row(i, s.temperature, s.top_k, s.top_p, s.stop_token_ids)
-            batch.budget[i] = req.max_new - 1  # the device stops the slot when it is spent
-            self.counters["prefill_tokens"] += len(new)
-            self.counters["cached_tokens"] += req.cached
-            req.pending += 1
+    def _prefill(self, group: list[Request], batch: PrefillBatch) -> _Op:
         self.cache, self.state, tokens, logprobs = self.prefill_fn(
             self.params, self.cache, self.state, batch
         )

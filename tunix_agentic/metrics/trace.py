@@ -17,7 +17,7 @@ https://ui.perfetto.dev (or ``chrome://tracing``). Three processes:
 :meth:`MetricsRecorder.add_span_listener <tunix_agentic.metrics.recorder.MetricsRecorder.add_span_listener>`
 (an episode's spans are told apart by :data:`EPISODE`, which the episode runner
 sets in each episode's task) and the device calls from the engine clocks'
-observers (:func:`tunix_agentic.inference.clock.add_observer`).
+observers (:func:`tunix_agentic.metrics.device_calls.add_observer`).
 
 Bounded: ``trace.episodes_per_step`` episodes get a thread per RL step (the first
 whose first span ends in it), the engine and new episodes are traced in one RL
@@ -52,6 +52,8 @@ import time
 import zlib
 from pathlib import Path
 from typing import Any
+
+from tunix_agentic.metrics import device_calls
 
 _log = logging.getLogger(__name__)
 
@@ -152,11 +154,9 @@ class TraceWriter:
         process (one traced run per process at a time); :meth:`close` lets go of the clocks."""
         if not self.enabled:
             return
-        from tunix_agentic.inference import clock
-
         recorder.add_span_listener(self.on_span)
-        clock.add_observer(self.on_device)
-        self._detach = lambda: clock.remove_observer(self.on_device)
+        device_calls.add_observer(self.on_device)
+        self._detach = lambda: device_calls.remove_observer(self.on_device)
 
     # ---- sources -------------------------------------------------------------
 
@@ -178,7 +178,7 @@ class TraceWriter:
             self._disable("a span could not be traced")
 
     def on_device(self, engine_id: int, name: str, start: float, end: float) -> None:
-        """An engine clock observer (:func:`tunix_agentic.inference.clock.add_observer`)."""
+        """An engine clock observer (:func:`tunix_agentic.metrics.device_calls.add_observer`)."""
         if self._closed or not self.enabled or not self._traced or end - start < 1e-6:
             return
         try:

@@ -38,7 +38,7 @@ class ServiceConfig:
     node taken out is asked for ``/health``. ``agent``: ``builtin`` (the nodes run the
     run's agent loop) or ``external`` (groups are submitted with ``"agent": "external"``:
     agents running elsewhere claim their members from the nodes and call the nodes'
-    OpenAI-compatible endpoint; see ``profiling/openai_agent.py``).
+    OpenAI-compatible endpoint; see ``examples/openai_agent.py``).
     """
 
     urls: tuple[str, ...] = ()

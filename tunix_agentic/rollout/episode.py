@@ -21,10 +21,8 @@ import inspect
 import random
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
-
-import numpy as np
 
 from tunix_agentic.agent.chat import ChatFormat
 from tunix_agentic.agent.loop import AgentConfig, run_agent
@@ -33,50 +31,29 @@ from tunix_agentic.inference.base import InferenceEngine
 from tunix_agentic.metrics.sink import NULL_METRICS, MetricsSink
 from tunix_agentic.metrics.trace import EPISODE
 from tunix_agentic.rollout.config import RolloutConfig
+from tunix_agentic.rollout.group import (
+    EVAL_STREAM,
+    PRODUCTION_STREAM,
+    Group,
+    InfraFailureError,
+    InitResult,
+    RunnerHooks,
+)
 from tunix_agentic.rollout.outages import HealthProbe, OutageGate, backoff_delay
 from tunix_agentic.trajectory import EpisodeStage, Trajectory, timeout_status
 
-PRODUCTION_STREAM, EVAL_STREAM = 0, 1
-
-
-@dataclasses.dataclass
-class Group:
-    """G trajectories of one task. ``trajectories`` holds only scoreable ones;
-    every attempt that ended in an infrastructure fault is kept apart in
-    ``dropped`` (retried ones included), and ``lost`` counts members that never
-    produced a scoreable trajectory."""
-
-    group_id: str
-    index: int
-    task: Any
-    admitted_version: int
-    trajectories: list[Trajectory]
-    dropped: list[Trajectory] = dataclasses.field(default_factory=list)
-    lost: int = 0
-
-    @property
-    def rewards(self) -> np.ndarray:
-        return np.asarray([t.reward for t in self.trajectories], np.float32)
-
-    @property
-    def min_version(self) -> int:
-        versions = [t.min_version for t in self.trajectories if t.min_version is not None]
-        return min(versions) if versions else self.admitted_version
-
-
-@dataclasses.dataclass(frozen=True)
-class InitResult:
-    """What INIT made of one member: its environment (``None`` if it could not be made)
-    and prompt ids, or the error that ended INIT. The environment is whoever holds
-    this result's to close."""
-
-    env: Environment | None
-    prompt_ids: list[int] | None = None
-    error: str | None = None
-
-
-class InfraFailureError(RuntimeError):
-    """Episodes keep failing on infrastructure: the run cannot make progress."""
+# The records a group runner hands back live in :mod:`tunix_agentic.rollout.group`; they
+# are this module's API too (a runner's results, where runners are).
+__all__ = [
+    "EVAL_STREAM",
+    "PRODUCTION_STREAM",
+    "EpisodeRunner",
+    "Group",
+    "InfraFailureError",
+    "InitResult",
+    "StageSlots",
+    "episode_seed",
+]
 
 
 def episode_seed(run_seed: int, stream: int, index: int, member: int, attempt: int) -> int:
@@ -95,16 +72,30 @@ def episode_seed(run_seed: int, stream: int, index: int, member: int, attempt: i
 
 
 class EpisodeRunner:
-    """Runs the episodes of one group at a time (many groups may run at once).
+    """Runs the episodes of one group at a time (many groups may run at once): the
+    in-process :class:`~tunix_agentic.rollout.group_runner.GroupRunner`.
 
     ``env_factory`` builds each episode's environment: called with no argument,
     or with the task when it takes one. An environment's ``timings`` dict, if it
     has one after ``reset``, is recorded as ``env/<key>`` times.
 
-    The runner shares the orchestrator's bookkeeping: it adds ``infra_failures``
-    and ``infra_retries`` to ``stats``, stops the run through ``fail`` when
-    episodes keep failing on infrastructure, and starts outage watches with
-    ``spawn`` (so stopping the orchestrator cancels them).
+    An episode that failed on infrastructure is retried after a jittered back-off
+    (``rollout.infra_backoff_s``). Before the failure counts towards
+    ``rollout.max_infra_failures_in_a_row``, ``backend_health(task)`` is asked
+    whether the task's environment backend is up (True), down (False) or cannot
+    tell (None); a backend that is down is waited for (``rollout.backend_wait_s``)
+    and the failures of episodes begun before it came back do not count (see
+    :mod:`tunix_agentic.rollout.outages`). By default an environment answers for its
+    backend: the newest environment of the task's source that has an
+    ``async backend_health() -> bool`` is asked (closed by then: it asks the backend,
+    not the episode; :class:`~tunix_agentic.envs.remote.RemoteEnv` asks its server's
+    ``/health``); sources whose environments have none cannot tell.
+
+    The runner shares its owner's bookkeeping (:class:`~tunix_agentic.rollout.group.RunnerHooks`,
+    given here or by :meth:`bind`): it adds ``infra_failures`` and ``infra_retries`` to
+    ``stats``, stops the run through ``fail`` when episodes keep failing on
+    infrastructure, and starts outage watches with ``spawn`` (so stopping the owner
+    cancels them).
     """
 
     def __init__(
@@ -115,29 +106,50 @@ class EpisodeRunner:
         agent_config: AgentConfig,
         config: RolloutConfig,
         *,
-        metrics: MetricsSink,
-        backend_health: HealthProbe | None,
-        spawn: Callable[[Any], asyncio.Task],
-        fail: Callable[[Exception], None],
-        stats: dict[str, int],
+        metrics: MetricsSink = NULL_METRICS,
+        backend_health: HealthProbe | None = None,
+        spawn: Callable[[Any], asyncio.Task] | None = None,
+        fail: Callable[[Exception], None] | None = None,
+        stats: dict[str, int] | None = None,
     ):
         self.engine = engine
         self.env_factory = env_factory
         self.template = template
         self.agent_config = agent_config
         self.config = config
-        self.metrics = metrics
-        self.stats = stats
-        self._fail = fail
+        self._backend_health = backend_health
         self._infra_streak = 0
-        self._outages = OutageGate(
-            backend_health, wait_s=config.backend_wait_s, spawn=spawn, metrics=metrics
-        )
         self._jitter = random.Random(config.seed)  # back-off delays only: no episode's seed
+        hooks = RunnerHooks(metrics, {} if stats is None else stats)
+        hooks = dataclasses.replace(hooks, fail=fail or hooks.fail, spawn=spawn or hooks.spawn)
+        self.bind(hooks)
+
+    def bind(self, hooks: RunnerHooks) -> None:
+        """Share ``hooks`` (an orchestrator's bookkeeping); before any group runs."""
+        metrics, config = hooks.metrics, self.config
+        self.metrics, self.stats, self._fail = metrics, hooks.stats, hooks.fail
+        for key in ("infra_failures", "infra_retries"):
+            self.stats.setdefault(key, 0)
+        self._outages = OutageGate(
+            self._backend_health, wait_s=config.backend_wait_s, spawn=hooks.spawn, metrics=metrics
+        )
         # Each reports gauges queue/<stage>_waiting and queue/<stage>_running.
         self._init_sem = StageSlots(config.init_workers, "init", metrics)
         self._run_sem = StageSlots(config.run_workers, "run", metrics)
         self._eval_sem = StageSlots(config.eval_workers, "eval", metrics)
+
+    def set_version(self, version: int) -> None:
+        """Nothing to tell: each group carries the version that admitted it."""
+
+    def checkpoint_state(self, pending: Iterable[int]) -> None:
+        """Nothing to keep: a group not trained on runs again after a restart."""
+        return None
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        """Nothing was kept (see :meth:`checkpoint_state`)."""
+
+    async def close(self) -> None:
+        """Nothing held between groups: each episode closes its own environment."""
 
     def stage_load(self) -> dict[str, dict[str, int]]:
         """Per stage (``init``, ``run``, ``eval``): episodes in it now and waiting for a slot."""

@@ -12,7 +12,6 @@ _API = {
     "SGLangEngine": "tunix_agentic.serving.client",
     "ServerTimeouts": "tunix_agentic.serving.timeouts",
     "build_app": "tunix_agentic.serving.engine_server",
-    "engine_from_config": "tunix_agentic.serving.engine_server",
     "serve_forever": "tunix_agentic.serving.engine_server",
     "start_server": "tunix_agentic.serving.engine_server",
 }

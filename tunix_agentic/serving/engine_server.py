@@ -47,7 +47,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 from aiohttp import web
@@ -68,9 +68,6 @@ from tunix_agentic.serving.http import (
 )
 from tunix_agentic.serving.prom import EngineCollector, add_prometheus
 from tunix_agentic.serving.stops import ModelText, cut_at_stop_string, output_text
-
-if TYPE_CHECKING:
-    from tunix_agentic.config import RunConfig
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a batch of long prompts is far past aiohttp's 1 MiB default
 MAX_PROMPTS_PER_REQUEST = 1024
@@ -731,54 +728,3 @@ def serve_forever(
             timeouts=timeouts,
         )
     )
-
-
-def engine_from_config(
-    cfg: RunConfig, params_path: str | None = None
-) -> tuple[JaxEngine, dict[str, Any]]:
-    """Build the engine ``serve-engine`` serves, and its model info.
-
-    ``params_path`` is a directory written by ``save_params``, a run
-    directory (one holding ``checkpoints/``), whose latest checkpoint is
-    served with its step as the weight version, or a Hugging Face model
-    directory (its ``config.json`` gives the model's shape). Without it the
-    model keeps its random initialisation from ``cfg.seed``. Raises
-    FileNotFoundError or ValueError when the parameters cannot be loaded.
-    """
-    from flax import nnx
-
-    from tunix_agentic.export import load_run_policy
-    from tunix_agentic.models.hf import build_model, load_hf_model
-
-    if params_path is not None and not Path(params_path).exists():
-        raise FileNotFoundError(f"--params {params_path!r} does not exist")
-    version = 0
-    model_path = f"random-init(seed={cfg.seed})"
-    path = None if params_path is None else Path(params_path)
-    if path is not None and is_hf_dir(path):
-        # At the checkpoint's own dtype (bf16 stays bf16), attention as configured.
-        model = load_hf_model(path, attention=cfg.model.attention)
-        cfg = dataclasses.replace(cfg, model=model.cfg)
-    elif path is not None and (path / "checkpoints").is_dir():
-        model, version = load_run_policy(path, cfg)  # no random init, no source weights read
-    else:
-        model = build_model(cfg.model, seed=cfg.seed)
-        if path is not None:
-            nnx.update(model, load_params(path, nnx.state(model, nnx.Param)))
-    if path is not None:
-        model_path = str(path.absolute())
-    # The model's tokenizer directory: its end-of-sequence ids stop every request.
-    tokenizer_path = ""
-    if path is not None and (path / "tokenizer.json").is_file():
-        tokenizer_path = str(path.absolute())
-    elif cfg.model.source == "hf":
-        tokenizer_path = str(Path(cfg.model.path).absolute())
-    engine = JaxEngine(model, cfg.engine, version=version)
-    info = {
-        "model_path": model_path,
-        "tokenizer_path": tokenizer_path,
-        "vocab_size": cfg.model.vocab_size,
-        "max_seq_len": cfg.engine.max_seq_len,
-        "max_slots": cfg.engine.max_slots,
-    }
-    return engine, info

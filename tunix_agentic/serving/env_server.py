@@ -492,7 +492,7 @@ def env_server_config(
     ``tool_timeout`` when the factory takes one. No file: the defaults. Raises
     ``ValueError`` for an unreadable file or a malformed section.
     """
-    from tunix_agentic.cli.sandbox import load_sandbox_config
+    from tunix_agentic.envs.sandbox import load_sandbox_config
 
     sandbox = load_sandbox_config(path, backend)
     env: Any = {}

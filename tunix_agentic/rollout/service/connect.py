@@ -2,10 +2,11 @@
 
 :func:`connect_service` serves the trainer's engine over HTTP on its own event loop
 (unless ``rollout.service.engine_urls`` names engines the nodes use instead), hands the
-engine's URL to every node, and makes a
-:class:`~tunix_agentic.rollout.service.runner.ServiceEpisodeRunner` the orchestrator's
-episode runner. Everything it starts is closed by the caller's exit stack. Weights keep
-flowing as in process: the served engine is the trainer's.
+engine's URL to every node, and returns the connected
+:class:`~tunix_agentic.rollout.service.runner.ServiceEpisodeRunner` that the caller gives
+its orchestrator (``RolloutOrchestrator(..., runner=...)``). Everything it starts is
+closed by the caller's exit stack. Weights keep flowing as in process: the served engine
+is the trainer's.
 """
 
 from __future__ import annotations
@@ -42,21 +43,22 @@ def weights_path_of(engine: Any, version: int) -> str | None:
 
 async def connect_service(
     stack: contextlib.AsyncExitStack,
-    orchestrator: Any,
     engine: Any,
     rollout: RolloutConfig,
     agent: AgentConfig,
     *,
-    state: dict[str, Any] | None = None,
+    version: int = 0,
     model_info: dict[str, Any] | None = None,
 ) -> ServiceEpisodeRunner:
-    """Run ``orchestrator``'s groups on the nodes of ``rollout.service``; returns the runner.
+    """A runner of groups on the nodes of ``rollout.service``, connected: every node
+    knows the engines and policy ``version``.
 
     ``engine``: the trainer's (a :class:`~tunix_agentic.inference.engine.JaxEngine`),
     served on ``service.engine_host:engine_port`` (an API key, ``service.api_key``, is
     required beyond loopback) and named to the nodes as ``service.engine_advertise`` or
-    its own URL. ``state``: the ``"service"`` part of a checkpoint's rollout state (the
-    run id and the finished groups a resumed run trains on instead of generating them).
+    its own URL. A resumed run's runner gets its checkpoint's state (the run id and the
+    finished groups it trains on instead of generating them) through its orchestrator's
+    ``restore_state``.
     """
     service = rollout.service
     engine_urls = list(service.engine_urls)
@@ -80,14 +82,12 @@ async def connect_service(
         service.urls,
         agent_config=agent,
         config=rollout,
+        version=version,
         api_key=service_api_key(service),
         engine_urls=engine_urls,
         own_engines=served,
         weights_of=None if served else lambda version: weights_path_of(engine, version),
     )
-    if state:
-        runner.restore_state(state)
-    runner.attach(orchestrator)
     stack.push_async_callback(runner.close)
     await runner.connect()
     return runner

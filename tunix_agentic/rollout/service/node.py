@@ -265,6 +265,75 @@ class _Broadcast:
         self._event = asyncio.Event()
 
 
+class _Answers:
+    """The final answers of a node's groups: in completion order with their cursors, the
+    newest ``keep`` held in memory and the others read back from the ``log`` when asked
+    for (memory stays flat over a long run)."""
+
+    def __init__(self, log: GroupLog, groups: dict[str, _GroupState], keep: int):
+        self.log, self.groups, self.keep = log, groups, keep
+        # (cursor, group_id, status) in completion order (a lost group run again ends twice)
+        self.finals: list[tuple[int, str, str]] = []
+        # Groups whose final answer is held in memory, oldest first.
+        self._cached: collections.OrderedDict[str, None] = collections.OrderedDict()
+
+    def settle(self, st: _GroupState, rec: FinalRecord, text: str | None) -> None:
+        """``st`` ended as ``rec`` says; its answer ``text`` held, if given."""
+        st.status, st.cursor, st.offset = rec.status, rec.cursor, rec.offset
+        st.answer = st.members = None
+        if text is not None:
+            self._cache(st, text)
+        self.finals.append((rec.cursor, rec.group_id, rec.status))
+
+    def _cache(self, st: _GroupState, answer: str) -> None:
+        gid = st.request.group_id
+        st.answer = answer
+        self._cached[gid] = None
+        self._cached.move_to_end(gid)
+        while len(self._cached) > self.keep:
+            old = self.groups.get(self._cached.popitem(last=False)[0])
+            if old is not None:
+                old.answer = old.members = None
+
+    async def text(self, st: _GroupState, *, members: bool = True) -> str:
+        """The JSON text of ``{group_id, status, cursor?, error?, members?, group?}``
+        (``error`` once final; ``group`` once ``done``, and with ``members`` the learner's
+        view of its trajectories). Read back from the log when no longer held in memory;
+        the group's text is the one logged, never encoded again."""
+        head = _dumps(_summary(st))
+        if st.status not in FINAL_STATUSES:
+            return head
+        if st.answer is None:
+            answer = await asyncio.to_thread(self.log.read_answer, st.offset)
+            self._cache(st, _dumps(answer))
+        text = st.answer
+        if members and st.members is None and text.find('"group":') >= 0:
+            group = json.loads(text).get("group")
+            if group is not None:
+                st.members = _dumps(
+                    [member_json(trajectory_from_json(t)) for t in group.get("trajectories", [])]
+                )
+        parts = [head[:-1]]
+        if members and st.members is not None:
+            parts.append(f',"members":{st.members}')
+        # The answer is an object that always holds "error": splice its fields in.
+        return "".join(parts) + "," + text[1:]
+
+    def done_since(self, cursor: int, limit: int) -> dict[str, Any]:
+        """Final groups after ``cursor``, in completion order (at most ``limit``)."""
+        start = _bisect_after(self.finals, cursor)
+        picked = self.finals[start : start + limit]
+        groups = [{"group_id": g, "status": s, "cursor": c} for c, g, s in picked]
+        return {"groups": groups, "cursor": picked[-1][0] if picked else cursor}
+
+
+def _summary(st: _GroupState) -> dict[str, Any]:
+    out: dict[str, Any] = {"group_id": st.request.group_id, "status": st.status}
+    if st.cursor is not None:
+        out["cursor"] = st.cursor
+    return out
+
+
 class RolloutNode:
     """Runs submitted groups (see the module docstring). ``await start()`` replays the
     state dir's log; ``await close()`` cancels what runs (nothing final is written for
@@ -310,11 +379,7 @@ class RolloutNode:
         self._queue: list[tuple[int, int, str]] = []  # (-priority, seq, group_id)
         self._seq = itertools.count()
         self._running = 0
-        # (cursor, group_id, status) in completion order (a lost group run again ends twice)
-        self._finals: list[tuple[int, str, str]] = []
-        # Groups whose final answer is held in memory, oldest first; the others are read
-        # back from the log when asked for (memory stays flat over a long run).
-        self._cached: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self.answers = _Answers(self.log, self.groups, keep_answers)
         self._next_cursor = 1
         self._final_lock = asyncio.Lock()
         self.changed = _Broadcast()
@@ -536,11 +601,7 @@ class RolloutNode:
     def _settle(self, st: _GroupState, rec: FinalRecord, text: str | None = None) -> None:
         """Make ``rec`` visible; its answer is held in memory when ``text`` is given (a
         replayed one is read back from the log when first asked for)."""
-        st.status, st.cursor, st.offset = rec.status, rec.cursor, rec.offset
-        st.answer = st.members = None
-        if text is not None:
-            self._cache(st, text)
-        self._finals.append((rec.cursor, rec.group_id, rec.status))
+        self.answers.settle(st, rec, text)
         st.finished.set()
         self.changed.notify()
 
@@ -565,45 +626,13 @@ class RolloutNode:
         return self.summary(st)
 
     # ------------------------------------------------------------- answers
-    def _cache(self, st: _GroupState, answer: str) -> None:
-        gid = st.request.group_id
-        st.answer = answer
-        self._cached[gid] = None
-        self._cached.move_to_end(gid)
-        while len(self._cached) > self.keep_answers:
-            old = self.groups.get(self._cached.popitem(last=False)[0])
-            if old is not None:
-                old.answer = old.members = None
-
     def summary(self, st: _GroupState) -> dict[str, Any]:
-        out: dict[str, Any] = {"group_id": st.request.group_id, "status": st.status}
-        if st.cursor is not None:
-            out["cursor"] = st.cursor
-        return out
+        return _summary(st)
 
     async def answer_text(self, st: _GroupState, *, members: bool = True) -> str:
-        """The JSON text of ``{group_id, status, cursor?, error?, members?, group?}``
-        (``error`` once final; ``group`` once ``done``, and with ``members`` the learner's
-        view of its trajectories). Read back from the log when no longer held in memory;
-        the group's text is the one logged, never encoded again."""
-        head = _dumps(self.summary(st))
-        if st.status not in FINAL_STATUSES:
-            return head
-        if st.answer is None:
-            answer = await asyncio.to_thread(self.log.read_answer, st.offset)
-            self._cache(st, _dumps(answer))
-        text = st.answer
-        if members and st.members is None and text.find('"group":') >= 0:
-            group = json.loads(text).get("group")
-            if group is not None:
-                st.members = _dumps(
-                    [member_json(trajectory_from_json(t)) for t in group.get("trajectories", [])]
-                )
-        parts = [head[:-1]]
-        if members and st.members is not None:
-            parts.append(f',"members":{st.members}')
-        # The answer is an object that always holds "error": splice its fields in.
-        return "".join(parts) + "," + text[1:]
+        """The JSON text of ``{group_id, status, cursor?, error?, members?, group?}`` (see
+        :meth:`_Answers.text`)."""
+        return await self.answers.text(st, members=members)
 
     async def answer(self, st: _GroupState, *, members: bool = True) -> dict[str, Any]:
         """:meth:`answer_text` as a dict."""
@@ -611,10 +640,7 @@ class RolloutNode:
 
     def done_since(self, cursor: int, limit: int) -> dict[str, Any]:
         """Final groups after ``cursor``, in completion order (at most ``limit``)."""
-        start = _bisect_after(self._finals, cursor)
-        picked = self._finals[start : start + limit]
-        groups = [{"group_id": g, "status": s, "cursor": c} for c, g, s in picked]
-        return {"groups": groups, "cursor": picked[-1][0] if picked else cursor}
+        return self.answers.done_since(cursor, limit)
 
     def status(self) -> dict[str, Any]:
         totals = {s: 0 for s in STATUSES}

@@ -455,9 +455,8 @@ async def _serve(
 
 
 def serve_rollout_main(
-    config: str | None,
+    config: Any,
     *,
-    overrides: list[str] | tuple[str, ...] = (),
     engine_urls: list[str] | tuple[str, ...] = (),
     state_dir: str | Path = "runs/rollout_node",
     host: str = "127.0.0.1",
@@ -470,8 +469,8 @@ def serve_rollout_main(
     admin_key: str | None = None,
     caps: NodeCaps | None = None,
 ) -> int:
-    """``tunix-agentic serve-rollout``: load the run config, then serve a node until
-    SIGINT or SIGTERM. Prints ``serving rollout node on http://HOST:PORT`` once
+    """``tunix-agentic serve-rollout``: serve a node for ``config`` (a loaded
+    :class:`~tunix_agentic.config.RunConfig`; the CLI reads it) until SIGINT or SIGTERM. Prints ``serving rollout node on http://HOST:PORT`` once
     listening. Returns the exit status (2 for a bad argument or config, 1 when the address
     cannot be bound). ``api_key`` defaults to ``$TUNIX_AGENTIC_API_KEY``; the engines get
     ``engine_api_key`` (default: the same key). ``max_groups``: groups run at once, the
@@ -482,7 +481,6 @@ def serve_rollout_main(
     log bytes (:class:`~tunix_agentic.rollout.service.caps.NodeCaps`). ``repair_log``: first drop the log's damaged lines,
     printing each (see :func:`~tunix_agentic.rollout.service.wal.repair_log`); exit status
     2 as well when the state dir is another node's or its log is damaged."""
-    from tunix_agentic.config import load_config
     from tunix_agentic.rollout.service.wal import LogDamaged, StateDirBusy
     from tunix_agentic.serving.http import API_KEY_ENV, check_exposure
 
@@ -495,7 +493,7 @@ def serve_rollout_main(
         if max_groups is not None and max_groups < 1:
             raise ValueError(f"--max-groups must be >= 1, got {max_groups}")
         urls = [check_url(u) for u in engine_urls]
-        setup = setup_from_config(load_config(config, list(overrides)))
+        setup = setup_from_config(config)
     except (ValueError, FileNotFoundError) as exc:
         print(f"tunix-agentic: error: {exc}", file=sys.stderr)
         return 2

@@ -1,14 +1,15 @@
 """The trainer's side of rollout as a service: groups run on ``serve-rollout`` nodes.
 
-:class:`ServiceEpisodeRunner` has the ``run_group`` of
-:class:`~tunix_agentic.rollout.episode.EpisodeRunner`, so the
+:class:`ServiceEpisodeRunner` is a :class:`~tunix_agentic.rollout.group_runner.GroupRunner`,
+as the in-process :class:`~tunix_agentic.rollout.episode.EpisodeRunner` is, so the
 :class:`~tunix_agentic.rollout.orchestrator.RolloutOrchestrator` keeps its task
 stream, staleness pacing, filters and evaluation unchanged and only *running a
-group* moves to the nodes (``orch.episodes = ServiceEpisodeRunner(...)``).
+group* moves to the nodes (``RolloutOrchestrator(..., runner=ServiceEpisodeRunner(...))``).
 
 Each group is one :class:`~tunix_agentic.rollout.service.wire.GroupRequest`,
 placed on the node with the fewest members in flight (ProRL's min-heap, on this
-trainer's live counts) and long-polled there. Faults:
+trainer's live counts: :mod:`~tunix_agentic.rollout.service.node_pool`) and
+long-polled there. Faults:
 
 * a node that stops answering (connection refused, 5xx, a poll that overruns) is
   taken out; its unfinished groups are submitted again on the others with the
@@ -16,7 +17,7 @@ trainer's live counts) and long-polled there. Faults:
   ``/health`` answers;
 * ``lost`` (the node restarted before the group finished): submitted again;
 * no node up for ``rollout.backend_wait_s``: the run stops with
-  :class:`~tunix_agentic.rollout.episode.InfraFailureError`.
+  :class:`~tunix_agentic.rollout.group.InfraFailureError`.
 
 Every group ends with exactly one outcome here: the first answer a
 ``run_group`` call gets is its result. Infrastructure failures stay out of group
@@ -38,23 +39,22 @@ import collections
 import dataclasses
 import logging
 import os
-import time
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import aiohttp
-
 from tunix_agentic.agent.loop import AgentConfig
 from tunix_agentic.metrics.sink import MetricsSink, NullMetrics
 from tunix_agentic.rollout.config import RolloutConfig
-from tunix_agentic.rollout.episode import (
+from tunix_agentic.rollout.group import (
     PRODUCTION_STREAM,
     Group,
     InfraFailureError,
     InitResult,
+    RunnerHooks,
 )
-from tunix_agentic.rollout.service.node_client import GroupNotFound, NodeClient, NodeUnavailable
+from tunix_agentic.rollout.service.node_client import GroupNotFound, NodeUnavailable
+from tunix_agentic.rollout.service.node_pool import NodePool, NodeState
 from tunix_agentic.rollout.service.wire import (
     GroupRequest,
     SamplingSpec,
@@ -71,27 +71,18 @@ _log = logging.getLogger(__name__)
 _POLL_GRACE_S = 30.0
 
 
-@dataclasses.dataclass
-class NodeState:
-    """One rollout node as the runner sees it: up or taken out, members it runs for us."""
-
-    url: str
-    client: NodeClient
-    up: bool = True
-    in_flight: int = 0  # members of groups placed here and not yet answered
-    groups_done: int = 0
-    taken_out: int = 0  # times it stopped answering
-
-
 class ServiceEpisodeRunner:
-    """Runs groups on rollout nodes; a drop-in for the orchestrator's ``EpisodeRunner``.
+    """Runs groups on rollout nodes: the orchestrator's
+    :class:`~tunix_agentic.rollout.group_runner.GroupRunner` with ``rollout.service.urls``.
 
-    ``urls``: the nodes; ``api_key``: theirs (default ``$TUNIX_AGENTIC_API_KEY``).
+    ``urls``: the nodes; ``api_key``: theirs (default ``$TUNIX_AGENTIC_API_KEY``);
+    ``version``: the policy version :meth:`connect` tells them.
     ``config``: the run's rollout settings (group size, seed, ``max_turns_schedule``,
     ``backend_wait_s``, ``service.poll_s`` / ``health_every_s``); ``agent_config``: the
-    sampling and turn budget of production groups. ``stats``/``fail``/``metrics`` are the
-    orchestrator's (see :meth:`attach`). ``run_id`` names this run's groups on the nodes
-    (default: a fresh one; :meth:`restore_state` takes the checkpoint's). ``engine_urls``:
+    sampling and turn budget of production groups. ``stats``/``fail``/``metrics``: the
+    bookkeeping of a runner used on its own; an orchestrator hands over its own
+    (:meth:`bind`). ``run_id`` names this run's groups on the nodes (default: a fresh
+    one; :meth:`restore_state` takes the checkpoint's). ``engine_urls``:
     engines every node is told to use (again after it restarts); ``own_engines``: they
     are this run's (the trainer's served engine), taken off the nodes by :meth:`close`.
 
@@ -106,6 +97,7 @@ class ServiceEpisodeRunner:
         *,
         agent_config: AgentConfig,
         config: RolloutConfig,
+        version: int = 0,
         api_key: str | None = None,
         metrics: MetricsSink | None = None,
         stats: dict[str, int] | None = None,
@@ -115,9 +107,6 @@ class ServiceEpisodeRunner:
         own_engines: bool = False,
         weights_of: Callable[[int], str | None] | None = None,
     ):
-        urls = list(urls)
-        if not urls:
-            raise ValueError("ServiceEpisodeRunner needs at least one node URL")
         self.agent_config = agent_config
         self.config = config
         self.metrics = NullMetrics() if metrics is None else metrics
@@ -125,20 +114,24 @@ class ServiceEpisodeRunner:
         self._fail = fail or (lambda exc: None)
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.api_key = api_key or os.environ.get(API_KEY_ENV) or None
-        self._urls = urls
         self.engine_urls = list(engine_urls)
         self.own_engines = own_engines
         # Where the engines loaded a version's weights from (None: unknown), told to the
         # nodes with the version so they can push it to an engine that restarted.
         self._weights_of = weights_of or (lambda version: None)
-        self.nodes: list[NodeState] = []
-        self._session: aiohttp.ClientSession | None = None
+        self.pool = NodePool(
+            list(urls),
+            api_key=self.api_key,
+            wait_s=config.backend_wait_s,
+            health_every_s=config.service.health_every_s,
+            greet=self._greet,
+            note=self._note,
+        )
         self._closed = False
+        self._connected = False
         self._infra_streak = 0
-        self._up_changed = asyncio.Event()
-        self._watches: dict[str, asyncio.Task] = {}
         self._background: set[asyncio.Task] = set()
-        self.version = 0
+        self.version = version  # the policy version the nodes are told (connect, set_version)
         # Production groups returned, by index, until a checkpoint no longer lists them.
         self._finished: dict[int, Group] = {}
         # From a checkpoint: finished groups to hand back instead of running them again.
@@ -150,33 +143,25 @@ class ServiceEpisodeRunner:
         self.counts = collections.Counter()
 
     # ------------------------------------------------------------ set-up
-    def attach(self, orchestrator: Any) -> ServiceEpisodeRunner:
-        """Take ``orchestrator``'s metrics, stats and failure path, and become its episode
-        runner (``orchestrator.episodes``). Returns self."""
-        self.metrics = orchestrator.metrics
-        self.stats = orchestrator.stats
-        self._fail = orchestrator._fail
-        self.version = orchestrator.version
-        orchestrator.episodes = self
-        return self
+    def bind(self, hooks: RunnerHooks) -> None:
+        """Take an orchestrator's metrics, stats and failure path (before any group runs)."""
+        self.metrics, self.stats, self._fail = hooks.metrics, hooks.stats, hooks.fail
 
-    def _ensure_nodes(self) -> None:
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
-            self.nodes = [
-                NodeState(url, NodeClient(url, api_key=self.api_key, session=self._session))
-                for url in self._urls
-            ]
+    @property
+    def nodes(self) -> list[NodeState]:
+        """The nodes, up or taken out (once a group or :meth:`connect` opened them)."""
+        return self.pool.nodes
 
     async def connect(self) -> None:
         """Greet every node: hand it ``engine_urls`` (``POST /v1/engines``) and the policy
         version. A node that does not answer is taken out (and greeted when it is back)."""
-        self._ensure_nodes()
+        self.pool.open()
+        self._connected = True
         for node in self.nodes:
             try:
                 await self._greet(node)
             except NodeUnavailable as exc:
-                self._take_out(node, exc)
+                self.pool.take_out(node, exc)
 
     async def _greet(self, node: NodeState) -> None:
         for url in self.engine_urls:
@@ -186,15 +171,15 @@ class ServiceEpisodeRunner:
     async def close(self) -> None:
         """Stop the health watches and background calls, take the run's own engines off the
         nodes that are up (best effort), close the HTTP session."""
-        self._closed = True
+        self._closed = self.pool.closed = True
         if self._background:  # cancellations of groups nobody waits for: let them be sent
             await asyncio.wait(set(self._background), timeout=5.0)
-        pending = [*self._watches.values(), *self._background]
+        pending = list(self._background)
         for t in pending:
             t.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-        self._watches.clear()
-        if self._session is not None and self.own_engines:
+        await self.pool.stop_watching()
+        if self.pool.session is not None and self.own_engines:
             await asyncio.gather(
                 *(
                     _quietly(node.client.remove_engine(url))
@@ -203,13 +188,11 @@ class ServiceEpisodeRunner:
                     for url in self.engine_urls
                 )
             )
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self.pool.close_session()
 
     @property
     def env_factory(self) -> None:
-        """Environments are made on the nodes (from their run config)."""
+        """None: environments are made on the nodes (from their run config)."""
         return None
 
     @env_factory.setter
@@ -218,10 +201,15 @@ class ServiceEpisodeRunner:
 
     # ----------------------------------------------------------- versions
     def set_version(self, version: int) -> None:
-        """The learner published ``version``: tell every node that is up (in the
-        background; a node taken back later is told when it is)."""
+        """The learner published ``version``: once connected, tell every node that is up
+        (in the background; a node taken back later is told when it is, and a version
+        the nodes were told already is not told again). Before :meth:`connect` the version
+        is only kept: connecting tells it."""
+        if version == self.version and self._connected:
+            return
         self.version = version
-        self._ensure_nodes()
+        if not self._connected:
+            return
         for node in self.nodes:
             if node.up:
                 self._in_background(self._tell_version(node))
@@ -230,7 +218,7 @@ class ServiceEpisodeRunner:
         try:
             await node.client.set_policy(self.version, self._weights_of(self.version))
         except NodeUnavailable as exc:
-            self._take_out(node, exc)
+            self.pool.take_out(node, exc)
 
     def _in_background(self, coro) -> None:
         if self._closed:
@@ -266,7 +254,7 @@ class ServiceEpisodeRunner:
     async def init_group(self, task: Any, size: int) -> list[InitResult]:
         raise ValueError("rollout.prefetch_groups must be 0 with rollout.service.urls")
 
-    async def close_members(self, members: list[Any]) -> None:
+    async def close_members(self, members: list[InitResult | BaseException]) -> None:
         """Nothing to close here: the nodes own the environments."""
 
     async def run_group(
@@ -279,9 +267,12 @@ class ServiceEpisodeRunner:
         agent_config: AgentConfig | None = None,
         prepared: list[InitResult] | None = None,
         stream: int = PRODUCTION_STREAM,
+        run_seed: int | None = None,
+        min_usable: int | None = None,
     ) -> Group:
         """Run group ``index`` of seed ``stream`` on ``task`` on a node, admitted under
-        ``version``; waits for its one outcome (failing over between nodes)."""
+        ``version``; waits for its one outcome (failing over between nodes). ``run_seed``
+        (default ``rollout.seed``) and ``min_usable`` go to the node with the group."""
         if prepared is not None:
             raise ValueError("rollout.prefetch_groups must be 0 with rollout.service.urls")
         task_id = str(getattr(task, "task_id", index))
@@ -298,20 +289,15 @@ class ServiceEpisodeRunner:
             agent_config = dataclasses.replace(self.agent_config, max_turns=turns)
             self.metrics.gauge("rollout/max_turns", turns)
         prefix = "g" if stream == PRODUCTION_STREAM else f"s{stream}g"
-        request = GroupRequest(
-            group_id=f"{self.run_id}-{prefix}{index}-v{version}-{task_id}",
-            num_samples=g,
-            policy_version=version,
-            task=task,
-            sampling=SamplingSpec(
-                temperature=agent_config.temperature,
-                top_p=agent_config.top_p,
-                top_k=agent_config.top_k,
-                max_tokens=agent_config.max_new_tokens,
-            ),
-            max_turns=agent_config.max_turns,
-            seed=SeedSpec(run_seed=self.config.seed, stream=stream, index=index),
-            agent=self.config.service.agent,
+        request = _request(
+            f"{self.run_id}-{prefix}{index}-v{version}-{task_id}",
+            task,
+            g,
+            version,
+            agent_config,
+            SeedSpec(self.config.seed if run_seed is None else run_seed, stream, index),
+            kind=self.config.service.agent,
+            min_usable=min_usable,
         )
         group = await self._run_request(request)
         # The orchestrator's bookkeeping is by its own index and version.
@@ -327,7 +313,6 @@ class ServiceEpisodeRunner:
         """What the in-process runner would have counted for ``group``'s episodes; stops
         the run (InfraFailureError) after ``rollout.max_infra_failures_in_a_row`` episodes
         in a row, in completion order, ended on infrastructure faults."""
-        m = self.metrics
         if group.trajectories:
             self._infra_streak = 0
         elif group.dropped:
@@ -341,15 +326,7 @@ class ServiceEpisodeRunner:
                         f"{last.error}"
                     )
                 )
-        for traj in [*group.trajectories, *group.dropped]:
-            _count_episode(m, traj)
-        if group.dropped:
-            self.stats["infra_failures"] = self.stats.get("infra_failures", 0) + len(group.dropped)
-            m.count("rollout/infra_failures", len(group.dropped))
-            retries = len(group.dropped) - group.lost
-            if retries > 0:
-                self.stats["infra_retries"] = self.stats.get("infra_retries", 0) + retries
-                m.count("rollout/infra_retries", retries)
+        _count_group(self.metrics, self.stats, group)
 
     async def _run_request(self, request: GroupRequest) -> Group:
         """Submit ``request`` and wait for its outcome, moving it to another node whenever
@@ -358,12 +335,16 @@ class ServiceEpisodeRunner:
         while True:
             if self._closed:
                 raise RuntimeError("the rollout service client is closed")
-            node = await self._place()
+            try:
+                node = await self.pool.place()
+            except InfraFailureError as exc:
+                self._fail(exc)
+                raise
             node.in_flight += n
             try:
                 outcome = await self._on_node(node, request)
             except NodeUnavailable as exc:
-                self._take_out(node, exc)
+                self.pool.take_out(node, exc)
                 # A node that answered 5xx or too late may still be running it: the
                 # group's outcome is the one from where it goes now.
                 self._in_background(_quietly(node.client.cancel(request.group_id)))
@@ -407,76 +388,13 @@ class ServiceEpisodeRunner:
             self._in_background(_quietly(node.client.cancel(request.group_id)))
             raise
 
-    # ----------------------------------------------------------- placement
-    async def _place(self) -> NodeState:
-        """The node that is up with the fewest members in flight; waits (up to
-        ``rollout.backend_wait_s``) while none is up."""
-        self._ensure_nodes()
-        deadline = time.monotonic() + self.config.backend_wait_s
-        while True:
-            up = [node for node in self.nodes if node.up]
-            if up:
-                return min(up, key=lambda node: node.in_flight)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                exc = InfraFailureError(
-                    f"no rollout node answered for {self.config.backend_wait_s}s "
-                    f"(rollout.backend_wait_s): {', '.join(self._urls)}"
-                )
-                self._fail(exc)
-                raise exc
-            self._up_changed.clear()
-            try:
-                async with asyncio.timeout(left):
-                    await self._up_changed.wait()
-            except TimeoutError:
-                pass
-
-    def _take_out(self, node: NodeState, why: Exception) -> None:
-        """``node`` stopped answering: no new groups go there until its /health answers."""
-        if not node.up or self._closed:
-            return
-        node.up = False
-        node.taken_out += 1
-        _log.warning("rollout node %s taken out: %s", node.url, why)
-        self._note("nodes_taken_out")
-        self._watches[node.url] = asyncio.get_running_loop().create_task(self._watch(node))
-
-    async def _watch(self, node: NodeState) -> None:
-        """Ask a node taken out for /health until it answers, then greet it again (a
-        restarted node knows neither the engines nor the version) and take it back."""
-        while True:
-            await asyncio.sleep(self.config.service.health_every_s)
-            if not await node.client.health():
-                continue
-            try:
-                await self._greet(node)
-            except NodeUnavailable:
-                continue
-            break
-        node.up = True
-        self._watches.pop(node.url, None)
-        _log.warning("rollout node %s taken back", node.url)
-        self._note("nodes_taken_back")
-        self._up_changed.set()
-
     def _note(self, what: str) -> None:
         self.counts[what] += 1
         self.metrics.count(f"service/{what}")
 
     def status(self) -> list[dict[str, Any]]:
         """Each node: url, up, members in flight, groups done, times taken out."""
-        self._ensure_nodes()
-        return [
-            {
-                "url": n.url,
-                "up": n.up,
-                "in_flight": n.in_flight,
-                "groups_done": n.groups_done,
-                "taken_out": n.taken_out,
-            }
-            for n in self.nodes
-        ]
+        return self.pool.status()
 
 
 async def _bounded(coro, limit_s: float, node: NodeState) -> Any:
@@ -515,6 +433,51 @@ def _failed_group(request: GroupRequest, status: str, error: Any) -> Group:
         [traj],
         lost=request.num_samples,
     )
+
+
+def _request(
+    group_id: str,
+    task: Any,
+    size: int,
+    version: int,
+    agent: AgentConfig,
+    seed: SeedSpec,
+    *,
+    kind: str,
+    min_usable: int | None,
+) -> GroupRequest:
+    """The body of group ``group_id``: ``size`` members on ``task`` under ``version`` with
+    ``agent``'s sampling and turns, seeded by ``seed``, run by the node's ``kind`` of agent."""
+    return GroupRequest(
+        group_id=group_id,
+        num_samples=size,
+        policy_version=version,
+        task=task,
+        sampling=SamplingSpec(
+            temperature=agent.temperature,
+            top_p=agent.top_p,
+            top_k=agent.top_k,
+            max_tokens=agent.max_new_tokens,
+        ),
+        max_turns=agent.max_turns,
+        seed=seed,
+        min_usable=min_usable,
+        agent=kind,
+    )
+
+
+def _count_group(metrics: MetricsSink, stats: dict[str, int], group: Group) -> None:
+    """The per-episode figures of ``group`` and its infrastructure failures and retries, as
+    the in-process runner counts them."""
+    for traj in [*group.trajectories, *group.dropped]:
+        _count_episode(metrics, traj)
+    if group.dropped:
+        stats["infra_failures"] = stats.get("infra_failures", 0) + len(group.dropped)
+        metrics.count("rollout/infra_failures", len(group.dropped))
+        retries = len(group.dropped) - group.lost
+        if retries > 0:
+            stats["infra_retries"] = stats.get("infra_retries", 0) + retries
+            metrics.count("rollout/infra_retries", retries)
 
 
 def _count_episode(metrics: MetricsSink, traj: Trajectory) -> None:

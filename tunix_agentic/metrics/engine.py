@@ -1,55 +1,14 @@
-"""What a training step logs about its rollout and its engine, from the batch and the clock.
+"""What a training step logs about its engine: shares of the wall time, from its clock.
 
-Pure functions of a step's groups (:func:`rollout_stats`) and of two readings of
-the engine's clock (:func:`engine_fractions`, read per step through an
-:class:`EngineWindow`); the trainer adds them to the step's metrics.
+A pure function of two readings of the engine's clock (:func:`engine_fractions`),
+read per step through an :class:`EngineWindow`; the trainer adds them to the step's
+metrics beside the rollout's (:func:`~tunix_agentic.rollout.stats.rollout_stats`).
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
-
-if TYPE_CHECKING:
-    from tunix_agentic.rollout.episode import Group
-
-
-def rollout_stats(groups: list[Group]) -> dict[str, float]:
-    """``rollout/*`` figures of a batch: reward, success (reward > 0) and their means per
-    task source, tool use, turns, step rewards, generated tokens and episodes, and
-    ``rollout/env/<name>``: the mean over the episodes that reported it of an environment's
-    own figure (``StepResult.info["metrics"]``, summed over each episode's steps)."""
-    trajs = [t for g in groups for t in g.trajectories]
-    if not trajs:
-        return {}
-    rewards = np.asarray([t.reward for t in trajs])
-    per_task: dict[str, list[float]] = {}
-    for t in trajs:
-        per_task.setdefault(t.task_name, []).append(t.reward)
-    env_metrics: dict[str, list[float]] = {}  # an environment's own figures, per episode
-    for t in trajs:
-        for name, value in (t.info.get("metrics") or {}).items():
-            env_metrics.setdefault(name, []).append(float(value))
-    return {
-        **{f"rollout/env/{name}": float(np.mean(v)) for name, v in env_metrics.items()},
-        **{f"rollout/reward_mean/{name}": float(np.mean(r)) for name, r in per_task.items()},
-        **{
-            f"rollout/success/{name}": float((np.asarray(r) > 0).mean())
-            for name, r in per_task.items()
-        },
-        "rollout/reward_mean": float(rewards.mean()),
-        "rollout/success": float((rewards > 0).mean()),
-        "rollout/tool_use": float(np.mean([any(s.tool_calls for s in t.steps) for t in trajs])),
-        "rollout/turns_mean": float(np.mean([len(t.steps) for t in trajs])),
-        # Per-step (process) rewards beside the outcome: their sum per episode.
-        "rollout/step_reward_sum_mean": float(
-            np.mean([sum(s.reward for s in t.steps) for t in trajs])
-        ),
-        "rollout/generated_tokens": float(sum(t.num_generated for t in trajs)),
-        "rollout/trajectories": float(len(trajs)),
-    }
+from typing import Any
 
 
 def engine_fractions(

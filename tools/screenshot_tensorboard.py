@@ -7,8 +7,8 @@ opens, without a desktop (the picture of it in docs/observability.md, ``docs/rep
 tensorboard_custom_scalars.png``, is made this way). Not a test: it prints the PNG's
 path and asserts nothing.
 
-    python profiling/screenshot_tensorboard.py runs/calculator_tiny
-    python profiling/screenshot_tensorboard.py RUN_DIR --out shot.png --width 1600 --height 3400
+    python tools/screenshot_tensorboard.py runs/calculator_tiny
+    python tools/screenshot_tensorboard.py RUN_DIR --out shot.png --width 1600 --height 3400
 
 RUN_DIR is a run directory (its ``tensorboard/`` is read) or an event-file directory.
 The browser: ``--browser PATH``, else the first of ``chromium-headless-shell``,

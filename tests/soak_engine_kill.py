@@ -17,8 +17,11 @@ own), the restarted engine's weight version against the run's last, and the verd
 against the acceptance: held-out success after RL >= 0.9, every RL step logged once, the
 trainer exited 0. Exit status 0 on PASS, 1 on FAIL.
 
-    nice python profiling/soak_engine_kill.py                  # ~5-10 min on 2 shared cores
-    nice python profiling/soak_engine_kill.py --keep           # keep the work dir (logs, run)
+    nice python tests/soak_engine_kill.py                  # ~5-10 min on 2 shared cores
+    nice python tests/soak_engine_kill.py --keep           # keep the work dir (logs, run)
+
+A fault test: ``tests/test_rollout_soak.py`` runs it as a ``heavy`` test (past CI's budget,
+deselected by default: ``pytest -m heavy``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ environment, never scored).
 
 The episode ends after ``turns`` probe calls; its reward is the share of calls that
 answered. Every command carries ``# <marker>`` in its argv, so a soak can look for its
-leftover processes in ``/proc``. A profiling device only.
+leftover processes in ``/proc``. A test device only (``tests/soak_rollout.py``).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ the members of the node's ``"agent": "external"`` groups (a trainer run with
     tunix-agentic serve-rollout --config configs/calculator_tiny.yaml --port 8200
     tunix-agentic train --config configs/calculator_tiny.yaml \\
         rollout.service.urls=[http://127.0.0.1:8200] rollout.service.agent=external
-    python profiling/openai_agent.py --url http://127.0.0.1:8200
+    python examples/openai_agent.py --url http://127.0.0.1:8200
 
 Sampling (temperature, max tokens, seed) is the group's: the node applies it to the calls
 of a claimed episode, which therefore pass none. Prints one line per episode

@@ -6,7 +6,7 @@ groups through the real :class:`~tunix_agentic.rollout.service.runner.ServiceEpi
 (what ``tunix-agentic train rollout.service.urls=...`` runs groups with; the learner
 is left out, so the policy stays at version 0 and the engines are never re-weighted).
 
-The environment is ``soak_probe`` (profiling/soak_env.py, imported by the nodes
+The environment is ``soak_probe`` (tests/soak_env.py, imported by the nodes
 through ``env.import``): a real bubblewrap sandbox per episode, one tool call per
 turn, of which ``--crash-rate`` crash and ``--hang-rate`` hang until the tool timeout
 (``env.tool_timeout_s``) cuts them; ``--reset-fail-rate`` of the sandbox starts fail
@@ -43,8 +43,10 @@ and restarted on its port and state dir. Checks:
 The last line is one JSON object with the counts (groups, episodes, tool calls, tool
 crashes, hangs cut, resubmissions, infrastructure failures...) and the checks.
 
-    python profiling/soak_rollout.py                      # 500 episodes
-    python profiling/soak_rollout.py --episodes 48 --rss-from 24 --node-kill-at 0.25
+    python tests/soak_rollout.py                      # 500 episodes
+    python tests/soak_rollout.py --episodes 48 --rss-from 24 --node-kill-at 0.25
+
+A fault test at any scale: ``tests/test_rollout_soak.py`` runs it at 48 episodes (slow).
 """
 
 from __future__ import annotations
@@ -67,17 +69,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import soak_env  # beside this file, whose folder is on sys.path (as a script and in pytest)
+
+from tunix_agentic.config import load_config
+from tunix_agentic.envs.base import Task
+from tunix_agentic.rollout.service.node_client import NodeClient
+from tunix_agentic.rollout.service.runner import ServiceEpisodeRunner
+from tunix_agentic.testing import TINY_MODEL_OVERRIDES, cli
+from tunix_agentic.trajectory import INFRA_STATUSES
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "profiling"))  # soak_env, as the nodes import it
-
-import soak_env  # noqa: E402
-
-from tunix_agentic.config import load_config  # noqa: E402
-from tunix_agentic.envs.base import Task  # noqa: E402
-from tunix_agentic.rollout.service.node_client import NodeClient  # noqa: E402
-from tunix_agentic.rollout.service.runner import ServiceEpisodeRunner  # noqa: E402
-from tunix_agentic.testing import TINY_MODEL_OVERRIDES, cli  # noqa: E402
-from tunix_agentic.trajectory import INFRA_STATUSES  # noqa: E402
 
 CONFIG = str(REPO / "configs" / "calculator_tiny.yaml")
 SHARED = [*TINY_MODEL_OVERRIDES, "engine.max_seq_len=128", "engine.decode_steps=2"]
@@ -299,7 +300,7 @@ async def soak(p: SoakParams, work: Path) -> dict[str, Any]:
     )
     node_overrides = [
         *SHARED,
-        f"env.import={REPO / 'profiling' / 'soak_env.py'}",
+        f"env.import={Path(soak_env.__file__).resolve()}",
         "env.name=soak_probe",
         f"env.tool_timeout_s={p.tool_timeout_s}",
         f"tasks=[{{name: soak, env: soak_probe, env_kwargs: {kwargs}}}]",

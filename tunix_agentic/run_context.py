@@ -1,0 +1,157 @@
+"""The built training run, and what its checkpoints hold.
+
+:class:`RunContext` is what :class:`~tunix_agentic.trainer.Trainer` builds and the RL
+loop drives; :class:`GRPOSteps` is the GRPO learner as that loop sees it;
+:class:`RunCheckpoints` decides which RL step a checkpoint holds and writes it: after
+the warm start, every ``rl.checkpoint_every`` RL steps, the last step, and the last
+finished step on a stop signal or an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from typing import Any
+
+from tunix_agentic.checkpoint import Checkpointer
+from tunix_agentic.config import RunConfig
+from tunix_agentic.inference.base import InferenceEngine
+from tunix_agentic.learners.batching import grpo_batch
+from tunix_agentic.learners.grpo import GRPOLearner
+from tunix_agentic.metrics.recorder import MetricsRecorder
+from tunix_agentic.metrics.trace import Timeline
+from tunix_agentic.rollout.group import Group
+from tunix_agentic.rollout.orchestrator import RolloutOrchestrator
+from tunix_agentic.rollout.transcripts import TranscriptLog
+
+_log = logging.getLogger(__name__)
+
+
+class GRPOSteps:
+    """The GRPO learner as the RL loop sees it: groups in, one train step, figures out."""
+
+    def __init__(self, learner: GRPOLearner, cfg: RunConfig, pad_id: int):
+        self.learner, self.cfg, self.pad_id = learner, cfg, pad_id
+        # Train steps begun on the learner's state (a step that raised may have consumed it).
+        self.started = 0
+
+    def train_on(self, groups: list[Group]) -> dict[str, float]:
+        rollout, lcfg = self.cfg.rollout, self.cfg.learner
+        rows = rollout.groups_per_batch * rollout.group_size
+        multiple = self.learner.row_multiple()
+        batch = grpo_batch(
+            groups,
+            self.learner.advantage_fn,
+            pad_id=self.pad_id,
+            num_rows=-(-rows // multiple) * multiple,
+            length_multiple=lcfg.length_bucket,
+            geometric=True,
+            task_normalize=lcfg.task_normalize,
+            turn_level=lcfg.turn_advantage,
+            overlong=lcfg.overlong,
+            overlong_max_len=lcfg.overlong_max_len,
+            overlong_cache_len=lcfg.overlong_cache_len,
+        )
+        self.started += 1
+        return self.learner.train_step(batch, pad_id=self.pad_id)
+
+    def params_for_engine(self) -> Any:
+        return self.learner.params_for_engine()
+
+
+@dataclasses.dataclass
+class RunContext:
+    """The built run: what the loop drives and what a checkpoint is made of."""
+
+    learner: GRPOLearner
+    orch: RolloutOrchestrator
+    engine: InferenceEngine
+    ckpt: Checkpointer
+    metrics: MetricsRecorder
+    t_start: float
+    start_step: int
+    timeline: Timeline  # the trace and the --profile-steps profiler
+    before: float | None = None
+    by_task_before: dict[str, float] = dataclasses.field(default_factory=dict)
+    reward_before: float = 0.0
+    transcripts: TranscriptLog | None = None  # set once built
+    steps: GRPOSteps | None = None  # the RL loop's learner, once RL began
+
+
+class RunCheckpoints:
+    """Which RL step the run's checkpoints hold, and writing them (in the background).
+
+    ``done_step``: the last finished RL step (0: the warm start is done); ``saved_step``:
+    the last one written. ``model``: the run's model config as a dict, kept in each
+    checkpoint's metadata.
+    """
+
+    def __init__(self, model: dict[str, Any]):
+        self.model = model
+        self.done_step: int | None = None
+        self.saved_step: int | None = None
+        self._trained_at_done = 0  # train steps begun when the last RL step finished
+        self._rollout_at_done: dict[str, Any] | None = None  # the task stream's state then
+
+    def resumed_at(self, step: int) -> None:
+        """The run continues from the checkpoint of ``step``."""
+        self.saved_step = self.done_step = step
+
+    def step_done(self, ctx: RunContext, step: int) -> None:
+        """RL step ``step`` finished: keep what a checkpoint of it holds as it is now (the
+        next batch may be taken, and its groups leave the task stream's pending list,
+        before a later save)."""
+        self.done_step = step
+        self._trained_at_done = ctx.steps.started if ctx.steps is not None else 0
+        self._rollout_at_done = json.loads(json.dumps(ctx.orch.checkpoint_state()))
+
+    def save(self, ctx: RunContext, step: int) -> None:
+        """Checkpoint ``step`` in the background (once per step; skipped if already saved)."""
+        if self.saved_step == step:
+            return
+        ctx.metrics.flush()  # every scalar up to this step is on disk before the checkpoint
+        at_done = step == self.done_step and self._rollout_at_done is not None
+        meta = {
+            "success_before": ctx.before,
+            "success_before_by_task": ctx.by_task_before,
+            "reward_before": ctx.reward_before,
+            "rollout": self._rollout_at_done if at_done else ctx.orch.checkpoint_state(),
+            "version": step,
+            "elapsed_s": time.perf_counter() - ctx.t_start,
+            "wall_time": time.time(),  # for people: a resume decides what to redo by step
+            "model": self.model,
+        }
+        ctx.ckpt.save(step, ctx.learner.checkpoint_params(), ctx.learner.state.opt_state, meta)
+        self.saved_step = step
+
+    def save_on_exit(self, ctx: RunContext, exc_type, exc, tb) -> bool:
+        """On a stop signal or an error, checkpoint the last finished step (an exit-stack
+        callback; never suppresses the exit's exception).
+
+        Only a whole step is saved: after a train step began whose step did not finish
+        (it raised, or its report did), the learner holds no finished step's state, and
+        the newest checkpoint stays the last one written. A forced way out (a second
+        Ctrl-C) saves nothing; a save that fails is logged, not raised over the error.
+        """
+        if exc_type is None or not issubclass(exc_type, Exception):
+            return False  # a run that ended saved its last step; a forced exit waits for nothing
+        if self.done_step is None or ctx.before is None or self.saved_step == self.done_step:
+            return False
+        if ctx.steps is not None and ctx.steps.started != self._trained_at_done:
+            _log.warning(
+                "step %d did not finish: the newest checkpoint stays step %s",
+                self.done_step + 1,
+                self.saved_step,
+            )
+            return False
+        try:
+            self.save(ctx, self.done_step)
+        except Exception as save_exc:
+            _log.warning(
+                "could not checkpoint step %d on the way out: %s",
+                self.done_step,
+                f"{type(save_exc).__name__}: {save_exc}",
+            )
+        return False
