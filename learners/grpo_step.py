@@ -22,6 +22,7 @@ from flax import nnx
 from tunix_agentic.learners.batching import GRPOBatch, SFTBatch
 from tunix_agentic.learners.grpo_config import GRPOConfig
 from tunix_agentic.learners.lora import LoRAConfig
+from tunix_agentic.learners.lora import attach as lora_attach
 from tunix_agentic.learners.lora import merge as lora_merge
 from tunix_agentic.learners.losses import (
     aggregation_weights,
@@ -49,10 +50,20 @@ class StepSpec:
 
 
 def full_params(params: Params, base: Params | None, lora: LoRAConfig) -> Params:
-    """The policy's full parameter tree: ``params`` itself, or base + merged adapters."""
+    """The policy's full parameter tree: ``params`` itself, or base + merged adapters
+    (what the engine receives)."""
     if base is None:
         return params
     return lora_merge(base, params, lora.scale)
+
+
+def policy_params(params: Params, base: Params | None, lora: LoRAConfig) -> Params:
+    """The policy as the loss runs it: ``params`` itself, or the base with each adapter
+    beside its kernel (:func:`~tunix_agentic.learners.lora.attach`; the same policy as
+    :func:`full_params` without a merged copy of the weights)."""
+    if base is None:
+        return params
+    return lora_attach(base, params, lora.scale)
 
 
 def forward(
@@ -92,7 +103,7 @@ def loss_fn(
     """The policy loss of one micro-batch ``mb`` (ids, mask, whole-batch weights) and its
     metrics, with the learner's logprobs (no gradient) as the last output."""
     cfg = spec.config
-    full = full_params(params, base, cfg.lora)
+    full = policy_params(params, base, cfg.lora)
     lp, logp = forward(spec.graphdef, full, mb["ids"], cfg.temperature, remat=cfg.remat)
     entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
     if not cfg.entropy_coef:
@@ -130,7 +141,7 @@ def micro_step(
     old, behaviour = mb["sampler"], None
     if cfg.uses_proximal:  # the sampler's logprobs weigh; the ratio is to our own
         behaviour = old
-        full = full_params(params, base, cfg.lora)
+        full = policy_params(params, base, cfg.lora)
         old = jax.lax.stop_gradient(logprobs(spec, full, ids))
     adv = mb["adv"]
     extra = {}
@@ -210,7 +221,7 @@ def pair_scores(
     pair_mask: jax.Array,  # [P, T]
 ) -> jax.Array:
     """``[P]`` summed logprobs of each pair's masked tokens (the collapse diagnostic)."""
-    lp = logprobs(spec, full_params(params, base, spec.config.lora), pair_ids)
+    lp = logprobs(spec, policy_params(params, base, spec.config.lora), pair_ids)
     return jnp.sum(lp * pair_mask[:, 1:], axis=-1)
 
 

@@ -5,9 +5,10 @@ For each targeted linear kernel ``W [in, out]`` an adapter holds ``a [in, r]``
 the policy's kernel is ``W + (alpha / r) * a @ b``. The adapters are a plain
 dict of arrays, keyed by the kernel's path, so optimizers, checkpoints and
 jitted steps treat them like any parameter tree. :func:`merge` returns the
-full parameter tree (the base's structure, no adapter leaves): what the learner
-differentiates through and what the engine receives on every weight sync, so
-rollouts never keep sampling the base policy.
+full parameter tree (the base's structure, no adapter leaves): what the engine
+receives on every weight sync, so rollouts never keep sampling the base policy.
+:func:`attach` returns the same policy with each adapter applied beside its frozen
+kernel: what the learner differentiates through.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from tunix_agentic.learners.configs import ALL_LINEAR, LoRAConfig  # noqa: F401  (re-exported)
+from tunix_agentic.models.transformer import LowRank
 
 
 def _key(path: Any) -> str:
@@ -55,26 +57,51 @@ def init_adapters(params: Any, cfg: LoRAConfig, key: jax.Array) -> dict[str, dic
     return adapters
 
 
-def merge(base: Any, adapters: dict[str, dict[str, jax.Array]], scale: float) -> Any:
-    """``base`` with ``scale * a @ b`` added to each adapted kernel (jit-friendly).
-
-    Raises ``ValueError`` if an adapter matches no kernel of ``base`` (it would train
-    nothing the policy uses).
-    """
+def _map_adapted(base: Any, adapters: dict[str, dict[str, jax.Array]], fn) -> Any:
+    """``base`` with ``fn(kernel, adapter)`` in place of each adapted kernel; raises
+    ``ValueError`` if an adapter matches no kernel of ``base`` (it would train nothing
+    the policy uses)."""
     used: set[str] = set()
 
-    def add(path, leaf):
+    def one(path, leaf):
         # A State's leaves sit under their Variable (a trailing ``.value``): keys only.
         name = _key(k.key for k in path if isinstance(k, jax.tree_util.DictKey))
         adapter = adapters.get(name)
         if adapter is None:
             return leaf
         used.add(name)
-        delta = (adapter["a"].astype(jnp.float32) @ adapter["b"].astype(jnp.float32)) * scale
-        return (leaf.astype(jnp.float32) + delta).astype(leaf.dtype)
+        return fn(leaf, adapter)
 
-    merged = jax.tree_util.tree_map_with_path(add, base)
+    out = jax.tree_util.tree_map_with_path(one, base)
     if len(used) != len(adapters):
         unused = sorted(set(adapters) - used)
         raise ValueError(f"LoRA adapters match no kernel of the model: {unused[:3]}")
-    return merged
+    return out
+
+
+def merge(base: Any, adapters: dict[str, dict[str, jax.Array]], scale: float) -> Any:
+    """``base`` with ``scale * a @ b`` added to each adapted kernel (jit-friendly): the
+    parameters the engine receives and an export writes. Summed in float32, rounded once
+    to the kernel's dtype.
+
+    Raises ``ValueError`` if an adapter matches no kernel of ``base``.
+    """
+
+    def add(leaf, adapter):
+        delta = (adapter["a"].astype(jnp.float32) @ adapter["b"].astype(jnp.float32)) * scale
+        return (leaf.astype(jnp.float32) + delta).astype(leaf.dtype)
+
+    return _map_adapted(base, adapters, add)
+
+
+def attach(base: Any, adapters: dict[str, dict[str, jax.Array]], scale: float) -> Any:
+    """``base`` with each adapted kernel replaced by a
+    :class:`~tunix_agentic.models.transformer.LowRank` (the kernel and its adapter), which
+    the model applies as ``x @ w + scale * (x @ a) @ b``: the policy :func:`merge` gives,
+    for training. Differentiating through it costs no weight-sized merged copy and no
+    full weight gradient per micro-batch, which :func:`merge` inside the loss did (in
+    float32: a float32 copy of every adapted kernel per micro-batch).
+
+    Raises ``ValueError`` if an adapter matches no kernel of ``base``.
+    """
+    return _map_adapted(base, adapters, lambda w, ad: LowRank(w, ad["a"], ad["b"], scale))

@@ -18,7 +18,8 @@ from tunix_agentic.config import load_config, save_config, to_dict
 from tunix_agentic.export import engine_from_config, export_run, load_run_policy
 from tunix_agentic.inference import EngineConfig, JaxEngine, SamplingParams
 from tunix_agentic.learners.grpo import GRPOConfig, GRPOLearner
-from tunix_agentic.learners.lora import LoRAConfig, init_adapters, merge
+from tunix_agentic.learners.grpo_step import forward
+from tunix_agentic.learners.lora import LoRAConfig, attach, init_adapters, merge
 from tunix_agentic.models.hf import load_hf_model
 from tunix_agentic.models.transformer import sequence_logprobs
 from tunix_agentic.testing import TINY, TINY_RUN_OVERRIDES, on_policy_batch, tiny_model
@@ -203,3 +204,49 @@ def test_adapters_stay_float32_on_a_bfloat16_model_so_small_steps_count():
     assert learner.params_for_engine()["embed"]["embedding"].dtype == jnp.bfloat16
     with pytest.raises(ValueError, match="match no kernel"):
         merge(learner.base, {"layers/0/attn/nope/kernel": {"a": 0, "b": 0}}, 1.0)
+
+
+def _lora_loss_and_grads(form, dtype: str = "float32", remat: bool = False):
+    """The summed logprobs of a fixed batch under ``form`` (``merge`` or ``attach``) of a
+    tiny model's base and non-zero adapters, and their gradients by the adapters."""
+    model = tiny_model(seed=4, dtype=dtype)
+    graphdef, base = nnx.split(model, nnx.Param)
+    cfg = LoRAConfig(rank=3, alpha=6.0, targets=("q_proj", "v_proj", "up_proj", "down_proj"))
+    adapters = init_adapters(base, cfg, jax.random.key(1))
+    adapters = {  # trained-looking adapters: b away from zero
+        k: {"a": v["a"], "b": 0.3 * jax.random.normal(jax.random.key(i), v["b"].shape)}
+        for i, (k, v) in enumerate(sorted(adapters.items()))
+    }
+    ids = jnp.asarray(np.random.default_rng(0).integers(3, TINY.vocab_size, (3, 11)), jnp.int32)
+
+    def loss(ad):
+        lp, _ = forward(graphdef, form(base, ad, cfg.scale), ids, 1.0, remat=remat)
+        return jnp.sum(lp * jnp.linspace(0.5, 1.5, lp.shape[1]))
+
+    return jax.value_and_grad(loss), adapters
+
+
+@pytest.mark.parametrize("remat", [False, True], ids=["plain", "remat"])
+def test_adapters_beside_the_kernel_give_the_merged_policys_loss_and_gradients(remat):
+    """The learner's loss applies each adapter beside its frozen kernel (``attach``); its
+    loss and adapter gradients equal those through the merged kernels (``merge``, what
+    the engine samples), float32, to rounding."""
+    fn, adapters = _lora_loss_and_grads(merge, remat=remat)
+    want, want_grads = jax.jit(fn)(adapters)
+    fn, _ = _lora_loss_and_grads(attach, remat=remat)
+    got, got_grads = jax.jit(fn)(adapters)
+    np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
+    for name, g in _leaves(want_grads).items():
+        assert np.abs(g).max() > 0, name  # every adapter moves the loss
+        np.testing.assert_allclose(_leaves(got_grads)[name], g, rtol=2e-4, atol=2e-6)
+    base_loss = jax.jit(fn)(jax.tree.map(jnp.zeros_like, adapters))[0]
+    assert abs(float(base_loss) - float(want)) > 1e-3  # the adapters change the policy
+
+
+def test_the_attached_step_holds_no_float32_copy_of_the_weights():
+    """On a bfloat16 model the merged form's loss builds a float32 array of every adapted
+    kernel's shape (the upcast merge); the attached form builds none."""
+    shape = f"f32[{TINY.d_model},{TINY.ffn_dim}]"  # up_proj's kernel: [in, out]
+    for form, expect in ((merge, True), (attach, False)):
+        fn, adapters = _lora_loss_and_grads(form, dtype="bfloat16")
+        assert (shape in str(jax.make_jaxpr(fn)(adapters))) is expect, form.__name__

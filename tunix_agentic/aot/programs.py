@@ -326,7 +326,9 @@ def engine_programs(
             _replicated(RowSampling.host(s), mesh),
             _replicated(jax.ShapeDtypeStruct((s, shape.get("table_width", 0)), jnp.int32), mesh),
         )
-        live_kv = s * window * kv_token / kv_shards
+        # Live KV: every slot's window, but never more than a paged pool holds.
+        held = ec.num_kv_blocks * ec.kv_block_size if paged else s * window
+        live_kv = min(s * window, held) * kv_token / kv_shards
         out.append(
             Program(
                 f"engine.decode[slots={s},window={window}]",

@@ -56,22 +56,56 @@ def rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
     return out.astype(x.dtype)
 
 
-def _matmul_2d(x: jax.Array, w: jax.Array, dtype, transpose: bool) -> jax.Array:
-    dtype = dtype or w.dtype  # the layer's compute dtype, as nnx.Linear / Embed promote
-    y = jax.lax.dot_general(
-        x.reshape(-1, x.shape[-1]).astype(dtype),
-        w.astype(dtype),
-        (((1,), (1 if transpose else 0,)), ((), ())),
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class LowRank:
+    """A frozen kernel ``w [in, out]`` with a LoRA adapter (``a [in, r]``, ``b [r, out]``)
+    applied beside it: a linear layer holding one computes ``x @ w + scale * (x @ a) @ b``
+    (Hu et al. 2021, eq. 3) instead of multiplying by a merged ``w + scale * a @ b``.
+
+    The learner's loss puts these in place of the adapted kernels
+    (:func:`tunix_agentic.learners.lora.attach`): no weight-sized merged copy is built per
+    micro-batch, and the backward pass computes the adapters' gradients from ``x`` and
+    ``x @ a`` instead of a full ``[in, out]`` weight gradient first."""
+
+    w: jax.Array
+    a: jax.Array
+    b: jax.Array
+    scale: float = dataclasses.field(metadata=dict(static=True))
+
+
+def _dot(x: jax.Array, w: jax.Array, transpose: bool, out=None) -> jax.Array:
+    return jax.lax.dot_general(
+        x, w, (((1,), (1 if transpose else 0,)), ((), ())), preferred_element_type=out
     )
+
+
+def _matmul_2d(x: jax.Array, w, dtype, transpose: bool) -> jax.Array:
+    if isinstance(w, LowRank):
+        return _low_rank_2d(x, w, dtype)
+    dtype = dtype or w.dtype  # the layer's compute dtype, as nnx.Linear / Embed promote
+    y = _dot(x.reshape(-1, x.shape[-1]).astype(dtype), w.astype(dtype), transpose)
     return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def _low_rank_2d(x: jax.Array, w: LowRank, dtype) -> jax.Array:
+    """``x @ w.w + scale * (x @ a) @ b`` in the layer's compute dtype, the thin products
+    summed in float32 and rounded once (the adapters are float32; their inputs round)."""
+    dtype = dtype or w.w.dtype
+    x2 = x.reshape(-1, x.shape[-1]).astype(dtype)
+    y = _dot(x2, w.w.astype(dtype), False, jnp.float32)
+    h = _dot(x2, w.a.astype(dtype), False, jnp.float32)  # [N, r]
+    y = y + _dot(h.astype(dtype), w.b.astype(dtype), False, jnp.float32) * w.scale
+    return y.astype(dtype).reshape(*x.shape[:-1], y.shape[-1])
 
 
 def dense(layer: nnx.Linear, x: jax.Array) -> jax.Array:
     """``layer(x)`` (a bias-free linear layer) as one 2-D matmul over the flattened leading
     dimensions. Same values; XLA on CPU computes the weight gradient of a 2-D matmul
     without the layout copies it makes for a contraction over two batch dimensions (the
-    train step ran about 1.3x faster at the peers' benchmark shapes)."""
-    return _matmul_2d(x, layer.kernel[...], layer.dtype, transpose=False)
+    train step ran about 1.3x faster at the peers' benchmark shapes). A kernel that is a
+    :class:`LowRank` (LoRA in training) is applied with its adapter beside it."""
+    return _matmul_2d(x, layer.kernel.get_value(), layer.dtype, transpose=False)
 
 
 def dense_t(embed: nnx.Embed, x: jax.Array) -> jax.Array:
@@ -221,14 +255,25 @@ def _write(side, r: jax.Array, positions: jax.Array, new: jax.Array):
     """Write ``new`` ([B, T, K, D]) at rows ``r`` ([B, 1]) and ``positions`` ([B, T]) of one
     side (K or V) of a dense cache, an array or a tuple of pieces; positions past the
     cache (padding, stopped slots) are dropped, never clamped onto real rows."""
+    # Indexed by (row, kv head, position), each update one head_dim vector: a scatter whose
+    # window is only the minor axis, which XLA on TPU does in place in the cache's own
+    # layout. With (row, position) indices and a [K, D] window it wanted K and D adjacent
+    # and copied every piece into and out of that layout on every decode step.
+    heads = jnp.arange(new.shape[2])[None, None, :]  # [1, 1, K]
     if not isinstance(side, tuple):
-        return side.at[r, :, positions].set(new.astype(side.dtype), mode="drop")
+        return side.at[r[..., None], heads, positions[..., None]].set(
+            new.astype(side.dtype), mode="drop"
+        )
     out = []
     for piece, start in zip(side, _starts(side), strict=True):
         n = piece.shape[2]
         local = positions - start
         local = jnp.where((local >= 0) & (local < n), local, n)  # another piece's: dropped
-        out.append(piece.at[r, :, local].set(new.astype(piece.dtype), mode="drop"))
+        out.append(
+            piece.at[r[..., None], heads, local[..., None]].set(
+                new.astype(piece.dtype), mode="drop"
+            )
+        )
     return tuple(out)
 
 
@@ -313,9 +358,11 @@ def _paged_write(cache, tables, positions, k, v):
     index = jnp.clip(positions // bs, 0, width - 1)
     block = jnp.take_along_axis(tables, index, axis=1)  # [B, T]
     block = jnp.where(positions < width * bs, block, n)
-    offset = positions % bs
-    k_pool = k_pool.at[block, :, offset].set(k.astype(k_pool.dtype), mode="drop")
-    v_pool = v_pool.at[block, :, offset].set(v.astype(v_pool.dtype), mode="drop")
+    offset = (positions % bs)[..., None]
+    block, heads = block[..., None], jnp.arange(k.shape[2])[None, None, :]
+    # Indexed by (block, kv head, offset): a head_dim window, in place (see _write).
+    k_pool = k_pool.at[block, heads, offset].set(k.astype(k_pool.dtype), mode="drop")
+    v_pool = v_pool.at[block, heads, offset].set(v.astype(v_pool.dtype), mode="drop")
     return k_pool, v_pool
 
 
