@@ -7,10 +7,12 @@ field; open episodes are bounded."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import aiohttp
 import numpy as np
@@ -26,6 +28,7 @@ from tunix_agentic.envs.calculator import (
 )
 from tunix_agentic.inference.config import EngineConfig
 from tunix_agentic.inference.engine import JaxEngine
+from tunix_agentic.inference.params import SamplingParams
 from tunix_agentic.models.char_tokenizer import CharTokenizer
 from tunix_agentic.models.hf_tokenizer import HFTokenizer, save_char_tokenizer
 from tunix_agentic.rollout.service.engines import EngineSet
@@ -44,8 +47,8 @@ from tunix_agentic.rollout.service.openai_schema import parse_chat_request
 from tunix_agentic.rollout.service.wire import trajectory_from_json
 from tunix_agentic.serving.http import api_key_guard, serve_app
 from tunix_agentic.serving.timeouts import ServerTimeouts
+from tunix_agentic.testing import TINY_RUN_OVERRIDES, memorize, tiny_model
 from tunix_agentic.testing import arithmetic_demonstration as demonstration
-from tunix_agentic.testing import memorize, tiny_model
 
 openai = pytest.importorskip("openai")
 
@@ -54,6 +57,8 @@ BUILTIN = ChatTemplate(CHAR)
 TASK = make_arithmetic_task(0, seed=0, split="train")
 TOOLS = ArithmeticEnv().tool_schemas()  # OpenAI function schemas
 ENGINE = EngineConfig(max_slots=4, max_seq_len=128, decode_steps=8, warmup=False)
+NODE_CONFIG = str(Path(__file__).resolve().parents[1] / "configs" / "calculator_tiny.yaml")
+BOUND_S = 120  # a bound against hangs, never a timing assertion
 
 # The built-in framing written as a Hugging Face template would write it, assistant tool
 # calls Qwen-style after the content: the tests' own rendering of a conversation.
@@ -355,8 +360,52 @@ BAD = [
     ({"messages": [{"role": "user", "content": "x"}], "top_p": 0}, 400, "top_p"),
     ({"messages": [{"role": "user", "content": "x"}], "n": 0}, 400, "n"),
     ({"messages": [{"role": "user", "content": "x"}], "max_tokens": "9"}, 400, "max_tokens"),
-    ({"messages": [{"role": "user", "content": "x"}], "stream": True}, 400, "stream"),
-    ({"messages": [{"role": "user", "content": "x"}], "stop": ["\n"]}, 400, "stop"),
+    ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, 400, "stream"),
+    ({"messages": [{"role": "user", "content": "x"}], "stop": list("abcde")}, 400, "at most 4"),
+    ({"messages": [{"role": "user", "content": "x"}], "stop": [""]}, 400, "stop"),
+    (
+        {"messages": [{"role": "user", "content": "x"}], "stream_options": {"chunks": 1}},
+        400,
+        "stream_options.chunks",
+    ),
+    (
+        {"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 0.5},
+        400,
+        "frequency_penalty: only 0 is supported: the engine samples without penalties",
+    ),
+    (
+        {"messages": [{"role": "user", "content": "x"}], "presence_penalty": -1},
+        400,
+        "presence_penalty: only 0",
+    ),
+    (
+        {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 3},
+        400,
+        "top_logprobs: only 0",
+    ),
+    ({"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "max"}, 400, "reasoning"),
+    (
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "response_format": {"type": "json_object"},
+        },
+        400,
+        "response_format: only {'type': 'text'} is supported: JSON output cannot be enforced",
+    ),
+    (
+        {"messages": [{"role": "user", "content": "x"}], "tools": TOOLS, "tool_choice": "required"},
+        400,
+        "tool_choice: 'required' cannot be enforced here",
+    ),
+    (
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": TOOLS,
+            "tool_choice": {"type": "function", "function": {"name": "calculator"}},
+        },
+        400,
+        "tool_choice: a named function cannot be enforced here",
+    ),
     ({"messages": [{"role": "user", "content": "x"}], "best_of": 2}, 400, "best_of"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "x"}]}, 400, "tools[0]"),
     (
@@ -545,3 +594,278 @@ def test_the_endpoint_imports_no_jax():
         "assert 'jax' not in sys.modules, 'jax imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+# ----------------------------------------------------- issue 35: what OpenAI clients expect
+ANS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "Ans",
+            "description": "Give the final answer.",
+            "parameters": {"type": "object", "properties": {"answer": {"type": "string"}}},
+        },
+    }
+]
+
+
+async def read_stream(stream):
+    """The chunks of a streamed reply, merged as a client does: ``(message, finish_reason,
+    usage, logprob entries, content deltas)`` of its one choice."""
+    content, calls, finish, usage, entries, deltas = None, {}, None, None, [], 0
+    chunks = [chunk async for chunk in stream]
+    for chunk in chunks:
+        assert chunk.object == "chat.completion.chunk"
+        if not chunk.choices:  # the usage chunk, last
+            assert chunk is chunks[-1]
+            usage = chunk.usage
+            continue
+        (choice,) = chunk.choices
+        assert finish is None  # nothing after the choice's finish_reason
+        finish = choice.finish_reason
+        delta = choice.delta
+        if delta.content is not None:
+            content = (content or "") + delta.content
+            deltas += bool(delta.content)
+        for part in delta.tool_calls or ():
+            call = calls.setdefault(part.index, {"id": None, "name": None, "arguments": ""})
+            if part.id:
+                assert call["id"] is None and part.function.name  # the name comes first
+                call["id"], call["name"] = part.id, part.function.name
+            call["arguments"] += part.function.arguments or ""
+        if choice.logprobs is not None:
+            entries += choice.logprobs.content
+    message = {"content": content, "calls": [calls[i] for i in sorted(calls)]}
+    return message, finish, usage, entries, deltas
+
+
+def plain(message):
+    calls = [
+        {"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+        for c in message.tool_calls or ()
+    ]
+    return {"content": message.content, "calls": calls}
+
+
+@pytest.mark.parametrize("tool_choice", ["auto", "none"], ids=str)
+async def test_a_streamed_reply_is_the_non_streamed_one_with_the_same_recording(
+    serve, tool_user, tool_choice
+):
+    engine, _ = tool_user
+    api, url = await serve(engine, BUILTIN)
+    client = client_of(url)
+    sampling = {"temperature": 0, "max_tokens": 40, "tools": TOOLS, "tool_choice": tool_choice}
+    messages = [{"role": "user", "content": TASK.prompt}]
+    reply = await client.chat.completions.create(
+        model="m", messages=messages, logprobs=True, extra_headers=ep("whole"), **sampling
+    )
+    stream = await client.chat.completions.create(
+        model="m",
+        messages=messages,
+        logprobs=True,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_headers=ep("streamed"),
+        **sampling,
+    )
+    message, finish, usage, entries, deltas = await read_stream(stream)
+    (choice,) = reply.choices
+    expected = plain(choice.message)
+    for got, want in zip(message["calls"], expected["calls"], strict=True):
+        assert got["id"].startswith("call_")
+        got["id"] = want["id"]  # (ids are fresh per call)
+    assert message == expected and finish == choice.finish_reason
+    assert usage == reply.usage
+    if tool_choice == "auto":  # a call, and no content
+        assert finish == "tool_calls" and expected["content"] is None
+        assert json.loads(expected["calls"][0]["arguments"]) == {"expression": TASK.expression}
+    else:  # the call's text
+        assert finish == "stop" and expected["content"].startswith("<tool_call>")
+    # The same token-exact recording: prompt, ids, logprobs; the returned logprobs are the
+    # recorded ones of the reply's text (the end-of-turn id is no text).
+    whole, streamed = (api.store.get(key(e)).calls for e in ("whole", "streamed"))
+    assert [c.prompt_ids for c in whole] == [c.prompt_ids for c in streamed]
+    (a,), (b,) = whole[0].completions, streamed[0].completions
+    assert a.token_ids == b.token_ids and a.logprobs == b.logprobs and b.ended_turn
+    if tool_choice == "none":  # a content delta per token of the text
+        assert deltas == len(b.token_ids) - 1
+    assert [e.logprob for e in entries] == [e.logprob for e in choice.logprobs.content]
+    assert [e.logprob for e in entries] == pytest.approx(b.logprobs[:-1])
+    assert "".join(e.token for e in entries) == CHAR.decode(b.token_ids[:-1])
+    await client.close()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_stop_strings_cut_the_reply_and_the_recording(serve, tool_user, stream):
+    engine, _ = tool_user
+    api, url = await serve(engine, BUILTIN)
+    client = client_of(url)
+    messages = [{"role": "user", "content": TASK.prompt}]
+    sampling = {"temperature": 0, "max_tokens": 40, "tool_choice": "none", "tools": TOOLS}
+    full = await client.chat.completions.create(
+        model="m", messages=messages, extra_headers=ep("full"), **sampling
+    )
+    text = full.choices[0].message.content
+    stop = ["never there", '"arguments"', "name"]  # the first found in the text wins
+    at = text.index("name")
+    assert 0 < at < text.index('"arguments"')
+    (whole,) = api.store.get(key("full")).calls[0].completions
+    reply = await client.chat.completions.create(
+        model="m", messages=messages, stop=stop, stream=stream, extra_headers=ep("s"), **sampling
+    )
+    if stream:
+        message, finish, *_ = await read_stream(reply)
+        content = message["content"]
+    else:
+        content, finish = reply.choices[0].message.content, reply.choices[0].finish_reason
+    assert content == text[:at] and finish == "stop"
+    # Recorded: the ids up to and including the token that completed the stop string
+    # (here '{"name": "', whose last characters the content leaves out), which a continuing
+    # call extends (then the template's end of the turn).
+    (c,) = api.store.get(key("s")).calls[0].completions
+    n = next(n for n in range(len(whole.token_ids)) if "name" in CHAR.decode(whole.token_ids[:n]))
+    assert c.token_ids == whole.token_ids[:n] and c.logprobs == whole.logprobs[:n]
+    assert c.finish_reason == "stop" and not c.ended_turn
+    history = [*messages, {"role": "assistant", "content": content}]
+    history.append({"role": "user", "content": "go on"})
+    await client.chat.completions.create(
+        model="m", messages=history, max_tokens=2, extra_headers=ep("s")
+    )
+    call0, call1 = api.store.get(key("s")).calls
+    assert call1.prompt_ids[: len(call0.prompt_ids) + len(c.token_ids)] == (
+        call0.prompt_ids + c.token_ids
+    )
+    rest = CHAR.decode(call1.prompt_ids[len(call0.prompt_ids) + len(c.token_ids) :])
+    assert rest.startswith("<|im_end|>\n<|im_start|>user\ngo on")
+    await client.close()
+
+
+@pytest.mark.parametrize(
+    "tools, tool_choice",
+    [(ANS, None), (ANS, "auto"), (None, None)],
+    ids=["only-Ans", "only-Ans-auto", "no-tools"],
+)
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_a_call_to_a_tool_not_offered_is_never_returned_as_a_call(
+    serve, tool_user, tools, tool_choice, stream
+):
+    """The policy calls ``calculator``; a request offering only ``Ans`` (or nothing) gets
+    the call back as text, and the recording counts it."""
+    engine, _ = tool_user
+    api, url = await serve(engine, BUILTIN)
+    client = client_of(url)
+    extra = {"tools": tools} if tools else {}
+    if tool_choice:
+        extra["tool_choice"] = tool_choice
+    reply = await client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": TASK.prompt}],
+        temperature=0,
+        max_tokens=40,
+        stream=stream,
+        extra_headers=ep("u"),
+        **extra,
+    )
+    if stream:
+        message, finish, *_ = await read_stream(reply)
+    else:
+        message, finish = plain(reply.choices[0].message), reply.choices[0].finish_reason
+    assert message["calls"] == [] and finish == "stop"
+    assert '"name": "calculator"' in message["content"]
+    (c,) = api.store.get(key("u")).calls[0].completions
+    assert c.unoffered_tool_calls == 1 and api.counts["unoffered_tool_calls"] == 1
+    await client.close()
+
+
+async def test_values_that_change_nothing_are_accepted(serve, tool_user):
+    """The developer role is a system message; zero penalties, a reasoning effort and
+    stream_options without streaming are accepted."""
+    engine, _ = tool_user
+    api, url = await serve(engine, BUILTIN)
+    client = client_of(url)
+    reply = await client.chat.completions.create(
+        model="m",
+        messages=[
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": TASK.prompt},
+        ],
+        max_tokens=3,
+        frequency_penalty=0,
+        presence_penalty=0.0,
+        reasoning_effort="low",
+        stream_options={"include_usage": True},
+        top_logprobs=0,
+        extra_headers=ep("d"),
+    )
+    assert reply.object == "chat.completion" and reply.choices[0].logprobs is None
+    prompt = api.store.get(key("d")).calls[0].prompt_ids
+    assert CHAR.decode(prompt).startswith("<|im_start|>system\nBe brief.<|im_end|>")
+    await client.close()
+
+
+async def test_a_client_leaving_mid_stream_aborts_the_engine_and_cuts_the_call(serve, make_engine):
+    """A streamed call waits behind a request that holds the engine's only slot; its client
+    closes the connection: the engine drops its request (while the slot is still held, so
+    it cannot have finished) and the episode records the call as cut, never trained on."""
+    config = dataclasses.replace(ENGINE, max_slots=1, max_seq_len=1024, decode_window="full")
+    engine = make_engine(tiny_model(seed=3), config)
+    api, url = await serve(engine, BUILTIN)
+    hold = asyncio.ensure_future(
+        engine.generate(CHAR.encode("hold the slot"), SamplingParams(max_new_tokens=100_000))
+    )
+    body = json.dumps(
+        {"messages": [{"role": "user", "content": TASK.prompt}], "stream": True}
+    ).encode()
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"X-Episode-Id: gone\r\nX-Episode-Token: {TOKEN}\r\n".encode()
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    await writer.drain()
+    async with asyncio.timeout(BOUND_S):
+        while engine.in_flight < 2:  # the call reached the engine
+            await asyncio.sleep(0.01)
+        writer.close()
+        while api.counts["cut_calls"] < 1 or engine.in_flight > 1:
+            await asyncio.sleep(0.01)
+    assert not hold.done(), "the held request ended first: this run proves nothing"
+    hold.cancel()
+    (call,) = api.store.get(key("gone")).calls
+    assert call.cut and call.completions == []
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{url}/v1/episodes/gone", headers=ep("gone")) as resp:
+            assert (await resp.json())["calls"][0]["cut"] is True
+        async with http.post(
+            f"{url}/v1/episodes/gone/reward", json={"reward": 1}, headers=ep("gone")
+        ) as resp:
+            assert resp.status == 409 and "cut" in (await resp.json())["error"]["message"]
+
+
+async def test_a_node_lists_its_model_behind_its_api_key(tmp_path):
+    from tunix_agentic.config import load_config
+    from tunix_agentic.rollout.service.node import RolloutNode, setup_from_config
+    from tunix_agentic.rollout.service.node_http import start_node_server
+
+    setup = setup_from_config(load_config(NODE_CONFIG, [*TINY_RUN_OVERRIDES]))
+    node = RolloutNode(setup, EngineSet([]), tmp_path / "node")
+    runner, port = await start_node_server(node, api_key="the-key")
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        node.policy_version = 3
+        client = openai.AsyncOpenAI(base_url=url, api_key="the-key", max_retries=0)
+        (model,) = (await client.models.list()).data
+        assert model.id == "tunix-agentic" and model.model_extra["policy_version"] == 3
+        assert (await client.models.retrieve(model.id)).id == model.id
+        with pytest.raises(openai.NotFoundError):
+            await client.models.retrieve("another-model")
+        stranger = openai.AsyncOpenAI(base_url=url, api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            await stranger.models.list()
+        await client.close()
+        await stranger.close()
+    finally:
+        await runner.cleanup()
+        await node.close()

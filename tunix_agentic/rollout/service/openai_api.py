@@ -2,15 +2,39 @@
 
 Routes (JSON; errors ``{"error": {"message", "type"}}`` with a 4xx naming the field):
 
-* ``POST /v1/chat/completions``: ``messages``, ``tools``, ``tool_choice``, ``temperature``,
-  ``top_p``, ``top_k``, ``max_tokens`` / ``max_completion_tokens``, ``n``, ``seed``
-  (non-streaming). The conversation is rendered with the model's chat template and
-  tokenised once; the reply is OpenAI's ``chat.completion`` (tool calls parsed into
-  ``tool_calls`` with the agent loop's parser, ``finish_reason`` "stop" | "tool_calls" |
-  "length", ``usage`` counted in tokens). ``tool_choice`` "none" hides the tools and
-  parses no calls; "required" or a named function is accepted but not enforced
-  (sampling is not constrained). Refused with a 400: ``stream``, ``stop`` strings,
-  ``logprobs`` (the recorded ones are in ``GET /v1/episodes/{id}``), unknown fields.
+* ``POST /v1/chat/completions``: ``messages`` (roles system, developer (as system), user,
+  assistant, tool), ``tools``, ``tool_choice`` ("auto" or "none"), ``temperature``,
+  ``top_p``, ``top_k``, ``max_tokens`` / ``max_completion_tokens``, ``n``, ``seed``,
+  ``stop``, ``logprobs``, ``stream`` and ``stream_options`` (what else is accepted or
+  refused: :mod:`~tunix_agentic.rollout.service.openai_schema`). The conversation is
+  rendered with the model's chat template and tokenised once; the reply is OpenAI's
+  ``chat.completion`` (tool calls parsed into ``tool_calls`` with the agent loop's parser,
+  ``finish_reason`` "stop" | "tool_calls" | "length", ``usage`` counted in tokens;
+  :mod:`~tunix_agentic.rollout.service.openai_reply`). Only calls to a tool the request
+  offered are returned: a call to any other tool stays in the content as text and is
+  counted (``unoffered_tool_calls`` in the recording and in :attr:`ChatCompletions.counts`).
+  ``tool_choice`` "none" hides the tools and parses no calls. ``stop`` (a string or up
+  to 4): the completion is cut after the token that completes the first stop string
+  found in its text (:func:`~tunix_agentic.serving.stops.cut_at_stop_string`, as
+  ``serve-engine`` cuts SGLang's ``stop``; the engine decodes on to its end-of-turn token
+  or ``max_tokens`` meanwhile): the content ends before the stop string, the recorded
+  ids end with that token (the learner trains on them, the stop's tokens included, and
+  an episode's next call continues from them, the template's end-of-turn id after them).
+  ``logprobs``: each choice's ``logprobs.content`` (one entry per id of its text).
+  ``stream``: server-sent ``chat.completion.chunk`` events, then ``data: [DONE]``: the
+  same reply (same sampling, same recording) framed as deltas, sent once the engine has
+  answered (the engine contract returns a completion whole); with
+  ``stream_options.include_usage`` a last chunk holds ``usage``. A client that closes its
+  connection before it has the reply (streamed or not) aborts the engine's request (on a
+  server that cancels a gone client's handler, as
+  :func:`~tunix_agentic.serving.http.serve_app` does), and its call is recorded as
+  ``cut``: shown in ``GET /v1/episodes/{id}``, never trained on.
+* ``GET /v1/models`` (and ``/v1/models/{id}``): the served policy, ``id`` the
+  configured ``model_name`` (clients may send it as ``model``; any name is served by the
+  same policy) and ``policy_version`` the weights' version now.
+* ``POST /v1/responses``: the Responses API subset agent frameworks send (not stateful),
+  translated into a chat request and served by the same call path (:meth:`serve_call`):
+  see :mod:`~tunix_agentic.rollout.service.openai_responses`.
 * A call with an ``X-Episode-Id: ID`` header is recorded (prompt ids, completion ids,
   logprobs, per-token policy versions) into the episode of that id and its
   ``X-Episode-Token`` (the client's own, 16-200 characters, or, when the call sends none,
@@ -45,9 +69,10 @@ Mounting (the rollout node does this on its aiohttp app)::
 JaxEngine, an SGLang client). ``chat_format``: the run's template (the built-in
 :class:`~tunix_agentic.agent.chat.ChatTemplate` is served through its Jinja twin
 ``BUILTIN_CHAT_TEMPLATE``). A conversation renders as the agent loop frames its prompts
-(:func:`template_messages`): tools the template drops go to the system prompt when its
-``tools_fallback`` is ``"system"``, and assistant tool calls a template drops are written
-after the content in :func:`~tunix_agentic.agent.tool_parser.format_tool_call`'s form.
+(:mod:`~tunix_agentic.rollout.service.openai_prompt`): tools the template drops go to the
+system prompt when its ``tools_fallback`` is ``"system"``, and assistant tool calls a
+template drops are written after the content in
+:func:`~tunix_agentic.agent.tool_parser.format_tool_call`'s form.
 ``version_of()``: the policy version now (recorded per call; per-token versions come
 from the engine). The app's API-key guard and error middleware
 (:func:`tunix_agentic.serving.http.api_key_guard`) apply as to its other routes.
@@ -59,25 +84,20 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import json
 import math
 import re
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 from aiohttp import web
 
 from tunix_agentic.agent.chat import (
-    BUILTIN_CHAT_TEMPLATE,
     ChatFormat,
-    ChatTemplate,
-    JinjaChatTemplate,
     TemplateError,
-    tools_prompt_text,
 )
-from tunix_agentic.agent.tool_parser import format_tool_call, get_parser
+from tunix_agentic.agent.tool_parser import get_parser
 from tunix_agentic.inference.base import (
     EngineError,
     InferenceEngine,
@@ -89,13 +109,25 @@ from tunix_agentic.rollout.service.openai_episodes import (
     TOKEN_PATTERN,
     Call,
     Completion,
-    Episode,
     EpisodeLimits,
     EpisodeStore,
     episode_key,
     episode_trajectory,
     new_token,
 )
+from tunix_agentic.rollout.service.openai_prompt import (
+    Prompt,
+    PromptRenderer,
+    jinja_format,
+)
+from tunix_agentic.rollout.service.openai_reply import (
+    Answer,
+    Reply,
+    completion_json,
+    parse_reply,
+    send_chunks,
+)
+from tunix_agentic.rollout.service.openai_responses import Responses
 from tunix_agentic.rollout.service.openai_schema import (
     ChatRequest,
     RequestError,
@@ -103,13 +135,25 @@ from tunix_agentic.rollout.service.openai_schema import (
     parse_chat_request,
 )
 from tunix_agentic.serving.http import json_error, load_json
+from tunix_agentic.serving.stops import ModelText, cut_at_stop_string
 
 EPISODE_HEADER = "X-Episode-Id"
 TOKEN_HEADER = "X-Episode-Token"
 _EPISODE_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,200}")
 
-_MARK = "\x00completion\x00"
-_TOOL_CALL = re.compile(r"<tool_call>.*?</tool_call>", re.DOTALL)
+
+class ClientGone(Exception):
+    """The client closed its connection while its reply was being sent."""
+
+
+class _Decoder:
+    """The tokenizer as :class:`~tunix_agentic.serving.stops.ModelText` reads one."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+
+    def decode(self, ids: list[int], *, skip_special_tokens: bool = False) -> str:
+        return self.tokenizer.decode(ids)  # (the project's tokenizers keep special tokens)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,46 +175,89 @@ class OpenAIConfig:
         get_parser(self.parser)
 
 
-def jinja_format(chat_format: ChatFormat) -> JinjaChatTemplate:
-    """The Jinja template that renders whole conversations for ``chat_format``."""
-    if isinstance(chat_format, JinjaChatTemplate):
-        return chat_format
-    if isinstance(chat_format, ChatTemplate):
-        return JinjaChatTemplate(chat_format.tokenizer, BUILTIN_CHAT_TEMPLATE)
-    raise TypeError(f"chat_format must be a chat template, got {type(chat_format).__name__}")
-
-
-def template_messages(
-    template: JinjaChatTemplate,
-    messages: Sequence[dict[str, Any]],
-    tools: list[dict[str, Any]] | None,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
-    """``(messages, tools)`` to render so that a conversation is framed as the agent loop
-    frames it (:meth:`JinjaChatTemplate.prompt_text`, demonstrations): tools listed in the
-    system prompt for a template that drops them (``tools_fallback="system"``), assistant
-    tool calls appended to the content in the compact form for a template that drops them."""
-    out = [dict(m) for m in messages]
-    if not template.renders_tool_calls:
-        for m in out:
-            for call in m.pop("tool_calls", None) or ():
-                fn = call["function"]
-                m["content"] += format_tool_call(fn["name"], json.loads(fn["arguments"]))
-    if tools and not template.renders_tools and template.tools_fallback == "system":
-        listed = tools_prompt_text(tools, template.tools_prompt)
-        if out and out[0]["role"] == "system":
-            out[0]["content"] = f"{out[0]['content']}\n\n{listed}"
-        else:
-            out.insert(0, {"role": "system", "content": listed})
-        tools = None
-    return out, tools
-
-
 @dataclasses.dataclass(frozen=True)
-class Prompt:
-    """A call's prompt ids and, when it continues a recorded call, which one."""
+class ServedCall:
+    """One call served: its checked request, prompt, the engine's outputs and the parsed
+    assistant messages (one per choice)."""
 
-    ids: list[int]
-    extends: tuple[int, int] | None = None  # (call, choice) of the episode
+    chat: ChatRequest
+    prompt: Prompt
+    outs: list[TokenOutput]
+    messages: list[dict[str, Any]]
+    replies: list[Reply] = dataclasses.field(default_factory=list)
+
+
+def episode_token(request: web.Request, *, required: bool) -> str | None:
+    """The request's ``X-Episode-Token`` (checked; None when absent and not required)."""
+    token = request.headers.get(TOKEN_HEADER)
+    if token is None:
+        if required:
+            raise RequestError(
+                f"{TOKEN_HEADER}: required (the token the episode's first call answered, "
+                "or its claim gave)",
+                401,
+            )
+        return None
+    if not TOKEN_PATTERN.fullmatch(token):
+        raise RequestError(
+            f"{TOKEN_HEADER}: must be 16-200 characters of letters, digits and ._~+/=-"
+        )
+    return token
+
+
+def client_key(request: web.Request) -> str:
+    """Who the per-client episode cap counts against: the credential sent, else the
+    peer's address."""
+    auth = request.headers.get("Authorization")
+    if auth:
+        return "key:" + hashlib.sha256(auth.encode()).hexdigest()[:32]
+    return f"addr:{request.remote}"
+
+
+def with_defaults(
+    chat: ChatRequest, body: Collection[str], defaults: dict[str, Any]
+) -> ChatRequest:
+    """``chat`` with ``defaults`` for the sampling fields its body omitted."""
+    given = set(body)
+    if "max_completion_tokens" in given:
+        given.add("max_tokens")
+    changes = {k: v for k, v in defaults.items() if k not in given and v is not None}
+    return dataclasses.replace(chat, **changes) if changes else chat
+
+
+def recorded_call(
+    chat: ChatRequest,
+    prompt: Prompt,
+    outs: list[TokenOutput],
+    replies: list[Reply],
+    stop_ids: Collection[int],
+    version: int | None,
+    model_s: float,
+) -> Call:
+    """What the episode records of a served call: its prompt ids and every choice's ids,
+    logprobs, per-token versions (the call's ``version`` where the engine gives none)."""
+    completions = []
+    for out, reply in zip(outs, replies, strict=True):
+        ids = list(out.token_ids)
+        versions = list(out.versions) or [version if version is not None else -1] * len(ids)
+        completions.append(
+            Completion(
+                token_ids=ids,
+                logprobs=[float(x) for x in out.logprobs],
+                versions=[int(v) for v in versions],
+                finish_reason=out.finish_reason,
+                message_key=message_key(reply.message),
+                ended_turn=bool(ids) and ids[-1] in stop_ids,
+                unoffered_tool_calls=reply.unoffered,
+            )
+        )
+    return Call(
+        message_keys=[message_key(m) for m in chat.messages],
+        prompt_ids=prompt.ids,
+        completions=completions,
+        policy_version=version,
+        model_s=model_s,
+    )
 
 
 class ChatCompletions:
@@ -187,6 +274,7 @@ class ChatCompletions:
         self.engine = engine
         self.template = jinja_format(chat_format)
         self.tokenizer = self.template.tokenizer
+        self.prompts = PromptRenderer(self.template)
         self.version_of = version_of or (lambda: engine.version)
         self.config = config
         self.parse = get_parser(config.parser)
@@ -194,90 +282,39 @@ class ChatCompletions:
         # Sampling values for a recorded call that omits them: (episode key, calls so far)
         # -> {temperature, top_p, top_k, max_tokens, seed} (a rollout node's external groups).
         self.call_defaults: Callable[[str, int], dict[str, Any]] = lambda key, calls: {}
+        self.text = ModelText(tokenizer=_Decoder(self.tokenizer))
+        self.created = int(time.time())
+        # Calls to tools a request did not offer (left as text); calls cut by their client.
+        self.counts = {"unoffered_tool_calls": 0, "cut_calls": 0}
 
     def routes(self) -> list[web.RouteDef]:
         return [
+            web.get("/v1/models", self.handle_models),
+            web.get("/v1/models/{model_id}", self.handle_models),
             web.post("/v1/chat/completions", self.handle_chat),
             web.post("/v1/episodes/{episode_id}/reward", self.handle_reward),
             web.get("/v1/episodes/{episode_id}", self.handle_episode),
         ]
 
-    # ------------------------------------------------------------------ rendering
-    def render(self, request: ChatRequest, messages: Sequence[dict[str, Any]]) -> str:
-        messages, tools = template_messages(self.template, messages, request.template_tools)
-        return self.template.render(messages, add_generation_prompt=True, tools=tools)
-
     def render_ids(self, request: ChatRequest) -> list[int]:
-        return self.tokenizer.encode(self.render(request, request.messages))
+        """The whole conversation's prompt ids (see :class:`PromptRenderer`)."""
+        return self.prompts.render_ids(request)
 
-    def continuation_ids(self, request: ChatRequest, k: int, ended_turn: bool) -> list[int]:
-        """The ids the template puts after assistant message ``k`` (its end-of-turn token
-        only if the completion did not end the turn) up to the next generation prompt."""
-        messages = list(request.messages)
-        messages[k] = {**messages[k], "content": _MARK}
-        text = self.render(request, messages)
-        after = text.split(_MARK, 1)[-1]
-        end = after.find(self.template.turn_end)
-        if _MARK not in text or end < 0:
-            raise TemplateError("the chat template lost the assistant turn or its end token")
-        return self.tokenizer.encode(
-            after[end + len(self.template.turn_end) if ended_turn else end :]
-        )
-
-    def prompt(self, request: ChatRequest, episode: Episode | None) -> Prompt:
-        """Prompt ids: the continuation of the longest recorded call whose messages and
-        returned reply begin ``request.messages``, else the whole conversation rendered."""
-        keys = [message_key(m) for m in request.messages]
-        best: tuple[int, int, Call, Completion] | None = None
-        for i, call in enumerate(episode.calls if episode else ()):
-            k = len(call.message_keys)
-            if k >= len(keys) or keys[:k] != call.message_keys:
-                continue
-            for j, c in enumerate(call.completions):
-                if c.message_key == keys[k] and (best is None or k > len(best[2].message_keys)):
-                    best = (i, j, call, c)
-        if best is None:
-            return Prompt(self.render_ids(request))
-        i, j, call, c = best
-        rest = self.continuation_ids(request, len(call.message_keys), c.ended_turn)
-        return Prompt(call.prompt_ids + c.token_ids + rest, extends=(i, j))
+    def reply(self, request: ChatRequest, out: TokenOutput, stop: str | None = None) -> Reply:
+        """One completion's :class:`Reply` (``stop``: the stop string it was cut at)."""
+        ids = out.token_ids
+        ended = bool(ids) and ids[-1] in self.template.stop_ids
+        text_ids = ids[:-1] if ended else ids
+        text = self.tokenizer.decode(text_ids)
+        if stop is not None and stop in text:
+            text = text[: text.index(stop)]
+        reply = parse_reply(text, text_ids, parse=self.parse, offered=request.offered)
+        self.counts["unoffered_tool_calls"] += reply.unoffered
+        return reply
 
     def reply_message(self, request: ChatRequest, out: TokenOutput) -> dict[str, Any]:
         """The assistant message of one completion (OpenAI's shape)."""
-        ids = out.token_ids
-        ended = bool(ids) and ids[-1] in self.template.stop_ids
-        text = self.tokenizer.decode(ids[:-1] if ended else ids)
-        message: dict[str, Any] = {"role": "assistant", "content": text}
-        if not request.parse_tools:
-            return message
-        calls, kept = [], []
-        last = 0
-        for match in _TOOL_CALL.finditer(text):
-            try:
-                action = self.parse(match.group(0))
-            except RecursionError:  # arguments nested past what JSON parsing can take
-                kept.append(text[last : match.end()])
-                last = match.end()
-                continue
-            kept.append(text[last : match.start()])
-            last = match.end()
-            if action.tool_calls and not action.parse_errors:
-                call = action.tool_calls[0]
-                calls.append(
-                    {
-                        "id": f"call_{uuid.uuid4().hex[:24]}",
-                        "type": "function",
-                        "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
-                    }
-                )
-            else:  # malformed: left in the text for the agent to see
-                kept.append(match.group(0))
-        if calls:
-            kept.append(text[last:])
-            content = "".join(kept)
-            message["content"] = content if content.strip() else None
-            message["tool_calls"] = calls
-        return message
+        return self.reply(request, out).message
 
     # ------------------------------------------------------------------ handlers
     async def _body(self, request: web.Request) -> Any:
@@ -301,87 +338,123 @@ class ChatCompletions:
             )
         return eid
 
-    @staticmethod
-    def _token(request: web.Request, *, required: bool) -> str | None:
-        token = request.headers.get(TOKEN_HEADER)
-        if token is None:
-            if required:
-                raise RequestError(
-                    f"{TOKEN_HEADER}: required (the token the episode's first call answered, "
-                    "or its claim gave)",
-                    401,
-                )
-            return None
-        if not TOKEN_PATTERN.fullmatch(token):
-            raise RequestError(
-                f"{TOKEN_HEADER}: must be 16-200 characters of letters, digits and ._~+/=-"
-            )
-        return token
+    async def handle_models(self, request: web.Request) -> web.Response:
+        model = {
+            "id": self.config.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "tunix-agentic",
+            "policy_version": self.version_of(),
+        }
+        wanted = request.match_info.get("model_id")
+        if wanted is None:
+            return web.json_response({"object": "list", "data": [model]})
+        if wanted != model["id"]:
+            return json_error(404, f"model {wanted!r:.100} is not served here", "not_found")
+        return web.json_response(model)
 
-    @staticmethod
-    def _client(request: web.Request) -> str:
-        """Who the per-client episode cap counts against: the credential sent, else the
-        peer's address."""
-        auth = request.headers.get("Authorization")
-        if auth:
-            return "key:" + hashlib.sha256(auth.encode()).hexdigest()[:32]
-        return f"addr:{request.remote}"
-
-    async def handle_chat(self, request: web.Request) -> web.Response:
+    async def handle_chat(self, request: web.Request) -> web.StreamResponse:
         headers: dict[str, str] = {}
+        sent: list[web.StreamResponse] = []
+
+        async def deliver(served: ServedCall) -> None:
+            if served.chat.stream:
+                answer = self._answer(served)
+                sent.append(await send_chunks(request, answer, self.tokenizer.decode, headers))
+
         try:
-            return web.json_response(await self._chat(request, headers), headers=headers)
+            served = await self.serve_call(request, self._parse_chat, headers, deliver=deliver)
         except RequestError as exc:
             return json_error(exc.status, str(exc), "invalid_request_error")
+        except ClientGone:  # nobody reads what is answered now
+            return sent[0] if sent else web.Response(status=499)
+        if sent:
+            return sent[0]
+        answer = completion_json(self._answer(served), self.tokenizer.decode)
+        return web.json_response(answer, headers=headers)
 
-    async def _chat(self, request: web.Request, headers: dict[str, str]) -> dict[str, Any]:
-        body = await self._body(request)
+    def _parse_chat(self, body: Any) -> tuple[ChatRequest, Collection[str]]:
         chat = parse_chat_request(
             body, max_n=self.config.max_n, max_messages=self.config.max_messages
         )
+        return chat, set(body)
+
+    async def serve_call(
+        self,
+        request: web.Request,
+        parse: Callable[[Any], tuple[ChatRequest, Collection[str]]],
+        headers: dict[str, str],
+        *,
+        deliver: Callable[[ServedCall], Awaitable[None]] | None = None,
+    ) -> ServedCall:
+        """One call, whichever API it came in: read the body, ``parse`` it into a
+        :class:`ChatRequest` and the names of the chat fields it gave (the episode's call
+        defaults fill the others), render, generate, parse the replies, and record the call
+        under the request's ``X-Episode-Id`` (``headers`` gets its ``X-Episode-Token``).
+        ``/v1/responses`` (:mod:`.openai_responses`) comes through here too.
+
+        A client that hangs up while the engine generates cancels this (the project's
+        servers cancel a gone client's handler: :func:`~tunix_agentic.serving.http.serve_app`),
+        which aborts the engine's requests; one that hangs up while ``deliver`` (which sends
+        a streamed reply, after the call is recorded) writes raises :class:`ClientGone`
+        (or the cancellation). Either way the call is recorded as cut."""
+        chat, given = parse(await self._body(request))
         eid = self._episode_id(request)
         episode = None
         if eid is not None:
-            token = self._token(request, required=False) or new_token()
-            episode = self.store.begin_call(eid, token, self._client(request))
+            token = episode_token(request, required=False) or new_token()
+            episode = self.store.begin_call(eid, token, client_key(request))
             headers[TOKEN_HEADER] = token
         call = None
         try:
             if episode is not None:
                 defaults = self.call_defaults(episode.key, len(episode.calls))
-                chat = self._with_defaults(chat, body, defaults)
+                chat = with_defaults(chat, given, defaults)
             try:
-                prompt = self.prompt(chat, episode)
+                prompt = self.prompts.prompt(chat, episode)
             except (TemplateError, ValueError) as exc:
                 raise RequestError(
                     f"messages: the chat template cannot render them: {exc}"
                 ) from None
             version = self.version_of()
             t0 = time.perf_counter()
-            outs = await self._generate(chat, prompt.ids, episode.key if episode else None)
+            try:
+                outs, stops = await self._generate(
+                    chat, prompt.ids, episode.key if episode else None
+                )
+            except asyncio.CancelledError:  # the client hung up: the engine's requests abort
+                self.counts["cut_calls"] += 1
+                if episode is not None:
+                    keys = [message_key(m) for m in chat.messages]
+                    call = Call(keys, prompt.ids, [], version, time.perf_counter() - t0, cut=True)
+                raise
             model_s = time.perf_counter() - t0
-            messages = [self.reply_message(chat, out) for out in outs]
+            replies = [self.reply(chat, out, stop) for out, stop in zip(outs, stops, strict=True)]
             if episode is not None:
-                call = self._record(chat, prompt, outs, messages, version, model_s)
+                call = recorded_call(
+                    chat, prompt, outs, replies, self.template.stop_ids, version, model_s
+                )
         finally:
             if episode is not None:
                 self.store.end_call(episode, call)
-        return self._response(chat, prompt, outs, messages)
-
-    @staticmethod
-    def _with_defaults(
-        chat: ChatRequest, body: dict[str, Any], defaults: dict[str, Any]
-    ) -> ChatRequest:
-        """``chat`` with ``defaults`` for the sampling fields its body omitted."""
-        given = set(body)
-        if "max_completion_tokens" in given:
-            given.add("max_tokens")
-        changes = {k: v for k, v in defaults.items() if k not in given and v is not None}
-        return dataclasses.replace(chat, **changes) if changes else chat
+        served = ServedCall(chat, prompt, outs, [r.message for r in replies], replies)
+        if deliver is not None:
+            try:
+                await deliver(served)
+            except (ConnectionError, asyncio.CancelledError) as exc:  # the client left
+                self.counts["cut_calls"] += 1
+                if call is not None:
+                    call.cut = True
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                raise ClientGone("the client closed the connection") from None
+        return served
 
     async def _generate(
         self, chat: ChatRequest, prompt_ids: list[int], eid: str | None
-    ) -> list[TokenOutput]:
+    ) -> tuple[list[TokenOutput], list[str | None]]:
+        """The engine's outputs, each cut at its first stop string, and the string it was
+        cut at (None: not cut)."""
         try:
             samplings = [
                 SamplingParams(
@@ -418,58 +491,30 @@ class ChatCompletions:
                 task.cancel()
         if any(out.finish_reason == "abort" for out in outs):
             raise RequestError("the engine aborted the generation (retry)", 503)
-        return list(outs)
-
-    def _record(self, chat, prompt, outs, messages, version, model_s) -> Call:
-        completions = []
-        for out, message in zip(outs, messages, strict=True):
-            ids = list(out.token_ids)
-            versions = list(out.versions) or [version if version is not None else -1] * len(ids)
-            completions.append(
-                Completion(
-                    token_ids=ids,
-                    logprobs=[float(x) for x in out.logprobs],
-                    versions=[int(v) for v in versions],
-                    finish_reason=out.finish_reason,
-                    message_key=message_key(message),
-                    ended_turn=bool(ids) and ids[-1] in self.template.stop_ids,
-                )
-            )
-        return Call(
-            message_keys=[message_key(m) for m in chat.messages],
-            prompt_ids=prompt.ids,
-            completions=completions,
-            policy_version=version,
-            model_s=model_s,
+        cut = [cut_at_stop_string(out, chat.stop, self.text) for out in outs]
+        return (
+            [out if c is None else c.output for out, c in zip(outs, cut, strict=True)],
+            [None if c is None else c.matched for c in cut],
         )
 
-    def _response(self, chat, prompt, outs, messages) -> dict[str, Any]:
-        choices = []
-        for k, (out, message) in enumerate(zip(outs, messages, strict=True)):
-            finish = "length" if out.finish_reason == "length" else "stop"
-            if message.get("tool_calls"):
-                finish = "tool_calls"
-            choices.append(
-                {"index": k, "message": message, "finish_reason": finish, "logprobs": None}
-            )
-        completion_tokens = sum(len(out.token_ids) for out in outs)
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": chat.model or self.config.model_name,
-            "choices": choices,
-            "usage": {
-                "prompt_tokens": len(prompt.ids),
-                "completion_tokens": completion_tokens,
-                "total_tokens": len(prompt.ids) + completion_tokens,
+    def _answer(self, served: ServedCall) -> Answer:
+        return Answer(
+            head={
+                "id": f"chatcmpl-{uuid.uuid4().hex}",
+                "created": int(time.time()),
+                "model": served.chat.model or self.config.model_name,
             },
-        }
+            prompt_tokens=len(served.prompt.ids),
+            outs=served.outs,
+            replies=served.replies,
+            logprobs=served.chat.logprobs,
+            include_usage=served.chat.include_usage,
+        )
 
     async def handle_reward(self, request: web.Request) -> web.Response:
         eid = request.match_info["episode_id"]
         try:
-            token = self._token(request, required=True)
+            token = episode_token(request, required=True)
             body = await self._body(request)
             if not isinstance(body, dict):
                 raise RequestError('the body must be a JSON object {"reward": r}')
@@ -503,7 +548,7 @@ class ChatCompletions:
     async def handle_episode(self, request: web.Request) -> web.Response:
         eid = request.match_info["episode_id"]
         try:
-            token = self._token(request, required=True)
+            token = episode_token(request, required=True)
         except RequestError as exc:
             return json_error(exc.status, str(exc), "invalid_request_error")
         episode = self.store.get(episode_key(eid, token))
@@ -535,4 +580,5 @@ def add_openai_routes(
         engine=engine, chat_format=chat_format, version_of=version_of, config=config
     )
     app.add_routes(api.routes())
+    app.add_routes(Responses(api).routes())
     return api

@@ -81,17 +81,22 @@ class Completion:
     finish_reason: str
     message_key: str
     ended_turn: bool  # whether the last id ends the assistant's turn (a stop token)
+    unoffered_tool_calls: int = 0  # calls to tools the request did not offer (left as text)
 
 
 @dataclasses.dataclass
 class Call:
-    """One recorded chat call: the prompt ids the engine saw and its choices."""
+    """One recorded chat call: the prompt ids the engine saw and its choices. A ``cut``
+    call's client left before it had the whole reply (a closed connection: the engine's
+    request was aborted, its ids are not kept, or the reply was being sent): it is shown
+    in the recording, never trained on, and no later call continues it."""
 
     message_keys: list[str]  # of the request's messages, to find the call a later one extends
     prompt_ids: list[int]
     completions: list[Completion]
     policy_version: int | None
     model_s: float = 0.0
+    cut: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -140,12 +145,14 @@ class Episode:
                 {
                     "prompt_ids": c.prompt_ids,
                     "policy_version": c.policy_version,
+                    "cut": c.cut,
                     "choices": [
                         {
                             "completion_ids": x.token_ids,
                             "logprobs": x.logprobs,
                             "versions": x.versions,
                             "finish_reason": x.finish_reason,
+                            "unoffered_tool_calls": x.unoffered_tool_calls,
                         }
                         for x in c.completions
                     ],
@@ -298,8 +305,9 @@ class EpisodeStore:
                     f"reward: episode {eid!r} was closed with reward {episode.reward}", 409
                 )
             return episode
-        if not episode.calls:
-            raise RequestError(f"episode {eid!r} has no recorded call", 409)
+        if not _turns(episode):
+            what = "finished call (its calls were cut)" if episode.calls else "recorded call"
+            raise RequestError(f"episode {eid!r} has no {what}", 409)
         episode.closed, episode.reward = True, reward
         episode.task_id, episode.info = task_id, info
         self._drop_open(key)
@@ -345,7 +353,7 @@ class EpisodeStore:
 
 
 def _turns(episode: Episode) -> list[tuple[Call, Completion]]:
-    return [(call, c) for call in episode.calls for c in call.completions]
+    return [(call, c) for call in episode.calls if not call.cut for c in call.completions]
 
 
 def episode_trajectory(episode: Episode) -> Trajectory:
@@ -354,11 +362,12 @@ def episode_trajectory(episode: Episode) -> Trajectory:
     Chained: ``token_ids`` is the first prompt, then per call its completion and the ids
     the next prompt added (the observation: not trained). Not chained: every step carries
     its call's prompt as ``context_ids``. ``reward`` is the episode's; ``task_id`` the one
-    given with the reward (else the episode id).
+    given with the reward (else the episode id). Cut calls are left out (``info``
+    counts them: ``cut_calls``).
     """
-    if not episode.closed or not episode.calls:
-        raise ValueError(f"episode {episode.episode_id!r} is not closed with calls")
     turns = _turns(episode)
+    if not episode.closed or not turns:
+        raise ValueError(f"episode {episode.episode_id!r} is not closed with finished calls")
     history: list[int] = []
     chained = True
     for i, (call, c) in enumerate(turns):
@@ -372,6 +381,9 @@ def episode_trajectory(episode: Episode) -> Trajectory:
         reward=float(episode.reward or 0.0),
         info={"source": "openai", "calls": len(episode.calls), **episode.info},
     )
+    cut = sum(call.cut for call in episode.calls)
+    if cut:
+        traj.info["cut_calls"] = cut
     traj.append_prompt(turns[0][0].prompt_ids)
     for i, (call, c) in enumerate(turns):
         if chained and i:

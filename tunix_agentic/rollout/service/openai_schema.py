@@ -3,9 +3,18 @@
 :func:`parse_chat_request` turns a request body into a :class:`ChatRequest` or raises
 :class:`RequestError` naming the field (``messages[2].tool_calls[0].function.arguments``)
 and the HTTP status to answer. Messages come out normalised for the chat template:
-``content`` a string (text parts joined, ``None`` -> ``""``), assistant ``tool_calls`` in
-OpenAI's shape with ``arguments`` a JSON string, ``reasoning_content`` kept for
-templates that read it. :func:`message_key` is what two messages must share to count as
+``content`` a string (text parts joined, ``None`` -> ``""``), the ``developer`` role as
+``system``, assistant ``tool_calls`` in OpenAI's shape with ``arguments`` a JSON string,
+``reasoning_content`` kept for templates that read it.
+
+Accepted with a value that changes nothing: ``frequency_penalty`` / ``presence_penalty``
+0, ``logit_bias`` {}, ``top_logprobs`` 0, ``response_format`` text, and
+``reasoning_effort`` (any of OpenAI's values: a documented no-op, the served models have
+no reasoning switch the endpoint drives). Refused, naming why: non-zero penalties (the
+engine samples without them), ``top_logprobs`` > 0 (the engine returns the sampled
+token's logprob only), JSON ``response_format`` and ``tool_choice`` "required" or a named
+function (neither can be enforced without constrained decoding, which is not built),
+and any field not named here. :func:`message_key` is what two messages must share to count as
 the same turn (role, content and the tool calls' names and arguments; ids ignored).
 """
 
@@ -19,25 +28,30 @@ from typing import Any, Literal
 
 from tunix_agentic.serving.http import JSONDepthError, load_json
 
-ROLES = ("system", "user", "assistant", "tool")
-ToolChoice = Literal["none", "auto", "required"]
+ROLES = ("system", "developer", "user", "assistant", "tool")
+ToolChoice = Literal["none", "auto"]
+MAX_STOPS = 4
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
+_NO_CONSTRAINTS = (
+    "cannot be enforced here: sampling is not constrained (constrained decoding, e.g. "
+    "xgrammar, is not built yet)"
+)
 
-# Fields a client may send with a value that changes nothing here (null, false, 0, ...).
-_INERT = {
-    "stream": (None, False),
-    "stop": (None, [], ""),
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
-    "frequency_penalty": (None, 0, 0.0),
-    "presence_penalty": (None, 0, 0.0),
-    "logit_bias": (None, {}),
-    "stream_options": (None,),
-    "response_format": (None, {"type": "text"}),
-}
-_WHY = {
-    "stream": "streaming is not supported (send stream=false)",
-    "stop": "stop strings are not supported (the chat template's end-of-turn tokens stop)",
-    "logprobs": "logprobs are not returned here (GET /v1/episodes/{id} has the recorded ones)",
+# Fields a client may send only with a value that changes nothing here, and why another
+# value is refused.
+_INERT: dict[str, tuple[tuple[Any, ...], str]] = {
+    "frequency_penalty": ((None, 0), "only 0 is supported: the engine samples without penalties"),
+    "presence_penalty": ((None, 0), "only 0 is supported: the engine samples without penalties"),
+    "logit_bias": ((None, {}), "is not supported: the engine samples without biases"),
+    "top_logprobs": (
+        (None, 0),
+        "only 0 is supported: the engine returns the sampled token's logprob, not the most "
+        "likely alternatives (send logprobs=true alone)",
+    ),
+    "response_format": (
+        (None, {"type": "text"}),
+        f"only {{'type': 'text'}} is supported: JSON output {_NO_CONSTRAINTS}",
+    ),
 }
 _IGNORED = {"model", "user", "parallel_tool_calls", "metadata", "store", "service_tier"}
 _KNOWN = {
@@ -51,6 +65,11 @@ _KNOWN = {
     "max_completion_tokens",
     "n",
     "seed",
+    "stream",
+    "stream_options",
+    "stop",
+    "logprobs",
+    "reasoning_effort",
     *_INERT,
     *_IGNORED,
 }
@@ -68,11 +87,13 @@ class RequestError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ChatRequest:
-    """A checked chat-completions request. ``max_tokens`` None: the server's default."""
+    """A checked chat-completions request. ``max_tokens`` None: the server's default.
+    ``stop``: strings that end a completion (cut after the token completing the first);
+    ``include_usage``: a streamed reply ends with a usage chunk."""
 
     messages: tuple[dict[str, Any], ...]
     tools: tuple[dict[str, Any], ...] = ()
-    tool_choice: ToolChoice | str = "auto"  # or the name of one function
+    tool_choice: ToolChoice = "auto"
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -80,11 +101,22 @@ class ChatRequest:
     n: int = 1
     seed: int | None = None
     model: str | None = None
+    stream: bool = False
+    include_usage: bool = False
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
 
     @property
     def parse_tools(self) -> bool:
         """Whether tool calls are parsed out of the reply (not with ``tool_choice="none"``)."""
         return self.tool_choice != "none"
+
+    @property
+    def offered(self) -> frozenset[str] | None:
+        """The tool names a returned call may name (None: no call is parsed)."""
+        if not self.parse_tools:
+            return None
+        return frozenset(t["function"]["name"] for t in self.tools)
 
     @property
     def template_tools(self) -> list[dict[str, Any]] | None:
@@ -177,7 +209,7 @@ def _message(raw: Any, i: int) -> dict[str, Any]:
     role = raw.get("role")
     if role not in ROLES:
         raise _fail(f"{where}.role", f"must be one of {', '.join(ROLES)}, got {role!r:.50}")
-    out: dict[str, Any] = {"role": role}
+    out: dict[str, Any] = {"role": "system" if role == "developer" else role}
     out["content"] = _content(raw.get("content"), f"{where}.content", nullable=role == "assistant")
     for key, value in raw.items():
         where_key = f"{where}.{key}"
@@ -216,34 +248,79 @@ def _tools(raw: Any) -> tuple[dict[str, Any], ...]:
     return tuple(dict(t) for t in raw)
 
 
-def _tool_choice(raw: Any, tools: tuple[dict[str, Any], ...]) -> str:
+def _tool_choice(raw: Any, tools: tuple[dict[str, Any], ...]) -> ToolChoice:
     if raw is None:
         return "auto"
-    if raw in ("none", "auto", "required"):
+    if raw in ("none", "auto"):
         return raw
+    if raw == "required":
+        raise _fail("tool_choice", f"'required' {_NO_CONSTRAINTS}; send 'auto' or 'none'")
     if isinstance(raw, Mapping) and raw.get("type") == "function":
         name = (raw.get("function") or {}).get("name")
         known = [t["function"]["name"] for t in tools]
         if name not in known:
             raise _fail("tool_choice.function.name", f"{name!r:.50} is not in tools ({known})")
-        return str(name)
+        raise _fail("tool_choice", f"a named function {_NO_CONSTRAINTS}; send 'auto' or 'none'")
     raise _fail("tool_choice", "must be 'none', 'auto', 'required' or {'type': 'function', ...}")
 
 
-def parse_chat_request(body: Any, *, max_n: int, max_messages: int) -> ChatRequest:
-    """A :class:`ChatRequest` from a JSON body, or :class:`RequestError` naming the field.
+def _inert(body: Mapping[str, Any]) -> None:
+    for key, (allowed, why) in _INERT.items():
+        value = body.get(key)
+        # (a bool is refused even where it equals an allowed 0)
+        if key in body and (isinstance(value, bool) or value not in allowed):
+            raise _fail(key, f"{why}, got {value!r:.50}")
 
-    ``tool_choice`` "required" or a named function is accepted but not enforced: sampling
-    is not constrained, so the reply may still come without (or with other) tool calls.
-    """
+
+def _flag(body: Mapping[str, Any], key: str) -> bool:
+    value = body.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise _fail(key, f"must be a boolean, got {value!r:.50}")
+    return bool(value)
+
+
+def _stream_options(raw: Any) -> bool:
+    """``include_usage`` of ``stream_options`` (accepted with or without streaming)."""
+    if raw is None:
+        return False
+    if not isinstance(raw, Mapping):
+        raise _fail("stream_options", f"must be an object, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - {"include_usage", "include_obfuscation"})
+    if unknown:
+        raise _fail(f"stream_options.{unknown[0]}", "is not supported")
+    for key in ("include_usage", "include_obfuscation"):
+        if raw.get(key) is not None and not isinstance(raw[key], bool):
+            raise _fail(f"stream_options.{key}", "must be a boolean")
+    return bool(raw.get("include_usage"))
+
+
+def _stop(raw: Any) -> tuple[str, ...]:
+    if raw is None or raw == "":
+        return ()
+    stops = [raw] if isinstance(raw, str) else raw
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise _fail("stop", "must be a string or a list of non-empty strings")
+    if len(stops) > MAX_STOPS:
+        raise _fail("stop", f"holds {len(stops)} strings, at most {MAX_STOPS} are supported")
+    return tuple(dict.fromkeys(stops))
+
+
+def _reasoning_effort(raw: Any) -> None:
+    """Checked and then ignored: see the module docstring."""
+    if raw is not None and raw not in REASONING_EFFORTS:
+        raise _fail("reasoning_effort", f"must be one of {', '.join(REASONING_EFFORTS)}")
+
+
+def parse_chat_request(body: Any, *, max_n: int, max_messages: int) -> ChatRequest:
+    """A :class:`ChatRequest` from a JSON body, or :class:`RequestError` naming the field
+    (what is accepted and refused: the module docstring)."""
     if not isinstance(body, Mapping):
         raise RequestError(f"the body must be a JSON object, got {type(body).__name__}")
     unknown = sorted(set(body) - _KNOWN)
     if unknown:
         raise _fail(unknown[0], "is not a supported field of /v1/chat/completions")
-    for key, allowed in _INERT.items():
-        if key in body and body[key] not in allowed:
-            raise _fail(key, _WHY.get(key, f"only {allowed[0]!r} is supported"))
+    _inert(body)
+    _reasoning_effort(body.get("reasoning_effort"))
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise _fail("messages", "must be a non-empty list of messages")
@@ -268,6 +345,10 @@ def parse_chat_request(body: Any, *, max_n: int, max_messages: int) -> ChatReque
         n=_integer(body, "n", 1, max_n) or 1,
         seed=_integer(body, "seed", -(2**63), 2**63 - 1 - max_n),
         model=model,
+        stream=_flag(body, "stream"),
+        include_usage=_stream_options(body.get("stream_options")),
+        stop=_stop(body.get("stop")),
+        logprobs=_flag(body, "logprobs"),
     )
 
 

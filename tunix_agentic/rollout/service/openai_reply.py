@@ -1,0 +1,297 @@
+"""What a chat completion answers, built from the sampled ids (host-side, no JAX).
+
+:func:`parse_reply` turns a completion's text into OpenAI's assistant message: the
+``<tool_call>`` blocks that parse into a call to a tool the request offered become
+``tool_calls`` and leave the content; a block calling any other tool stays in the content
+as text and is counted (:attr:`Reply.unoffered`), so a client is never handed a call it
+cannot dispatch. :func:`logprobs_json` is OpenAI's ``logprobs`` of a choice.
+:func:`stream_chunks` frames the same replies as ``chat.completion.chunk`` events: per
+choice a role delta, then per token the characters it completes (content deltas) and,
+at the token that closes a call's block, the call (its id and name, then its arguments
+in fragments), then a last delta with ``finish_reason``; a usage chunk (``choices``
+empty) ends the stream when asked. Concatenated, the deltas are the non-streamed message
+exactly: each delta is a slice of the same text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import uuid
+from collections.abc import Callable, Collection, Iterator, Sequence
+from typing import Any
+
+from aiohttp import web
+
+from tunix_agentic.agent.tool_parser import Action
+from tunix_agentic.inference.base import TokenOutput
+
+_TOOL_CALL = re.compile(r"<tool_call>.*?</tool_call>", re.DOTALL)
+_ARGUMENT_PIECE = 16  # characters per streamed fragment of a call's arguments
+_PENDING_MAX = 16  # ids one delta may wait for before the rest goes in the last delta
+_CONTEXT_IDS = 4  # ids decoded before the pending ones (merges, leading spaces)
+
+
+@dataclasses.dataclass(frozen=True)
+class Reply:
+    """One choice's answer: ``text`` (its ids decoded, the end-of-turn id and a matched
+    stop string left out), the assistant ``message``, where each returned call's block
+    was in ``text`` (``calls_at``: ``[start, end)``), how many blocks called a tool the
+    request did not offer (``unoffered``, left in the content), and the ``text_ids``: the
+    completion's ids that make up ``text`` (all but an end-of-turn id)."""
+
+    text: str
+    message: dict[str, Any]
+    calls_at: tuple[tuple[int, int], ...] = ()
+    unoffered: int = 0
+    text_ids: tuple[int, ...] = ()
+
+
+def parse_reply(
+    text: str,
+    text_ids: Sequence[int],
+    *,
+    parse: Callable[[str], Action],
+    offered: Collection[str] | None,
+) -> Reply:
+    """The :class:`Reply` of ``text``; ``offered``: the tool names calls may name (None:
+    no call is parsed, as with ``tool_choice="none"``)."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if offered is None:
+        return Reply(text, message, text_ids=tuple(text_ids))
+    calls, kept, spans = [], [], []
+    unoffered = last = 0
+    for match in _TOOL_CALL.finditer(text):
+        try:
+            action = parse(match.group(0))
+        except RecursionError:  # arguments nested past what JSON parsing can take
+            continue  # left in the text, as a malformed block is
+        if not action.tool_calls or action.parse_errors:
+            continue
+        call = action.tool_calls[0]
+        if call.name not in offered:
+            unoffered += 1
+            continue
+        kept.append(text[last : match.start()])
+        last = match.end()
+        spans.append((match.start(), match.end()))
+        calls.append(
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+            }
+        )
+    if calls:
+        content = "".join(kept) + text[last:]
+        message["content"] = content if content.strip() else None
+        message["tool_calls"] = calls
+    return Reply(text, message, tuple(spans), unoffered, tuple(text_ids))
+
+
+def finish_reason(out: TokenOutput, reply: Reply) -> str:
+    """OpenAI's ``finish_reason``: "tool_calls", "length" or "stop"."""
+    if reply.message.get("tool_calls"):
+        return "tool_calls"
+    return "length" if out.finish_reason == "length" else "stop"
+
+
+def logprobs_json(
+    reply: Reply, logprobs: Sequence[float], decode: Callable[[list[int]], str]
+) -> dict[str, Any]:
+    """OpenAI's ``logprobs`` of a choice: one entry per id of its text (tool-call blocks
+    included; the end-of-turn id, which is no text, left out; ``GET /v1/episodes/{id}``
+    has every recorded one), each the sampled token's logprob under the distribution the
+    engine sampled from; ``top_logprobs`` empty (the engine returns no alternatives)."""
+    entries = []
+    for tid, lp in zip(reply.text_ids, logprobs, strict=False):
+        token = decode([tid])
+        entries.append(
+            {
+                "token": token,
+                "logprob": float(lp),
+                "bytes": list(token.encode("utf-8")),
+                "top_logprobs": [],
+            }
+        )
+    return {"content": entries, "refusal": None}
+
+
+def token_ends(decode: Callable[[list[int]], str], ids: Sequence[int], text: str) -> list[int]:
+    """Where each of ``ids``' text ends in ``text`` (non-decreasing, the last ``len(text)``):
+    an id that completes no character yet (part of a UTF-8 sequence) ends where the one
+    before did, and an id whose decoded piece is not the next slice of ``text`` (a trimmed
+    stop string) waits, at most :data:`_PENDING_MAX` ids, then the rest goes to the last."""
+    ends: list[int] = []
+    pos = done = 0  # text placed so far; ids [0, done) placed
+    stuck = False
+    for k in range(1, len(ids) + 1):
+        if not stuck:
+            a = max(0, done - _CONTEXT_IDS)
+            head, whole = decode(list(ids[a:done])), decode(list(ids[a:k]))
+            piece = whole[len(head) :]
+            if whole.startswith(head) and not whole.endswith("\ufffd"):
+                if text.startswith(piece, pos):
+                    pos, done = pos + len(piece), k
+            stuck = k - done > _PENDING_MAX
+        ends.append(pos)
+    if ends:
+        ends[-1] = len(text)
+    return ends
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamChoice:
+    """What :func:`stream_chunks` needs of one choice."""
+
+    reply: Reply
+    finish_reason: str
+    ends: list[int]  # token_ends of its text ids
+    logprobs: dict[str, Any] | None = None  # logprobs_json, when the request asked
+
+
+def _call_deltas(index: int, call: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    fn = call["function"]
+    head = {"index": index, "id": call["id"], "type": "function"}
+    yield {"tool_calls": [{**head, "function": {"name": fn["name"], "arguments": ""}}]}
+    args = fn["arguments"]
+    for at in range(0, len(args), _ARGUMENT_PIECE):
+        piece = args[at : at + _ARGUMENT_PIECE]
+        yield {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
+
+
+def _outside(text: str, start: int, end: int, spans: Sequence[tuple[int, int]]) -> str:
+    """``text[start:end]`` without the (sorted) ``spans``: the content it holds."""
+    out, at = [], start
+    for a, b in spans:
+        if b <= at or a >= end:
+            continue
+        if a > at:
+            out.append(text[at:a])
+        at = max(at, b)
+    if at < end:
+        out.append(text[at:end])
+    return "".join(out)
+
+
+def _choice_deltas(choice: StreamChoice) -> Iterator[tuple[dict[str, Any], Any]]:
+    """``(delta, logprobs)`` pairs of one choice, role first, finish_reason not included."""
+    reply, message = choice.reply, choice.reply.message
+    shows_content = message["content"] is not None
+    yield {"role": "assistant", "content": "" if shows_content else None}, None
+    calls = message.get("tool_calls") or []
+    entries = choice.logprobs["content"] if choice.logprobs else None
+    sent_calls = start = 0
+    for k, end in enumerate(choice.ends):
+        piece = _outside(reply.text, start, end, reply.calls_at) if shows_content else ""
+        lp = {"content": [entries[k]], "refusal": None} if entries and k < len(entries) else None
+        if piece or lp is not None:
+            yield ({"content": piece} if shows_content else {}), lp
+        while sent_calls < len(calls) and reply.calls_at[sent_calls][1] <= end:
+            for delta in _call_deltas(sent_calls, calls[sent_calls]):
+                yield delta, None
+            sent_calls += 1
+        start = end
+    for i in range(sent_calls, len(calls)):  # (only with no ids at all)
+        for delta in _call_deltas(i, calls[i]):
+            yield delta, None
+
+
+def stream_chunks(
+    head: dict[str, Any],
+    choices: Sequence[StreamChoice],
+    usage: dict[str, int] | None,
+) -> Iterator[dict[str, Any]]:
+    """The ``chat.completion.chunk`` events of a reply (``head``: ``id``, ``created``,
+    ``model``); a last chunk with ``usage`` and no choices when ``usage`` is given (then
+    every other chunk carries ``"usage": null``, as OpenAI's do)."""
+    base = {**head, "object": "chat.completion.chunk"}
+    if usage is not None:
+        base["usage"] = None
+
+    def chunk(index: int, delta: dict[str, Any], finish: str | None, lp: Any) -> dict[str, Any]:
+        one = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": lp}
+        return {**base, "choices": [one]}
+
+    for index, choice in enumerate(choices):
+        for delta, lp in _choice_deltas(choice):
+            yield chunk(index, delta, None, lp)
+        yield chunk(index, {}, choice.finish_reason, None)
+    if usage is not None:
+        yield {**base, "choices": [], "usage": usage}
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """What one call answers: ``head`` (``id``, ``created``, ``model``), the prompt's
+    length, the engine's outputs (cut at stop strings) and their replies, and whether the
+    request asked for ``logprobs`` and (streaming) a usage chunk."""
+
+    head: dict[str, Any]
+    prompt_tokens: int
+    outs: Sequence[TokenOutput]
+    replies: Sequence[Reply]
+    logprobs: bool = False
+    include_usage: bool = False
+
+    def usage(self) -> dict[str, int]:
+        completion = sum(len(out.token_ids) for out in self.outs)
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+        }
+
+    def choice_logprobs(self, k: int, decode: Callable[[list[int]], str]) -> Any:
+        if not self.logprobs:
+            return None
+        return logprobs_json(self.replies[k], self.outs[k].logprobs, decode)
+
+
+def completion_json(answer: Answer, decode: Callable[[list[int]], str]) -> dict[str, Any]:
+    """OpenAI's ``chat.completion`` object of ``answer``."""
+    choices = [
+        {
+            "index": k,
+            "message": reply.message,
+            "finish_reason": finish_reason(out, reply),
+            "logprobs": answer.choice_logprobs(k, decode),
+        }
+        for k, (out, reply) in enumerate(zip(answer.outs, answer.replies, strict=True))
+    ]
+    return {
+        **answer.head,
+        "object": "chat.completion",
+        "choices": choices,
+        "usage": answer.usage(),
+    }
+
+
+async def send_chunks(
+    request: web.Request,
+    answer: Answer,
+    decode: Callable[[list[int]], str],
+    headers: dict[str, str],
+) -> web.StreamResponse:
+    """Send ``answer`` as server-sent chunk events, then ``data: [DONE]`` (a
+    ``ConnectionError`` when the client has left)."""
+    choices = [
+        StreamChoice(
+            reply=reply,
+            finish_reason=finish_reason(out, reply),
+            ends=token_ends(decode, reply.text_ids, reply.text),
+            logprobs=answer.choice_logprobs(k, decode),
+        )
+        for k, (out, reply) in enumerate(zip(answer.outs, answer.replies, strict=True))
+    ]
+    stream = web.StreamResponse(
+        headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await stream.prepare(request)
+    usage = answer.usage() if answer.include_usage else None
+    for chunk in stream_chunks(answer.head, choices, usage):
+        await stream.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+    await stream.write(b"data: [DONE]\n\n")
+    await stream.write_eof()
+    return stream
