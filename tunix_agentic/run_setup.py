@@ -106,6 +106,10 @@ def check_run_config(
                 f"rollout.service.engine_host={service.engine_host} is beyond loopback: "
                 "set rollout.service.api_key (or $TUNIX_AGENTIC_API_KEY) to guard the engine"
             )
+    if config.rollout.ray.enabled:
+        from tunix_agentic.cluster.errors import require_ray
+
+        require_ray()  # before any work: a ConfigError with the install line when missing
 
 
 def lr_decay_warning(where: str, steps: int, opt) -> str | None:
@@ -128,18 +132,21 @@ def lr_decay_warning(where: str, steps: int, opt) -> str | None:
     )
 
 
-def build_engine(config: RunConfig, model: Transformer, version: int) -> InferenceEngine:
+def build_engine(
+    config: RunConfig, model: Transformer, version: int, engine_urls: tuple[str, ...] = ()
+) -> InferenceEngine:
     """One JAX engine, or a cross-policy pool of them when configured; with
-    ``rollout.service.engine_urls``, a pool of those servers (the weights reach them
-    through ``rollout.service.weights_dir``)."""
+    ``engine_urls`` (the run's Ray engines) or ``rollout.service.engine_urls``, a pool of
+    those servers (the weights reach them through ``rollout.service.weights_dir``)."""
     service = config.rollout.service
-    if service.engine_urls:
+    urls = list(engine_urls or service.engine_urls)
+    if urls:
         return EnginePool(
             [
                 SGLangEngine(url, api_key=service_api_key(service), weights_dir=service.weights_dir)
-                for url in service.engine_urls
+                for url in urls
             ],
-            names=list(service.engine_urls),
+            names=urls,
         )
     engines = [
         JaxEngine(model, config.engine, version=version)

@@ -235,9 +235,11 @@ class Trainer:
         elif self.resume:
             self._log(f"no checkpoint under {ckpt.directory}: starting fresh")
         tasks = self.sources.train_stream(cfg.seed)
-        engine = self.engine = build_engine(cfg, model, start_step)
+        engine_urls = self._ray_engine_urls = await self._ray_engines(stack)
+        engine = self.engine = build_engine(cfg, model, start_step, engine_urls=engine_urls)
         stack.push_async_callback(engine.close)
-        external = bool(cfg.rollout.service.engine_urls)  # engine servers: nothing to compile
+        # Engine servers (named, or the run's Ray engines): nothing to compile here.
+        external = bool(cfg.rollout.service.engine_urls or engine_urls)
         members = [] if external else getattr(engine, "engines", [engine])  # cross-policy pool?
         # The engine compiles its shapes on another thread, beside SFT on a fresh run; it
         # gets the SFT weights afterwards (shapes do not depend on the values).
@@ -269,7 +271,7 @@ class Trainer:
                 f"engine warm-up: {warmed['shapes']:.0f} shapes compiled in "
                 f"{warmed['seconds']:.0f}s on a second thread"
             )
-        # On rollout nodes (rollout.service.urls) their runner runs the groups.
+        # On rollout nodes (rollout.service.urls, rollout.ray) their runner runs the groups.
         runner = self.rollout_service = await self._node_runner(stack, engine, start_step)
         orch = RolloutOrchestrator(
             engine,
@@ -288,13 +290,41 @@ class Trainer:
         ctx.transcripts = TranscriptLog(self.run_dir, self.template, cfg.agent.parser, metrics)
         return ctx, meta
 
+    async def _ray_engines(self, stack: contextlib.AsyncExitStack) -> tuple[str, ...]:
+        """The URLs of the run's engine servers on Ray (``rollout.ray.engines``), started
+        here and stopped by ``stack``; empty when the run starts none."""
+        ray = self.cfg.rollout.ray
+        if not (ray.enabled or ray.engines):
+            return ()
+        from tunix_agentic.cluster.fleet import run_name
+
+        self._ray_name = run_name(self.run_dir.name)  # one id for the run's actors
+        if not ray.engines:
+            return ()
+        from tunix_agentic.cluster.connect import start_ray_engines
+
+        return await start_ray_engines(stack, self.cfg, name=self._ray_name, log=self._log)
+
     async def _node_runner(
         self, stack: contextlib.AsyncExitStack, engine: InferenceEngine, version: int
     ) -> ServiceEpisodeRunner | None:
-        """The connected runner of groups on rollout nodes (``rollout.service.urls``),
-        closed by ``stack``; None: groups run in process."""
+        """The connected runner of groups on rollout nodes (Ray actors the trainer starts,
+        or ``rollout.service.urls``), closed by ``stack``; None: groups run in process."""
         cfg = self.cfg
         info = {"model_path": f"tunix-agentic run {self.run_dir.name}"}
+        if cfg.rollout.ray.enabled:  # rollout nodes the trainer starts as Ray actors
+            from tunix_agentic.cluster.connect import connect_ray_nodes
+
+            return await connect_ray_nodes(
+                stack,
+                engine,
+                cfg,
+                name=self._ray_name,
+                log=self._log,
+                version=version,
+                model_info=info,
+                engine_urls=self._ray_engine_urls,
+            )
         if cfg.rollout.service.enabled:
             return await connect_service(
                 stack, engine, cfg.rollout, cfg.agent, version=version, model_info=info

@@ -89,6 +89,111 @@ class ServiceConfig:
         return bool(self.urls)
 
 
+# Resource names Ray schedules by keyword rather than in ``resources``.
+_RAY_KEYWORDS = {"CPU": "num_cpus", "GPU": "num_gpus", "memory": "memory"}
+
+
+def _check_resources(field: str, value: object) -> None:
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"rollout.ray.{field} must be a mapping of resource to amount, e.g. {{CPU: 8}}, "
+            f"got {value!r}"
+        )
+    for name, amount in value.items():
+        if not (isinstance(name, str) and name):
+            raise ValueError(f"rollout.ray.{field}: bad resource name {name!r}")
+        if isinstance(amount, bool) or not isinstance(amount, int | float):
+            raise ValueError(f"rollout.ray.{field}.{name} must be a number, got {amount!r}")
+        if not (math.isfinite(amount) and amount >= 0):
+            raise ValueError(
+                f"rollout.ray.{field}.{name} must be a finite number >= 0, got {amount}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class RayConfig:
+    """Rollout nodes (and engines) started by the trainer as Ray actors (see
+    :mod:`tunix_agentic.cluster`).
+
+    ``nodes``: how many rollout nodes (0: off). ``address``: the cluster, as ``ray.init``
+    takes it (``auto``, ``ray://HOST:10001``, or the GCS ``HOST:6379``).
+    ``node_resources``: what each node asks of Ray, e.g. ``{CPU: 8}`` or a custom
+    ``{rollout: 1}`` (CPU defaults to 1 when not named). ``engines``: engine servers to
+    start as actors for the nodes to sample from (0: the nodes use the trainer's own
+    engine); they need ``rollout.service.weights_dir``, a directory every machine sees,
+    where the trainer writes each policy version. ``engine_resources``: what each engine
+    asks for (``{GPU: 1}``, ``{TPU: 4}``). ``max_restarts``: how often Ray restarts an
+    actor whose process died (-1: without end). ``start_timeout_s``: how long the actors
+    may take to be placed and listening before the run stops with an error naming the
+    resources. ``state_root``: where on each Ray node the actors keep their state dirs
+    (default: the system's temporary directory).
+    """
+
+    nodes: int = 0
+    address: str = "auto"
+    node_resources: dict[str, float] = dataclasses.field(default_factory=dict)
+    engines: int = 0
+    engine_resources: dict[str, float] = dataclasses.field(default_factory=dict)
+    max_restarts: int = 10
+    start_timeout_s: float = 60.0
+    state_root: str | None = None
+
+    def __post_init__(self):
+        for field in ("nodes", "engines"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"rollout.ray.{field} must be an integer >= 0, got {value!r}")
+        if self.engines and not self.nodes:
+            raise ValueError(
+                "rollout.ray.engines needs rollout.ray.nodes: the engines serve the rollout nodes"
+            )
+        if not (isinstance(self.address, str) and self.address):
+            raise ValueError(
+                f"rollout.ray.address must be a non-empty string, got {self.address!r}"
+            )
+        _check_resources("node_resources", self.node_resources)
+        _check_resources("engine_resources", self.engine_resources)
+        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int):
+            raise ValueError(
+                f"rollout.ray.max_restarts must be an integer, got {self.max_restarts!r}"
+            )
+        if self.max_restarts < -1:
+            raise ValueError(
+                f"rollout.ray.max_restarts must be >= -1 (-1: without end), got {self.max_restarts}"
+            )
+        value = self.start_timeout_s
+        if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+            raise ValueError(
+                f"rollout.ray.start_timeout_s must be a finite number > 0, got {value!r}"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the trainer starts rollout nodes on Ray."""
+        return self.nodes > 0
+
+    def resources(self, field: str = "node_resources") -> dict[str, float]:
+        """What each actor of ``field`` asks for, CPU included (1 unless named)."""
+        asked = dict(getattr(self, field))
+        asked.setdefault("CPU", 1)
+        return asked
+
+    def actor_options(self, field: str = "node_resources") -> dict[str, object]:
+        """``node_resources`` (or ``engine_resources``) as Ray's actor options:
+        ``num_cpus`` (1 unless named), ``num_gpus``, ``memory`` and ``resources`` for the
+        rest (``TPU`` included)."""
+        options: dict[str, object] = {"num_cpus": 1}
+        custom = {}
+        for name, amount in getattr(self, field).items():
+            if name in _RAY_KEYWORDS:
+                options[_RAY_KEYWORDS[name]] = amount
+            else:
+                custom[name] = amount
+        if custom:
+            options["resources"] = custom
+        return options
+
+
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
     """How episodes are grouped, paced, filtered and retried (see the orchestrator)."""
@@ -128,6 +233,8 @@ class RolloutConfig:
     seed: int = 0
     # Rollout nodes (``tunix-agentic serve-rollout``); empty urls: in this process.
     service: ServiceConfig = ServiceConfig()
+    # Rollout nodes the trainer starts as Ray actors (nodes: 0: none).
+    ray: RayConfig = RayConfig()
 
     def __post_init__(self):
         if self.group_size < 1:
@@ -164,6 +271,25 @@ class RolloutConfig:
         if self.prefetch_groups and self.service.enabled:
             raise ValueError(
                 "rollout.prefetch_groups must be 0 with rollout.service.urls (the nodes run INIT)"
+            )
+        if self.ray.enabled and self.service.urls:
+            raise ValueError(
+                "rollout.ray.nodes and rollout.service.urls both name rollout nodes: use one "
+                "(with rollout.ray the trainer learns the nodes' URLs from Ray)"
+            )
+        if self.ray.engines and not self.service.weights_dir:
+            raise ValueError(
+                "rollout.ray.engines needs rollout.service.weights_dir: a directory every Ray "
+                "machine sees at the same path, where the trainer writes each policy version "
+                "for the engines to load"
+            )
+        if self.ray.engines and self.service.engine_urls:
+            raise ValueError(
+                "rollout.ray.engines and rollout.service.engine_urls both name engines: use one"
+            )
+        if self.prefetch_groups and self.ray.enabled:
+            raise ValueError(
+                "rollout.prefetch_groups must be 0 with rollout.ray (the nodes run INIT)"
             )
         if self.max_filtered_in_a_row < 1 or self.max_infra_failures_in_a_row < 1:
             raise ValueError(
