@@ -73,29 +73,43 @@ def capacity(nodes: list[dict[str, Any]], options: dict[str, Any]) -> int:
 
 class RayActors:
     """One run's servers of one role as Ray actors: start, follow, stop. Subclasses name
-    the role, the actor class, its specs and what each asks of Ray. ``log``: where
-    placement lines go (the trainer's console)."""
+    the role, the actor and spec classes and the config fields that say how many and what
+    each asks of Ray. ``config``: the run config as a plain dict (what each actor reads);
+    ``api_key``: the key every actor asks for; ``spec_fields``: the rest of each spec
+    (``admin_key`` for nodes, ``weights_dir`` for engines). ``log``: where placement lines
+    go (the trainer's console)."""
 
     role = ""
     noun = ""  # what one actor is, for messages ("rollout nodes")
     actor_class: Any = None
-    resources_field = ""  # the config key naming what each asks for
+    spec_class: Any = None
+    count_field = ""  # rollout.ray's field: how many
+    resources_field = ""  # rollout.ray's field: what each asks for
 
     def __init__(
         self,
         ray_config: RayConfig,
         *,
         name: str,
-        specs: list[Any],
+        config: dict[str, Any],
         api_key: str,
-        admin_key: str | None = None,
         log: Callable[[str], None] | None = None,
+        **spec_fields: Any,
     ):
         self.ray_config = ray_config
         self.name = name
-        self.specs = specs
+        self.specs = [
+            self.spec_class(
+                name=f"{name}/{self.role}/{i}",
+                config=config,
+                api_key=api_key,
+                state_root=ray_config.state_root,
+                **spec_fields,
+            )
+            for i in range(getattr(ray_config, self.count_field))
+        ]
         self.api_key = api_key
-        self.admin_key = admin_key
+        self.admin_key = spec_fields.get("admin_key")
         self._print = log or (lambda msg: None)
         self.actors: list[Any] = []
         self.placements: list[Placement] = []
@@ -109,10 +123,10 @@ class RayActors:
         self._print(msg)
 
     def _asked_resources(self) -> dict[str, float]:
-        raise NotImplementedError
+        return self.ray_config.resources(self.resources_field)
 
     def _actor_options(self) -> dict[str, Any]:
-        raise NotImplementedError
+        return self.ray_config.actor_options(self.resources_field)
 
     # ------------------------------------------------------------- start
     def start(self) -> list[Placement]:
@@ -127,9 +141,9 @@ class RayActors:
         fits = capacity(ray.nodes(), options)
         if fits < len(self.specs):
             raise ClusterTooSmall(
-                f"rollout.ray asks for {len(self.specs)} {self.noun} of "
-                f"{self._asked()} each ({self.resources_field}), and the cluster's nodes "
-                f"hold {fits}: {_cluster_text(ray.nodes())}"
+                f"rollout.ray asks for {len(self.specs)} {self.noun} of {self._asked()} each "
+                f"(rollout.ray.{self.resources_field}), and the cluster's nodes hold {fits}: "
+                f"{_cluster_text(ray.nodes())}"
             )
         remote = ray.remote(self.actor_class)
         for spec in self.specs:
@@ -237,45 +251,16 @@ class RayActors:
 
 
 class RayRolloutNodes(RayActors):
-    """The rollout nodes of one run (``rollout.ray.nodes``). ``config``: the run config as
-    a plain dict (what each node reads); ``api_key`` / ``admin_key``: the keys the nodes
-    ask for (the trainer sends them). A node that came back at another URL is re-pointed
-    in the runner given to :meth:`follow`."""
+    """The rollout nodes of one run (``rollout.ray.nodes``), with ``admin_key`` for their
+    operator routes. A node that came back at another URL is re-pointed in the runner
+    given to :meth:`follow`."""
 
     role = "rollout"
     noun = "rollout nodes"
     actor_class = RolloutNodeActor
-    resources_field = "rollout.ray.node_resources"
-
-    def __init__(
-        self,
-        ray_config: RayConfig,
-        *,
-        name: str,
-        config: dict[str, Any],
-        api_key: str,
-        admin_key: str,
-        log: Callable[[str], None] | None = None,
-    ):
-        specs = [
-            NodeSpec(
-                name=f"{name}/{self.role}/{i}",
-                config=config,
-                api_key=api_key,
-                admin_key=admin_key,
-                state_root=ray_config.state_root,
-            )
-            for i in range(ray_config.nodes)
-        ]
-        super().__init__(
-            ray_config, name=name, specs=specs, api_key=api_key, admin_key=admin_key, log=log
-        )
-
-    def _asked_resources(self) -> dict[str, float]:
-        return self.ray_config.resources("node_resources")
-
-    def _actor_options(self) -> dict[str, Any]:
-        return self.ray_config.actor_options()
+    spec_class = NodeSpec
+    count_field = "nodes"
+    resources_field = "node_resources"
 
     def _repoint(self, runner: Any, old: str, new: str) -> None:
         from tunix_agentic.rollout.service.node_client import NodeClient
@@ -298,35 +283,9 @@ class RayEngines(RayActors):
     role = "engine"
     noun = "engines"
     actor_class = EngineActor
-    resources_field = "rollout.ray.engine_resources"
-
-    def __init__(
-        self,
-        ray_config: RayConfig,
-        *,
-        name: str,
-        config: dict[str, Any],
-        api_key: str,
-        weights_dir: str,
-        log: Callable[[str], None] | None = None,
-    ):
-        specs = [
-            EngineSpec(
-                name=f"{name}/{self.role}/{i}",
-                config=config,
-                api_key=api_key,
-                weights_dir=weights_dir,
-                state_root=ray_config.state_root,
-            )
-            for i in range(ray_config.engines)
-        ]
-        super().__init__(ray_config, name=name, specs=specs, api_key=api_key, log=log)
-
-    def _asked_resources(self) -> dict[str, float]:
-        return self.ray_config.resources("engine_resources")
-
-    def _actor_options(self) -> dict[str, Any]:
-        return self.ray_config.actor_options("engine_resources")
+    spec_class = EngineSpec
+    count_field = "engines"
+    resources_field = "engine_resources"
 
     def _repoint(self, runner: Any, old: str, new: str) -> None:
         self._say(
