@@ -313,7 +313,7 @@ async def test_memorized_walk_solves_its_map_through_the_orchestrator():
 # --- learning ---------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # ~14-17 min on a 2-core CPU, a quarter of CI's budget: `pytest -m heavy`
 def test_a_short_rl_run_raises_the_success_rate(tmp_path):
     """configs/frozenlake_tiny.yaml as shipped (SFT on shortest walks, 40 GRPO steps): the
     success rate of the episodes RL trains on rises from its first ten steps to its last

@@ -136,11 +136,12 @@ def test_the_trainer_trains_through_one_node_with_the_in_process_metrics(tmp_pat
     load = load_config(CONFIG, [*FAST, "rl.steps=2", f"run_dir={local}"])
     Trainer(load, progress=False).run()
     served, in_process = read_scalars(run / "tensorboard"), read_scalars(local / "tensorboard")
-    # The stage timings and episode latencies are the node's (its own clock); every other
-    # figure is here.
+    # The stage timings, episode latencies and stage queues are the node's (its own clock,
+    # its own worker pools); every other figure is here.
     nodes_own = ("time/stage/", "time/episode_", "latency/stage/", "latency/episode/")
+    nodes_own += tuple(f"gauge/queue/{stage}_" for stage in ("init", "run", "eval"))
     missing = {t for t in set(in_process) - set(served) if not t.startswith(nodes_own)}
-    assert not missing, sorted(missing)
+    assert not missing, "\n".join(sorted(missing))
     assert [s for s, _ in served["learner/loss"]] == [1, 2]
     assert served["count/rollout/episodes"] and served["eval/success"]
 
