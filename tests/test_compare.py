@@ -269,6 +269,7 @@ def test_compare_cli_writes_both_sides_and_the_parity(tiny_hf, tmp_path):
     assert gap["tokens"] > 0 and gap["max"] < 1e-3, gap
     md = (out / "compare.md").read_text()
     assert "loss parity" in md and "single-turn form" in md
+    assert "Why: TRL " in md and "cannot parse tool calls" in data["trl"]["single_turn_why"]
     assert "Sampler check" in md and "same distribution" in md
     assert "bessel_std" in md and "held-out success" in md
     assert (out / "compare.png").stat().st_size > 0
@@ -336,3 +337,24 @@ def test_heldout_success_comes_back_in_step_order_past_step_nine():
     side = {"heldout_success": {str(k): k / 10 for k in (0, 10, 1, 2, 9, 11)}}
     assert list(heldout(side)) == [0, 1, 2, 9, 10, 11]
     assert heldout(side)[10] == 1.0
+
+
+def test_why_trl_plays_one_turn_is_checked_against_trl_and_the_template(tiny_hf, tmp_path):
+    """The built-in template is none TRL can parse calls from; with TRL's own Qwen3
+    template in its place TRL could, and the reason says compare does not drive it."""
+    _trl_or_skip()
+    import shutil
+
+    from trl.chat_template_utils import qwen3_chat_template
+
+    from tunix_agentic.compare.trl_side import single_turn_why
+
+    assert "cannot parse tool calls" in single_turn_why(str(tiny_hf))
+    qwen = tmp_path / "qwen_template"
+    shutil.copytree(tiny_hf, qwen)
+    config = json.loads((qwen / "tokenizer_config.json").read_text())
+    config["chat_template"] = qwen3_chat_template
+    (qwen / "tokenizer_config.json").write_text(json.dumps(config))
+    (qwen / "chat_template.jinja").unlink(missing_ok=True)
+    why = single_turn_why(str(qwen))
+    assert "could run this model's tool calls" in why and "cannot parse" not in why, why

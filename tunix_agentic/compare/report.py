@@ -118,6 +118,8 @@ def markdown(result: CompareResult) -> str:
             "**TRL plays the single-turn form of this multi-turn task**: one completion per "
             "prompt, scored by our environment's reward for that completion.",
         ]
+        if result.trl.get("single_turn_why"):
+            lines.append(f"Why: {result.trl['single_turn_why']}.")
     lines += [
         "",
         "## Loss parity (first batch, initial weights)",

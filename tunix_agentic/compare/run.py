@@ -236,6 +236,8 @@ def compare(
         thread_env,
     )
     trl_values = trl.pop("parity_losses")
+    if trl.get("single_turn_why"):
+        log(f"note: {trl['single_turn_why']}")
     parity = {
         name: judge(ours_values[name], trl_values[name], b, mapping) for name, b in batches.items()
     }

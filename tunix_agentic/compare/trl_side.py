@@ -70,6 +70,43 @@ def require_trl() -> None:
         ) from None
 
 
+def single_turn_why(hf_dir: str) -> str:
+    """Why TRL plays a multi-turn task's single-turn form, checked against the installed
+    TRL and this model's chat template: TRL's ``GRPOTrainer`` runs tool calls
+    (``tools=``, ``environment_factory=``) only through the chat template, which must show
+    the tools and be one TRL can parse calls from (``add_response_schema``)."""
+    import inspect
+
+    import trl
+    from transformers import AutoTokenizer
+    from trl import GRPOTrainer
+
+    version = f"TRL {trl.__version__}"
+    if "tools" not in inspect.signature(GRPOTrainer.__init__).parameters:
+        return f"{version}'s GRPOTrainer takes no tools"
+    from trl.chat_template_utils import add_response_schema
+
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    reasons = []
+    try:
+        add_response_schema(tokenizer)
+    except ValueError:
+        reasons.append("it cannot parse tool calls from this model's chat template")
+    tool = {"type": "function", "function": {"name": "probe", "parameters": {"type": "object"}}}
+    messages = [{"role": "user", "content": "hi"}]
+    render = tokenizer.apply_chat_template
+    if render(messages, tokenize=False) == render(messages, tools=[tool], tokenize=False):
+        reasons.append("the template has no tools section, so TRL's tools never reach the model")
+    if not reasons:
+        return (
+            f"{version}'s GRPOTrainer could run this model's tool calls (tools=), but compare "
+            "does not drive TRL's tool loop yet"
+        )
+    return f"{version}'s GRPOTrainer runs tools only through the chat template: " + "; ".join(
+        reasons
+    )
+
+
 class SingleTurnTasks:
     """The run's first train tasks in its own stream order, rendered as our template
     renders them, and scored by its environments on a single completion."""
@@ -354,6 +391,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         for r, ids in zip(rows, prompt_ids, strict=True)
     ]
     result: dict[str, Any] = {"prompt_ids_identical": all(same_ids)}
+    if cfg.agent.max_turns > 1:
+        result["single_turn_why"] = single_turn_why(job["hf_dir"])
     batches = {name: ParityBatch.load(path) for name, path in job["batches"].items()}
     result["parity_losses"] = {name: trl_loss(trainer, b) for name, b in batches.items()}
     # The first batch ours trained on was sampled by our engine from the initial weights:
