@@ -87,7 +87,7 @@ from tunix_agentic.models.char_tokenizer import CharTokenizer
 from tunix_agentic.models.transformer import Transformer, count_params
 from tunix_agentic.rl_loop import StepReport, run_rl_steps
 from tunix_agentic.rollout import RolloutConfig, RolloutOrchestrator, Step, Trajectory
-from tunix_agentic.rollout.service.runner import ServiceEpisodeRunner
+from tunix_agentic.rollout.client.runner import ServiceEpisodeRunner
 from tunix_agentic.serving.engine_server import start_server
 
 REPO = Path(__file__).resolve().parents[1]

@@ -2,7 +2,7 @@
 
 Real processes on loopback: two ``tunix-agentic serve-engine`` servers and two
 ``tunix-agentic serve-rollout`` nodes; the trainer's side is this process, driving
-groups through the real :class:`~tunix_agentic.rollout.service.runner.ServiceEpisodeRunner`
+groups through the real :class:`~tunix_agentic.rollout.client.runner.ServiceEpisodeRunner`
 (what ``tunix-agentic train rollout.service.urls=...`` runs groups with; the learner
 is left out, so the policy stays at version 0 and the engines are never re-weighted).
 
@@ -73,8 +73,8 @@ import soak_env  # beside this file, whose folder is on sys.path (as a script an
 
 from tunix_agentic.config import load_config
 from tunix_agentic.envs.base import Task
-from tunix_agentic.rollout.service.node_client import NodeClient
-from tunix_agentic.rollout.service.runner import ServiceEpisodeRunner
+from tunix_agentic.rollout.client.node_client import NodeClient
+from tunix_agentic.rollout.client.runner import ServiceEpisodeRunner
 from tunix_agentic.testing import TINY_MODEL_OVERRIDES, cli
 from tunix_agentic.trajectory import INFRA_STATUSES
 

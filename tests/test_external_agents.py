@@ -17,9 +17,9 @@ import pytest
 
 from tunix_agentic.config import ConfigError, load_config
 from tunix_agentic.envs.calculator import make_arithmetic_task
+from tunix_agentic.rollout.client.node_client import NodeClient
 from tunix_agentic.rollout.service.engines import EngineSet
 from tunix_agentic.rollout.service.node import RolloutNode, setup_from_config
-from tunix_agentic.rollout.service.node_client import NodeClient
 from tunix_agentic.rollout.service.node_http import start_node_server
 from tunix_agentic.rollout.service.wire import (
     GroupRequest,

@@ -31,19 +31,19 @@ from tunix_agentic.inference.engine import JaxEngine
 from tunix_agentic.inference.params import SamplingParams
 from tunix_agentic.models.char_tokenizer import CharTokenizer
 from tunix_agentic.models.hf_tokenizer import HFTokenizer, save_char_tokenizer
-from tunix_agentic.rollout.service.engines import EngineSet
-from tunix_agentic.rollout.service.openai_api import (
+from tunix_agentic.rollout.openai_endpoint.api import (
     ChatCompletions,
     OpenAIConfig,
     add_openai_routes,
 )
-from tunix_agentic.rollout.service.openai_episodes import (
+from tunix_agentic.rollout.openai_endpoint.episodes import (
     EpisodeLimits,
     ExternalEpisodes,
     episode_key,
     episode_trajectory,
 )
-from tunix_agentic.rollout.service.openai_schema import parse_chat_request
+from tunix_agentic.rollout.openai_endpoint.schema import parse_chat_request
+from tunix_agentic.rollout.service.engines import EngineSet
 from tunix_agentic.rollout.service.wire import trajectory_from_json
 from tunix_agentic.serving.http import api_key_guard, serve_app
 from tunix_agentic.serving.timeouts import ServerTimeouts
@@ -590,7 +590,7 @@ async def test_deeply_nested_json_is_a_400_naming_the_depth_limit(serve, where):
 
 def test_the_endpoint_imports_no_jax():
     code = (
-        "import sys, tunix_agentic.rollout.service.openai_api; "
+        "import sys, tunix_agentic.rollout.openai_endpoint.api; "
         "assert 'jax' not in sys.modules, 'jax imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

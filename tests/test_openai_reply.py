@@ -11,7 +11,7 @@ import pytest
 from tunix_agentic.agent.tool_parser import get_parser
 from tunix_agentic.inference.base import TokenOutput
 from tunix_agentic.models.hf_tokenizer import HFTokenizer
-from tunix_agentic.rollout.service.openai_reply import (
+from tunix_agentic.rollout.openai_endpoint.reply import (
     StreamChoice,
     finish_reason,
     parse_reply,

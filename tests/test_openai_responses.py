@@ -22,12 +22,12 @@ from tunix_agentic.envs.calculator import ArithmeticEnv, CalculatorTool, make_ar
 from tunix_agentic.inference.config import EngineConfig
 from tunix_agentic.inference.engine import JaxEngine
 from tunix_agentic.models.char_tokenizer import CharTokenizer
+from tunix_agentic.rollout.openai_endpoint.api import OpenAIConfig, add_openai_routes
+from tunix_agentic.rollout.openai_endpoint.episodes import episode_key, episode_trajectory
+from tunix_agentic.rollout.openai_endpoint.responses import input_messages, text_pieces
 from tunix_agentic.rollout.service.engines import EngineSet
 from tunix_agentic.rollout.service.node import RolloutNode, setup_from_config
 from tunix_agentic.rollout.service.node_http import start_node_server
-from tunix_agentic.rollout.service.openai_api import OpenAIConfig, add_openai_routes
-from tunix_agentic.rollout.service.openai_episodes import episode_key, episode_trajectory
-from tunix_agentic.rollout.service.openai_responses import input_messages, text_pieces
 from tunix_agentic.serving.http import api_key_guard, serve_app
 from tunix_agentic.serving.timeouts import ServerTimeouts
 from tunix_agentic.testing import TINY_RUN_OVERRIDES, memorize, tiny_model

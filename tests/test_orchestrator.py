@@ -714,9 +714,9 @@ def test_both_runners_run_groups_with_the_protocols_signature():
     ``run_group`` parameters, and every method the orchestrator calls."""
     from inspect import signature
 
+    from tunix_agentic.rollout.client.runner import ServiceEpisodeRunner
     from tunix_agentic.rollout.episode import EpisodeRunner
     from tunix_agentic.rollout.group_runner import GroupRunner
-    from tunix_agentic.rollout.service.runner import ServiceEpisodeRunner
 
     want = signature(GroupRunner.run_group)
     calls = [n for n, v in vars(GroupRunner).items() if callable(v) and not n.startswith("_")]
@@ -734,7 +734,7 @@ async def test_a_runner_given_to_the_orchestrator_shares_its_bookkeeping():
 
     from tunix_agentic.data.tasks import task_iterator
     from tunix_agentic.envs.calculator import ArithmeticTasks
-    from tunix_agentic.rollout.service.runner import ServiceEpisodeRunner
+    from tunix_agentic.rollout.client.runner import ServiceEpisodeRunner
 
     config = RolloutConfig(group_size=2, groups_per_batch=1)
     nowhere = ["http://127.0.0.1:9"]  # never asked: nothing here talks to a node

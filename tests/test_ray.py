@@ -172,8 +172,8 @@ async def test_nodes_spread_restart_after_sigkill_and_leave_nothing(cluster, tmp
     SIGKILLed is restarted by Ray on its state dir and port, the service client takes it
     back and tells it the policy version again; closing leaves no actor and no state dir."""
     from tunix_agentic.cluster.fleet import wait_gone
-    from tunix_agentic.rollout.service.node_client import NodeClient
-    from tunix_agentic.rollout.service.runner import ServiceEpisodeRunner
+    from tunix_agentic.rollout.client.node_client import NodeClient
+    from tunix_agentic.rollout.client.runner import ServiceEpisodeRunner
 
     _, workers = cluster
     monkeypatch.setenv("TUNIX_AGENTIC_ADMIN_KEY", "test-admin-key-0123456789")

@@ -19,8 +19,8 @@ import aiohttp
 import pytest
 
 from tunix_agentic.envs.base import Task
+from tunix_agentic.rollout.client.node_client import GroupConflict, NodeClient
 from tunix_agentic.rollout.episode import Group
-from tunix_agentic.rollout.service.node_client import GroupConflict, NodeClient
 from tunix_agentic.rollout.service.wal import FinalRecord, GroupLog
 from tunix_agentic.rollout.service.wire import (
     GroupRequest,
@@ -502,7 +502,7 @@ async def test_answers_past_the_memory_bound_are_read_back_from_the_log(tmp_path
 def test_the_node_modules_and_its_command_load_no_device_library():
     probe = (
         "import sys\n"
-        "import tunix_agentic.rollout.service.node_http, tunix_agentic.rollout.service.runner\n"
+        "import tunix_agentic.rollout.service.node_http, tunix_agentic.rollout.client.runner\n"
         "from tunix_agentic.cli.main import main\n"
         "try:\n"
         "    main(['serve-rollout', '--help'])\n"

@@ -19,11 +19,11 @@ from aiohttp import web
 
 from tunix_agentic.config import load_config
 from tunix_agentic.envs.base import Task
+from tunix_agentic.rollout.client.node_client import NodeClient
 from tunix_agentic.rollout.service.admin import RUNTIME_DIR_ENV, token_path
 from tunix_agentic.rollout.service.caps import NodeCaps
 from tunix_agentic.rollout.service.engines import EngineSet
 from tunix_agentic.rollout.service.node import RolloutNode, setup_from_config
-from tunix_agentic.rollout.service.node_client import NodeClient
 from tunix_agentic.rollout.service.node_http import start_node_server
 from tunix_agentic.rollout.service.wire import GroupRequest
 from tunix_agentic.serving.http import serve_app

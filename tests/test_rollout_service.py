@@ -21,9 +21,9 @@ from tunix_agentic.checkpoint import Checkpointer
 from tunix_agentic.config import ConfigError, load_config
 from tunix_agentic.envs.calculator import ArithmeticTasks
 from tunix_agentic.metrics import read_scalars
+from tunix_agentic.rollout.client.node_client import NodeClient
+from tunix_agentic.rollout.client.runner import ServiceEpisodeRunner
 from tunix_agentic.rollout.episode import EVAL_STREAM
-from tunix_agentic.rollout.service.node_client import NodeClient
-from tunix_agentic.rollout.service.runner import ServiceEpisodeRunner
 from tunix_agentic.testing import TINY_RUN_OVERRIDES, server_url, start_server
 from tunix_agentic.trainer import Trainer
 

@@ -32,7 +32,7 @@ from tunix_agentic.metrics.recorder import MetricsRecorder
 from tunix_agentic.metrics.trace import ProfileSteps
 from tunix_agentic.models.tokenizer import Tokenizer
 from tunix_agentic.models.transformer import Transformer
-from tunix_agentic.rollout.service.connect import service_api_key
+from tunix_agentic.rollout.client.connect import service_api_key
 from tunix_agentic.serving.client import SGLangEngine
 from tunix_agentic.serving.http import is_loopback
 from tunix_agentic.sharding import make_mesh

@@ -46,9 +46,9 @@ from tunix_agentic.models.tokenizers import load_tokenizer
 from tunix_agentic.models.transformer import count_params
 from tunix_agentic.resume import logged_after, restore_newest
 from tunix_agentic.rl_loop import PeriodicEval, StepReport, run_rl_steps
+from tunix_agentic.rollout.client.connect import connect_service
+from tunix_agentic.rollout.client.runner import ServiceEpisodeRunner
 from tunix_agentic.rollout.orchestrator import RolloutOrchestrator
-from tunix_agentic.rollout.service.connect import connect_service
-from tunix_agentic.rollout.service.runner import ServiceEpisodeRunner
 from tunix_agentic.rollout.stats import rollout_stats
 from tunix_agentic.rollout.transcripts import TranscriptLog
 from tunix_agentic.run_context import GRPOSteps, RunCheckpoints, RunContext

@@ -4,7 +4,7 @@ run's client.
 :func:`start_ray_engines` starts the run's engine servers (``rollout.ray.engines``) before
 the trainer builds its engine, a pool of clients of theirs. :func:`connect_ray_nodes` starts the run's nodes as Ray actors
 (:class:`~tunix_agentic.cluster.fleet.RayRolloutNodes`), then hands their URLs to
-:func:`~tunix_agentic.rollout.service.connect.connect_service` exactly as
+:func:`~tunix_agentic.rollout.client.connect.connect_service` exactly as
 ``rollout.service.urls`` would, and follows the actors' restarts for the rest of the
 run. Everything is closed by the caller's exit stack: the runner first, then the actors.
 
@@ -28,9 +28,9 @@ from typing import Any
 
 from tunix_agentic.cluster.fleet import RayEngines, RayRolloutNodes
 from tunix_agentic.config import RunConfig, to_dict
+from tunix_agentic.rollout.client.connect import connect_service, service_api_key
 from tunix_agentic.rollout.config import RayConfig
 from tunix_agentic.rollout.service.admin import ADMIN_KEY_ENV
-from tunix_agentic.rollout.service.connect import connect_service, service_api_key
 from tunix_agentic.serving.http import API_KEY_ENV, is_loopback
 
 
@@ -89,7 +89,7 @@ async def connect_ray_nodes(
 ) -> Any:
     """Start ``cfg.rollout.ray.nodes`` rollout nodes on Ray for the run ``name`` (see
     :func:`~tunix_agentic.cluster.fleet.run_name`). Returns the connected
-    :class:`~tunix_agentic.rollout.service.runner.ServiceEpisodeRunner` of groups on them,
+    :class:`~tunix_agentic.rollout.client.runner.ServiceEpisodeRunner` of groups on them,
     for the run's orchestrator. ``version``/``model_info``: as for ``connect_service``;
     ``engine_urls``: engines the nodes sample from (the run's Ray engines) instead of the
     trainer's own engine."""

@@ -8,7 +8,7 @@ starts ``rollout.ray.nodes`` :class:`~tunix_agentic.cluster.node_actor.RolloutNo
 actors named ``<run>/rollout/<i>``, spread over the Ray nodes, with Ray's
 ``max_restarts``, and waits (up to ``rollout.ray.start_timeout_s``) until each listens.
 Their URLs feed the service client the trainer already has
-(:class:`~tunix_agentic.rollout.service.runner.ServiceEpisodeRunner`).
+(:class:`~tunix_agentic.rollout.client.runner.ServiceEpisodeRunner`).
 
 While the run goes on, :meth:`RayRolloutNodes.follow` asks each actor where it is every
 few seconds: a restart by Ray is printed, and a node that came back at another URL
@@ -263,7 +263,7 @@ class RayRolloutNodes(RayActors):
     resources_field = "node_resources"
 
     def _repoint(self, runner: Any, old: str, new: str) -> None:
-        from tunix_agentic.rollout.service.node_client import NodeClient
+        from tunix_agentic.rollout.client.node_client import NodeClient
 
         for node in getattr(runner, "nodes", []):
             if node.url == old:

@@ -3,7 +3,7 @@
 A :class:`GroupRunner` runs one group of episodes on a task and returns a
 :class:`~tunix_agentic.rollout.episode.Group`. Two implement it: the in-process
 :class:`~tunix_agentic.rollout.episode.EpisodeRunner` (environments and the agent loop
-here) and :class:`~tunix_agentic.rollout.service.runner.ServiceEpisodeRunner` (groups on
+here) and :class:`~tunix_agentic.rollout.client.runner.ServiceEpisodeRunner` (groups on
 ``serve-rollout`` nodes). The
 :class:`~tunix_agentic.rollout.orchestrator.RolloutOrchestrator` receives one (or builds
 the in-process one) and keeps the task stream, staleness pacing, filters and evaluation

@@ -3,7 +3,7 @@
 Each episode moves through three stages, INIT, RUN and EVAL, run by the
 orchestrator's :class:`~tunix_agentic.rollout.group_runner.GroupRunner`: in process
 (:class:`~tunix_agentic.rollout.episode.EpisodeRunner`, the default) or on rollout
-nodes (:class:`~tunix_agentic.rollout.service.runner.ServiceEpisodeRunner`).
+nodes (:class:`~tunix_agentic.rollout.client.runner.ServiceEpisodeRunner`).
 G episodes of one task form a group; a group is emitted the moment its last
 episode ends, in completion order, onto a queue the learner reads.
 

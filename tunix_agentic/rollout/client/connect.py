@@ -3,7 +3,7 @@
 :func:`connect_service` serves the trainer's engine over HTTP on its own event loop
 (unless ``rollout.service.engine_urls`` names engines the nodes use instead), hands the
 engine's URL to every node, and returns the connected
-:class:`~tunix_agentic.rollout.service.runner.ServiceEpisodeRunner` that the caller gives
+:class:`~tunix_agentic.rollout.client.runner.ServiceEpisodeRunner` that the caller gives
 its orchestrator (``RolloutOrchestrator(..., runner=...)``). Everything it starts is
 closed by the caller's exit stack. Weights keep flowing as in process: the served engine
 is the trainer's.
@@ -17,8 +17,8 @@ import os
 from typing import Any
 
 from tunix_agentic.agent.loop import AgentConfig
+from tunix_agentic.rollout.client.runner import ServiceEpisodeRunner
 from tunix_agentic.rollout.config import RolloutConfig, ServiceConfig
-from tunix_agentic.rollout.service.runner import ServiceEpisodeRunner
 from tunix_agentic.serving.http import API_KEY_ENV
 
 _log = logging.getLogger(__name__)

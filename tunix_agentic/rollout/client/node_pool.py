@@ -19,8 +19,8 @@ from typing import Any
 
 import aiohttp
 
+from tunix_agentic.rollout.client.node_client import NodeClient, NodeUnavailable
 from tunix_agentic.rollout.group import InfraFailureError
-from tunix_agentic.rollout.service.node_client import NodeClient, NodeUnavailable
 
 _log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class NodePool:
     """The nodes at ``urls`` (their ``api_key``), over one HTTP session opened on first use.
 
     ``greet(node)`` tells a node taken back what it must know (raising
-    :class:`~tunix_agentic.rollout.service.node_client.NodeUnavailable` if it does not
+    :class:`~tunix_agentic.rollout.client.node_client.NodeUnavailable` if it does not
     answer); ``note(what)`` counts a fault (``nodes_taken_out``, ``nodes_taken_back``).
     """
 

@@ -8,7 +8,7 @@ group* moves to the nodes (``RolloutOrchestrator(..., runner=ServiceEpisodeRunne
 
 Each group is one :class:`~tunix_agentic.rollout.service.wire.GroupRequest`,
 placed on the node with the fewest members in flight (ProRL's min-heap, on this
-trainer's live counts: :mod:`~tunix_agentic.rollout.service.node_pool`) and
+trainer's live counts: :mod:`~tunix_agentic.rollout.client.node_pool`) and
 long-polled there. Faults:
 
 * a node that stops answering (connection refused, 5xx, a poll that overruns) is
@@ -45,6 +45,8 @@ from typing import Any
 
 from tunix_agentic.agent.loop import AgentConfig
 from tunix_agentic.metrics.sink import MetricsSink, NullMetrics
+from tunix_agentic.rollout.client.node_client import GroupNotFound, NodeUnavailable
+from tunix_agentic.rollout.client.node_pool import NodePool, NodeState
 from tunix_agentic.rollout.config import RolloutConfig
 from tunix_agentic.rollout.group import (
     PRODUCTION_STREAM,
@@ -53,8 +55,6 @@ from tunix_agentic.rollout.group import (
     InitResult,
     RunnerHooks,
 )
-from tunix_agentic.rollout.service.node_client import GroupNotFound, NodeUnavailable
-from tunix_agentic.rollout.service.node_pool import NodePool, NodeState
 from tunix_agentic.rollout.service.wire import (
     GroupRequest,
     SamplingSpec,

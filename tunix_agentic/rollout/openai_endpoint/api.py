@@ -6,11 +6,11 @@ Routes (JSON; errors ``{"error": {"message", "type"}}`` with a 4xx naming the fi
   assistant, tool), ``tools``, ``tool_choice`` ("auto" or "none"), ``temperature``,
   ``top_p``, ``top_k``, ``max_tokens`` / ``max_completion_tokens``, ``n``, ``seed``,
   ``stop``, ``logprobs``, ``stream`` and ``stream_options`` (what else is accepted or
-  refused: :mod:`~tunix_agentic.rollout.service.openai_schema`). The conversation is
+  refused: :mod:`~tunix_agentic.rollout.openai_endpoint.schema`). The conversation is
   rendered with the model's chat template and tokenised once; the reply is OpenAI's
   ``chat.completion`` (tool calls parsed into ``tool_calls`` with the agent loop's parser,
   ``finish_reason`` "stop" | "tool_calls" | "length", ``usage`` counted in tokens;
-  :mod:`~tunix_agentic.rollout.service.openai_reply`). Only calls to a tool the request
+  :mod:`~tunix_agentic.rollout.openai_endpoint.reply`). Only calls to a tool the request
   offered are returned: a call to any other tool stays in the content as text and is
   counted (``unoffered_tool_calls`` in the recording and in :attr:`ChatCompletions.counts`).
   ``tool_choice`` "none" hides the tools and parses no calls. ``stop`` (a string or up
@@ -34,21 +34,21 @@ Routes (JSON; errors ``{"error": {"message", "type"}}`` with a 4xx naming the fi
   same policy) and ``policy_version`` the weights' version now.
 * ``POST /v1/responses``: the Responses API subset agent frameworks send (not stateful),
   translated into a chat request and served by the same call path (:meth:`serve_call`):
-  see :mod:`~tunix_agentic.rollout.service.openai_responses`.
+  see :mod:`~tunix_agentic.rollout.openai_endpoint.responses`.
 * A call with an ``X-Episode-Id: ID`` header is recorded (prompt ids, completion ids,
   logprobs, per-token policy versions) into the episode of that id and its
   ``X-Episode-Token`` (the client's own, 16-200 characters, or, when the call sends none,
   a fresh one the server makes; the answer's ``X-Episode-Token`` header holds it): only the
   token's holder continues, reads, rewards or closes it, and the same id with another
   token is another client's episode (see
-  :mod:`~tunix_agentic.rollout.service.openai_episodes`). A call that fails opens nothing.
+  :mod:`~tunix_agentic.rollout.openai_endpoint.episodes`). A call that fails opens nothing.
   The recording keeps
   the calls' tokens exactly: when its messages continue an earlier call of
   the episode (that call's messages, then the assistant message it returned, then new
   ones), the prompt ids are that call's prompt + completion ids followed by the template's
   ids for the new messages: what the model generated is never re-tokenised, so the calls
   chain into one learner row. Otherwise the whole conversation is rendered. Episodes are
-  bounded (:class:`~tunix_agentic.rollout.service.openai_episodes.EpisodeLimits`: 429 when
+  bounded (:class:`~tunix_agentic.rollout.openai_endpoint.episodes.EpisodeLimits`: 429 when
   too many are open, 413 past an episode's calls or tokens, 409 on a closed one; an
   idle one expires). ``call_defaults(episode_key, calls)`` may supply sampling values
   (``temperature``, ``top_p``, ``top_k``, ``max_tokens``, ``seed``) for the fields a
@@ -61,7 +61,7 @@ Routes (JSON; errors ``{"error": {"message", "type"}}`` with a 4xx naming the fi
 
 Mounting (the rollout node does this on its aiohttp app)::
 
-    from tunix_agentic.rollout.service.openai_api import add_openai_routes
+    from tunix_agentic.rollout.openai_endpoint.api import add_openai_routes
     api = add_openai_routes(app, engine=pool, chat_format=template, version_of=lambda: v)
     # api.store: the EpisodeStore; episode_trajectory(ep) / ExternalEpisodes(api.store, ...)
 
@@ -69,7 +69,7 @@ Mounting (the rollout node does this on its aiohttp app)::
 JaxEngine, an SGLang client). ``chat_format``: the run's template (the built-in
 :class:`~tunix_agentic.agent.chat.ChatTemplate` is served through its Jinja twin
 ``BUILTIN_CHAT_TEMPLATE``). A conversation renders as the agent loop frames its prompts
-(:mod:`~tunix_agentic.rollout.service.openai_prompt`): tools the template drops go to the
+(:mod:`~tunix_agentic.rollout.openai_endpoint.prompt`): tools the template drops go to the
 system prompt when its ``tools_fallback`` is ``"system"``, and assistant tool calls a
 template drops are written after the content in
 :func:`~tunix_agentic.agent.tool_parser.format_tool_call`'s form.
@@ -105,7 +105,7 @@ from tunix_agentic.inference.base import (
     TokenOutput,
 )
 from tunix_agentic.inference.params import SamplingParams
-from tunix_agentic.rollout.service.openai_episodes import (
+from tunix_agentic.rollout.openai_endpoint.episodes import (
     TOKEN_PATTERN,
     Call,
     Completion,
@@ -115,20 +115,20 @@ from tunix_agentic.rollout.service.openai_episodes import (
     episode_trajectory,
     new_token,
 )
-from tunix_agentic.rollout.service.openai_prompt import (
+from tunix_agentic.rollout.openai_endpoint.prompt import (
     Prompt,
     PromptRenderer,
     jinja_format,
 )
-from tunix_agentic.rollout.service.openai_reply import (
+from tunix_agentic.rollout.openai_endpoint.reply import (
     Answer,
     Reply,
     completion_json,
     parse_reply,
     send_chunks,
 )
-from tunix_agentic.rollout.service.openai_responses import Responses
-from tunix_agentic.rollout.service.openai_schema import (
+from tunix_agentic.rollout.openai_endpoint.responses import Responses
+from tunix_agentic.rollout.openai_endpoint.schema import (
     ChatRequest,
     RequestError,
     message_key,
@@ -391,7 +391,7 @@ class ChatCompletions:
         :class:`ChatRequest` and the names of the chat fields it gave (the episode's call
         defaults fill the others), render, generate, parse the replies, and record the call
         under the request's ``X-Episode-Id`` (``headers`` gets its ``X-Episode-Token``).
-        ``/v1/responses`` (:mod:`.openai_responses`) comes through here too.
+        ``/v1/responses`` (:mod:`.responses`) comes through here too.
 
         A client that hangs up while the engine generates cancels this (the project's
         servers cancel a gone client's handler: :func:`~tunix_agentic.serving.http.serve_app`),

@@ -44,7 +44,7 @@ from typing import Any
 
 from tunix_agentic.envs.base import Task
 from tunix_agentic.rollout.episode import Group
-from tunix_agentic.rollout.service.openai_schema import RequestError
+from tunix_agentic.rollout.openai_endpoint.schema import RequestError
 from tunix_agentic.trajectory import Step, Trajectory
 
 
@@ -73,7 +73,7 @@ class EpisodeLimits:
 class Completion:
     """One sampled choice of a call: its ids (the stop token kept), the engine's logprobs
     and per-token policy versions, and the key of the assistant message it was returned as
-    (:func:`~tunix_agentic.rollout.service.openai_schema.message_key`)."""
+    (:func:`~tunix_agentic.rollout.openai_endpoint.schema.message_key`)."""
 
     token_ids: list[int]
     logprobs: list[float]

@@ -24,8 +24,8 @@ from tunix_agentic.agent.chat import (
     tools_prompt_text,
 )
 from tunix_agentic.agent.tool_parser import format_tool_call
-from tunix_agentic.rollout.service.openai_episodes import Call, Completion, Episode
-from tunix_agentic.rollout.service.openai_schema import ChatRequest, message_key
+from tunix_agentic.rollout.openai_endpoint.episodes import Call, Completion, Episode
+from tunix_agentic.rollout.openai_endpoint.schema import ChatRequest, message_key
 
 _MARK = "\x00completion\x00"
 

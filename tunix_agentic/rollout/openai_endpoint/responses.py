@@ -18,7 +18,7 @@ text format, ``reasoning`` without values) are accepted; any other value and any
 field is a 400 naming it.
 
 The call then runs as a chat completion does
-(:meth:`~tunix_agentic.rollout.service.openai_api.ChatCompletions.serve_call`): the same
+(:meth:`~tunix_agentic.rollout.openai_endpoint.api.ChatCompletions.serve_call`): the same
 rendering, the same continuation of an episode's earlier calls (a re-sent output item is
 the assistant message it came from), the same token-exact recording under
 ``X-Episode-Id``. The answer is a ``response`` object: ``output`` holds a ``message``
@@ -45,7 +45,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from tunix_agentic.rollout.service.openai_schema import (
+from tunix_agentic.rollout.openai_endpoint.schema import (
     ChatRequest,
     RequestError,
     parse_chat_request,
@@ -347,7 +347,7 @@ def output_items(message: Mapping[str, Any], *, complete: bool) -> list[dict[str
 
 def response_object(request: ResponsesRequest, served: Any, default_model: str) -> dict[str, Any]:
     """The ``response`` object of a served call (``served``: the chat path's
-    :class:`~tunix_agentic.rollout.service.openai_api.ServedCall`, one choice)."""
+    :class:`~tunix_agentic.rollout.openai_endpoint.api.ServedCall`, one choice)."""
     (out,) = served.outs
     complete = out.finish_reason != "length"
     output = output_items(served.messages[0], complete=complete)
@@ -445,7 +445,7 @@ def _added(item: dict[str, Any], *, index: int, **empty: Any) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- serving
 class ChatPath(Protocol):
     """What this endpoint needs of the chat endpoint
-    (:class:`~tunix_agentic.rollout.service.openai_api.ChatCompletions`)."""
+    (:class:`~tunix_agentic.rollout.openai_endpoint.api.ChatCompletions`)."""
 
     config: Any  # OpenAIConfig: max_messages, model_name
     tokenizer: Any

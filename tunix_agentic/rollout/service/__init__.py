@@ -4,9 +4,11 @@
 and group requests; :mod:`~tunix_agentic.rollout.service.node` the node (groups run by the
 :class:`~tunix_agentic.rollout.episode.EpisodeRunner`), :mod:`.node_http` its HTTP API
 (``serve-rollout``), :mod:`.engines` its engines by URL;
-:mod:`~tunix_agentic.rollout.service.wal` its write-ahead log of finished groups;
-:mod:`~tunix_agentic.rollout.service.node_client` the client of one node. Nothing here
-imports JAX: a rollout node runs on CPU machines.
+:mod:`~tunix_agentic.rollout.service.wal` its write-ahead log of finished groups. The
+trainer's side (the client of a node, the group runner) is
+:mod:`tunix_agentic.rollout.client`; the node's OpenAI endpoint is
+:mod:`tunix_agentic.rollout.openai_endpoint`. Nothing here imports JAX: a rollout node
+runs on CPU machines.
 """
 
 from tunix_agentic.lazy import lazy_exports
@@ -17,8 +19,8 @@ _API = {
     "group_to_json": "tunix_agentic.rollout.service.wire",
     "trajectory_from_json": "tunix_agentic.rollout.service.wire",
     "trajectory_to_json": "tunix_agentic.rollout.service.wire",
-    "NodeClient": "tunix_agentic.rollout.service.node_client",
-    "NodeUnavailable": "tunix_agentic.rollout.service.node_client",
+    "NodeClient": "tunix_agentic.rollout.client.node_client",
+    "NodeUnavailable": "tunix_agentic.rollout.client.node_client",
     "RolloutNode": "tunix_agentic.rollout.service.node",
     "EngineSet": "tunix_agentic.rollout.service.engines",
     "build_node_app": "tunix_agentic.rollout.service.node_http",

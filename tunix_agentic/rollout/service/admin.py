@@ -9,7 +9,7 @@ API key opens them. Given as ``--admin-key`` or ``$TUNIX_AGENTIC_ADMIN_KEY``.
 Without one, the node makes a random admin token when it starts listening and writes it,
 readable by its own user only (0600 in a 0700 directory), to :func:`token_path` of its
 port; it removes the file when it stops. A trainer on the same machine and user
-(:class:`~tunix_agentic.rollout.service.node_client.NodeClient`) reads it there for a
+(:class:`~tunix_agentic.rollout.client.node_client.NodeClient`) reads it there for a
 loopback node URL, so the node's own trainer needs no configuration, while other users,
 sandboxed agent code (which sees neither this user's home nor its runtime directory) and
 anything beyond this machine cannot. Host-side only: nothing here imports JAX.

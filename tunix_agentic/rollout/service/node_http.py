@@ -12,7 +12,7 @@ poll; ``&members=false`` leaves the learner's view out and answers the group alo
 ``Last-Event-ID``), ``DELETE /v1/groups/{id}`` (cancel, idempotent), ``POST /v1/policy
 {version}``, ``GET /v1/status``, ``POST`` / ``DELETE /v1/engines {url}``, ``GET
 /health``, and the OpenAI-compatible endpoint of
-:mod:`~tunix_agentic.rollout.service.openai_api`. Nothing here imports JAX.
+:mod:`~tunix_agentic.rollout.openai_endpoint.api`. Nothing here imports JAX.
 
 Operator routes (``POST`` / ``DELETE /v1/engines``, ``POST /v1/policy``, ``DELETE
 /v1/groups/{id}``) need the admin key (``Authorization: Bearer ADMIN_KEY``; 403 otherwise),
@@ -31,7 +31,7 @@ ends when every member is closed, its trajectories recorded token for token. The
 ``X-Episode-Token`` on each of those calls and the reward: nobody else can read, reward or
 close the member. A claimed
 member silent for ``lease_s`` (300 s; :func:`start_node_server`'s ``external_lease_s``)
-is offered again (see :class:`~tunix_agentic.rollout.service.openai_episodes.EpisodeOffers`).
+is offered again (see :class:`~tunix_agentic.rollout.openai_endpoint.episodes.EpisodeOffers`).
 """
 
 from __future__ import annotations
@@ -363,10 +363,10 @@ def build_node_app(
 
 def _mount_openai(app: web.Application, node: RolloutNode, lease_s: float) -> None:
     """The OpenAI-compatible endpoint in front of the node's engines (``POST
-    /v1/chat/completions``, ``/v1/episodes/...``: see :mod:`.openai_api`), rendering with
+    /v1/chat/completions``, ``/v1/episodes/...``: see :mod:`tunix_agentic.rollout.openai_endpoint.api`), rendering with
     the node's chat template and parsing tool calls with its agent's parser."""
-    from tunix_agentic.rollout.service.openai_api import OpenAIConfig, add_openai_routes
-    from tunix_agentic.rollout.service.openai_episodes import EpisodeOffers
+    from tunix_agentic.rollout.openai_endpoint.api import OpenAIConfig, add_openai_routes
+    from tunix_agentic.rollout.openai_endpoint.episodes import EpisodeOffers
 
     node.openai = add_openai_routes(
         app,
