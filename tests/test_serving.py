@@ -427,7 +427,7 @@ async def test_clients_sharing_a_weights_dir_never_write_the_same_directory(engi
 async def test_update_weights_loads_the_directory_it_checked(engine, tmp_path, monkeypatch):
     """A link inside --weights-dir swapped to point outside, after the check and before
     the load, must not change what is loaded."""
-    from tunix_agentic.serving import engine_server
+    from tunix_agentic.serving import weight_load
 
     allowed, outside = tmp_path / "allowed", tmp_path / "outside"
     original = engine.params
@@ -435,14 +435,14 @@ async def test_update_weights_loads_the_directory_it_checked(engine, tmp_path, m
     save_params(outside / "evil", nnx.state(tiny_model(seed=11), nnx.Param))
     link = allowed / "link"
     link.symlink_to(allowed / "good")
-    load = engine_server._load_like
+    load = weight_load.load_like
 
     def swap_then_load(path, params_like):  # the attacker wins the race every time
         link.unlink()
         link.symlink_to(outside / "evil")
         return load(path, params_like)
 
-    monkeypatch.setattr(engine_server, "_load_like", swap_then_load)
+    monkeypatch.setattr(weight_load, "load_like", swap_then_load)
     runner, port = await start_server(engine, weight_dirs=[allowed])
     try:
         status, out = await call(

@@ -9,7 +9,7 @@ import pytest
 from tunix_agentic.inference.base import TokenOutput
 from tunix_agentic.models.char_tokenizer import CharTokenizer
 from tunix_agentic.models.hf_tokenizer import save_char_tokenizer
-from tunix_agentic.serving.engine_server import parse_sampling_params, parse_text_options
+from tunix_agentic.serving.generate_request import parse_sampling_params, parse_text_options
 from tunix_agentic.serving.stops import ModelText, cut_at_stop_string, output_text
 
 CHAR = CharTokenizer()

@@ -39,7 +39,6 @@ so that a client hanging up aborts its generation.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import json
 import os
@@ -49,14 +48,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import jax
 from aiohttp import web
 
-from tunix_agentic.checkpoint import load_params
-from tunix_agentic.inference.base import EngineError, PromptTooLongError, TokenOutput
+from tunix_agentic.inference.base import EngineError, TokenOutput
 from tunix_agentic.inference.engine import JaxEngine
-from tunix_agentic.inference.params import SamplingParams
-from tunix_agentic.models.hf import is_hf_dir, load_hf_params
+from tunix_agentic.serving import weight_load
+from tunix_agentic.serving.generate_request import GenerateRequest, parse_generate, parse_version
 from tunix_agentic.serving.http import (
     ServerTimeouts,
     api_key_guard,
@@ -70,218 +67,8 @@ from tunix_agentic.serving.prom import EngineCollector, add_prometheus
 from tunix_agentic.serving.stops import ModelText, cut_at_stop_string, output_text
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a batch of long prompts is far past aiohttp's 1 MiB default
-MAX_PROMPTS_PER_REQUEST = 1024
-MAX_TOKENS_PER_REQUEST = 4 * 1024 * 1024  # prompt tokens summed over a request's prompts
 OFF_LOOP_BYTES = 256 * 1024  # bodies larger than this are parsed on a worker thread
 _SHUTDOWN_TIMEOUT_S = 5.0
-
-
-# ------------------------------------------------------------------ parsing
-@dataclasses.dataclass(frozen=True)
-class GenerateRequest:
-    """One prompt of a ``/generate`` body, validated."""
-
-    input_ids: list[int]
-    sampling: SamplingParams
-    rid: str
-    session_id: str | None
-    return_logprob: bool
-    stop: tuple[str, ...] = ()
-    skip_special_tokens: bool = True
-
-
-def _integer(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if isinstance(value, float) and not value.is_integer():  # nan and inf included
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    return int(value)
-
-
-def _number(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    try:
-        return float(value)
-    except OverflowError:  # an integer too large for a float
-        raise ValueError(f"{name} must be a finite number, got {value!r}") from None
-
-
-def parse_sampling_params(
-    raw: Any, *, max_seq_len: int, vocab_size: int, eos_ids: tuple[int, ...] = ()
-) -> SamplingParams:
-    """SGLang ``sampling_params`` -> :class:`SamplingParams`.
-
-    Missing keys keep the defaults (SGLang's: temperature 1, top_p 1, top_k off,
-    128 new tokens); ``top_k`` -1 or 0 is off; ``max_new_tokens: null`` runs to
-    the context window; ``sampling_seed`` (or ``seed``) seeds the request.
-    The model's ``eos_ids`` join ``stop_token_ids`` unless ``ignore_eos`` is true.
-    ``stop`` and ``skip_special_tokens`` are read by :func:`parse_text_options`;
-    other keys we do not implement are ignored. Bad values (out of range, or beyond
-    what a ``vocab_size`` model can do) raise ValueError naming the field.
-    """
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ValueError(f"sampling_params must be an object, got {raw!r}")
-    kw: dict[str, Any] = {}
-    for name in ("temperature", "top_p"):
-        if raw.get(name) is not None:
-            kw[name] = _number(raw[name], name)
-    if raw.get("top_k") is not None:
-        top_k = _integer(raw["top_k"], "top_k")
-        kw["top_k"] = 0 if top_k == -1 else top_k
-    if "max_new_tokens" in raw:
-        value = raw["max_new_tokens"]
-        kw["max_new_tokens"] = max_seq_len if value is None else _integer(value, "max_new_tokens")
-    stops = raw.get("stop_token_ids")
-    if stops is not None:
-        if not isinstance(stops, list):
-            raise ValueError(f"stop_token_ids must be a list of integers, got {stops!r}")
-        kw["stop_token_ids"] = tuple(_integer(t, "stop_token_ids[]") for t in stops)
-    seed = raw.get("sampling_seed", raw.get("seed"))
-    if seed is not None:
-        kw["seed"] = _integer(seed, "sampling_seed")
-    ignore_eos = raw.get("ignore_eos", False)
-    if not isinstance(ignore_eos, bool):
-        raise ValueError(f"ignore_eos must be true or false, got {ignore_eos!r}")
-    if eos_ids and not ignore_eos:
-        kw["stop_token_ids"] = tuple(dict.fromkeys((*kw.get("stop_token_ids", ()), *eos_ids)))
-    params = SamplingParams(**kw)
-    params.check_vocab(vocab_size)
-    return params
-
-
-def parse_text_options(raw: Any, *, can_decode: bool) -> tuple[tuple[str, ...], bool]:
-    """``(stop strings, skip_special_tokens)`` of SGLang ``sampling_params``: ``stop`` is a
-    string or a list of them; ``skip_special_tokens`` defaults to true. Stop strings need
-    the model's tokenizer (``can_decode``); ValueError naming the field otherwise."""
-    if not isinstance(raw, dict):
-        return (), True
-    stop = raw.get("stop")
-    stops: tuple[str, ...] = ()
-    if stop is not None:
-        stops = (stop,) if isinstance(stop, str) else stop
-        if not isinstance(stops, list | tuple) or not all(isinstance(s, str) and s for s in stops):
-            raise ValueError(f"stop must be a non-empty string or a list of them, got {stop!r}")
-        stops = tuple(stops)
-        if stops and not can_decode:
-            raise ValueError(
-                "stop strings need the model's tokenizer; this server has none (serve a "
-                "Hugging Face model directory, or use stop_token_ids)"
-            )
-    skip = raw.get("skip_special_tokens", True)
-    if not isinstance(skip, bool):
-        raise ValueError(f"skip_special_tokens must be true or false, got {skip!r}")
-    return stops, skip
-
-
-def _prompt(raw: Any, *, vocab_size: int, max_seq_len: int, where: str) -> list[int]:
-    if not isinstance(raw, list) or not raw:
-        raise ValueError(f"{where} must be a non-empty list of token ids")
-    if not all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
-        raise ValueError(f"{where} must hold integers only")
-    if min(raw) < 0 or max(raw) >= vocab_size:
-        raise ValueError(f"{where}: token ids must be in [0, {vocab_size})")
-    if len(raw) >= max_seq_len:
-        raise PromptTooLongError(
-            f"{where}: prompt of {len(raw)} tokens leaves no room within max_seq_len={max_seq_len}"
-        )
-    return raw
-
-
-def _per_prompt(raw: Any, n: int, name: str) -> list[Any]:
-    """A batch field given once for all prompts or as a list with one per prompt."""
-    if isinstance(raw, list):
-        if len(raw) != n:
-            raise ValueError(f"{name} has {len(raw)} entries for {n} prompts")
-        return raw
-    return [raw] * n
-
-
-def parse_generate(
-    body: Any,
-    *,
-    vocab_size: int,
-    max_seq_len: int,
-    new_rid: Callable[[], str],
-    max_prompts: int = MAX_PROMPTS_PER_REQUEST,
-    max_tokens: int = MAX_TOKENS_PER_REQUEST,
-    eos_ids: tuple[int, ...] = (),
-    can_decode: bool = False,
-) -> tuple[list[GenerateRequest], bool]:
-    """Validate a ``/generate`` body; returns ``(requests, batched)``.
-
-    Everything is checked before anything runs, so a batch is all or nothing.
-    Raises ValueError (HTTP 400) naming what is wrong.
-    """
-    if not isinstance(body, dict):
-        raise ValueError("request body must be a JSON object")
-    ids = body.get("input_ids")
-    if ids is None:
-        if "text" in body:
-            raise ValueError("this server takes input_ids only (it has no tokenizer)")
-        raise ValueError("input_ids is required")
-    batched = isinstance(ids, list) and bool(ids) and isinstance(ids[0], list)
-    prompts = ids if batched else [ids]
-    n = len(prompts)
-    if n > max_prompts:
-        raise ValueError(f"input_ids holds {n} prompts; this server takes at most {max_prompts}")
-    total = sum(len(p) if isinstance(p, list) else 0 for p in prompts)
-    if total > max_tokens:
-        raise ValueError(
-            f"input_ids holds {total} tokens; this server takes at most {max_tokens} per request"
-        )
-    sampling = _per_prompt(body.get("sampling_params"), n, "sampling_params")
-    rids = body.get("rid")
-    if batched and isinstance(rids, str):
-        rids = [f"{rids}-{i}" for i in range(n)]
-    rids = _per_prompt(rids, n, "rid")
-    sessions = _per_prompt(body.get("session_id"), n, "session_id")
-    logprob_flags = _per_prompt(body.get("return_logprob", False), n, "return_logprob")
-    if not all(isinstance(flag, bool) for flag in logprob_flags):
-        raise ValueError(f"return_logprob must be true or false, got {body['return_logprob']!r}")
-    out = []
-    for i in range(n):
-        where = f"input_ids[{i}]" if batched else "input_ids"
-        rid, session = rids[i], sessions[i]
-        if rid is not None and not isinstance(rid, str):
-            raise ValueError(f"rid must be a string, got {rid!r}")
-        if session is not None and not isinstance(session, str):
-            raise ValueError(f"session_id must be a string, got {session!r}")
-        stops, skip_special = parse_text_options(sampling[i], can_decode=can_decode)
-        out.append(
-            GenerateRequest(
-                input_ids=_prompt(
-                    prompts[i], vocab_size=vocab_size, max_seq_len=max_seq_len, where=where
-                ),
-                sampling=parse_sampling_params(
-                    sampling[i], max_seq_len=max_seq_len, vocab_size=vocab_size, eos_ids=eos_ids
-                ),
-                rid=rid if rid is not None else new_rid(),
-                session_id=session,
-                return_logprob=logprob_flags[i],
-                stop=stops,
-                skip_special_tokens=skip_special,
-            )
-        )
-    return out, batched
-
-
-def parse_version(raw: Any, *, default: int) -> int:
-    """A weight version: an integer or a string of one (SGLang sends strings)."""
-    if raw is None:
-        return default
-    if isinstance(raw, bool):
-        raise ValueError(f"weight_version must be an integer, got {raw!r}")
-    if isinstance(raw, int):
-        return raw
-    if isinstance(raw, str):
-        try:
-            return int(raw.strip())
-        except ValueError:
-            pass
-    raise ValueError(f"weight_version must be an integer, got {raw!r}")
 
 
 # ----------------------------------------------------------------- handlers
@@ -521,7 +308,7 @@ async def handle_update_weights(request: web.Request) -> web.Response:
             raise ValueError("update_weights_from_disk needs a string 'model_path'")
     except ValueError as exc:
         return fail(str(exc))
-    if not _inside(os.path.realpath(path), state.weight_dirs):
+    if not weight_load.inside(os.path.realpath(path), state.weight_dirs):
         return _outside(path, state.weight_dirs)
     async with state.weights_lock:
         try:
@@ -531,7 +318,7 @@ async def handle_update_weights(request: web.Request) -> web.Response:
         except ValueError as exc:
             return fail(str(exc))
         try:  # what is loaded is the directory this checks, whatever links change later
-            fd = _open_inside(path, state.weight_dirs)
+            fd = weight_load.open_inside(path, state.weight_dirs)
         except OSError as exc:  # no such directory
             return fail(f"cannot load weights from {path!r}: {type(exc).__name__}: {exc}")
         if fd is None:
@@ -539,7 +326,7 @@ async def handle_update_weights(request: web.Request) -> web.Response:
         loop = asyncio.get_running_loop()
         params_like = engine.params  # the tree to restore into
         try:
-            params = await loop.run_in_executor(None, _load_pinned, fd, params_like)
+            params = await loop.run_in_executor(None, weight_load.load_pinned, fd, params_like)
             update = engine.update_weights(params, version)
         except Exception as exc:  # a mismatched tree, an unreadable checkpoint
             return fail(f"cannot load weights from {path!r}: {type(exc).__name__}: {exc}")
@@ -571,54 +358,6 @@ def _outside(path: str, roots: tuple[Path, ...]) -> web.Response:
         },
         status=403,
     )
-
-
-def _inside(real: str, roots: tuple[Path, ...]) -> bool:
-    """Whether ``real`` (a path without links) lies inside one of ``roots``."""
-    return any(Path(real) == root or Path(real).is_relative_to(root) for root in roots)
-
-
-def _open_inside(path: str, roots: tuple[Path, ...]) -> int | None:
-    """A descriptor of the directory ``path`` names, if that directory lies inside one of
-    ``roots`` (None if it does not; OSError if there is none).
-
-    The check is of the directory opened (its path as the kernel knows it), and the
-    parameters are read through the descriptor (:func:`_load_pinned`), so a link swapped
-    after the check cannot redirect the load.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        real = os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        os.close(fd)
-        raise
-    if _inside(real, roots):
-        return fd
-    os.close(fd)
-    return None
-
-
-def _load_pinned(fd: int, params_like: Any) -> Any:
-    """:func:`_load_like` from the directory open as ``fd``, which it closes (here, on the
-    loading thread: a cancelled request must not free the number while it is read)."""
-    try:
-        return _load_like(f"/proc/self/fd/{fd}", params_like)
-    finally:
-        os.close(fd)
-
-
-def _load_like(path: str, params_like: Any) -> Any:
-    """``load_params`` (or, for a Hugging Face model directory, its safetensors), each
-    array placed where the engine's current one lives.
-
-    The engine keeps its parameters committed to their devices (it commits what
-    ``update_weights`` gets), so arrays placed like them reuse the compiled
-    prefill and decode; another placement would compile them again.
-    """
-    if is_hf_dir(path):
-        return load_hf_params(path, params_like)
-    loaded = load_params(path, params_like)
-    return jax.tree.map(lambda new, old: jax.device_put(new, old.sharding), loaded, params_like)
 
 
 def build_app(
