@@ -13,7 +13,12 @@ the members of the node's ``"agent": "external"`` groups (a trainer run with
     python examples/openai_agent.py --url http://127.0.0.1:8200
 
 Sampling (temperature, max tokens, seed) is the group's: the node applies it to the calls
-of a claimed episode, which therefore pass none. Prints one line per episode
+of a claimed episode, which therefore pass none.
+
+With ``--own-tasks GROUP_SIZE`` the agent runs calculator tasks of its own instead (a
+trainer run with ``rollout.service.agent=own_tasks``): each task ``GROUP_SIZE`` times,
+every episode under its own ``X-Episode-Id`` and token, closed with its reward and the
+task's id; the node makes each task's episodes one group. ``--task-seed`` picks the tasks. Prints one line per episode
 (``episode ID reward R tool_calls K``) and runs until killed, or until it has claimed ``--max-episodes``
 (episodes claimed meanwhile by other workers still run).
 """
@@ -22,13 +27,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import re
+import secrets
 import sys
 
 import openai
 
-from tunix_agentic.envs.calculator import ArithmeticEnv, CalculatorTool, answers_match
+from tunix_agentic.envs.calculator import (
+    ArithmeticEnv,
+    CalculatorTool,
+    answers_match,
+    make_arithmetic_task,
+)
 
 TOOLS = ArithmeticEnv().tool_schemas()  # OpenAI function schemas
 
@@ -57,13 +69,53 @@ async def calculator_agent(client: openai.AsyncOpenAI, claim: dict) -> tuple[flo
     answer = re.search(r"<answer>(.*?)</answer>", message.content or "")
     expected = claim["task"]["fields"]["answer"]
     reward = float(answer is not None and answers_match(answer.group(1), expected))
+    body = {"reward": reward}
+    if "own_task_id" in claim:  # an episode of the agent's own task: the node groups by it
+        body["task_id"] = claim["own_task_id"]
     await client.post(
         f"/episodes/{claim['episode_id']}/reward",
-        body={"reward": reward},
+        body=body,
         cast_to=object,
         options={"headers": headers},
     )
     return reward, calls
+
+
+def own_episode(task, member: int, max_turns: int) -> dict:
+    """What ``calculator_agent`` needs for an episode of a task the agent chose itself: an
+    id and an unguessable token of its own (the node records the episode under both)."""
+    return {
+        "episode_id": f"own-{task.task_id}-{member}-{secrets.token_hex(4)}",
+        "episode_token": secrets.token_urlsafe(24),
+        "prompt": task.prompt,
+        "max_turns": max_turns,
+        "task": {"fields": {"answer": task.answer}},
+        "own_task_id": task.task_id,
+    }
+
+
+async def own_task_worker(
+    client: openai.AsyncOpenAI, next_task, group_size: int, budget: list[int | None]
+) -> None:
+    """Run tasks of the agent's own, each ``group_size`` times, until the budget is spent."""
+    while budget[0] is None or budget[0] > 0:
+        task = next_task()
+        if budget[0] is not None:
+            budget[0] -= group_size
+        episodes = [own_episode(task, m, max_turns=3) for m in range(group_size)]
+        ran = await asyncio.gather(
+            *(calculator_agent(client, e) for e in episodes), return_exceptions=True
+        )
+        for episode, outcome in zip(episodes, ran, strict=True):
+            if isinstance(outcome, BaseException):
+                print(f"episode {episode['episode_id']} failed: {outcome}", file=sys.stderr)
+                await asyncio.sleep(1.0)
+                continue
+            print(
+                f"episode {episode['episode_id']} task {task.task_id} reward {outcome[0]:g} "
+                f"tool_calls {outcome[1]}",
+                flush=True,
+            )
 
 
 async def claim_episode(client: openai.AsyncOpenAI, wait_s: float) -> dict | None:
@@ -97,11 +149,27 @@ async def worker(client: openai.AsyncOpenAI, budget: list[int | None]) -> None:
         )
 
 
-async def main(url: str, concurrency: int, max_episodes: int, api_key: str) -> None:
-    client = openai.AsyncOpenAI(base_url=f"{url.rstrip('/')}/v1", api_key=api_key, max_retries=0)
-    budget: list[int | None] = [max_episodes if max_episodes > 0 else None]
+async def main(args: argparse.Namespace) -> None:
+    client = openai.AsyncOpenAI(
+        base_url=f"{args.url.rstrip('/')}/v1", api_key=args.api_key, max_retries=0
+    )
+    budget: list[int | None] = [args.max_episodes if args.max_episodes > 0 else None]
+    indices = itertools.count()
+
+    def next_task():
+        return make_arithmetic_task(next(indices), seed=args.task_seed, split="train")
+
     try:
-        await asyncio.gather(*(worker(client, budget) for _ in range(concurrency)))
+        if args.own_tasks:
+            workers = max(1, args.concurrency // args.own_tasks)
+            await asyncio.gather(
+                *(
+                    own_task_worker(client, next_task, args.own_tasks, budget)
+                    for _ in range(workers)
+                )
+            )
+        else:
+            await asyncio.gather(*(worker(client, budget) for _ in range(args.concurrency)))
     finally:
         await client.close()
 
@@ -112,5 +180,16 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=8, help="episodes run at once")
     parser.add_argument("--max-episodes", type=int, default=0, help="stop after N (0: never)")
     parser.add_argument("--api-key", default="unused", help="the node's key, if it has one")
+    parser.add_argument(
+        "--own-tasks",
+        type=int,
+        default=0,
+        metavar="GROUP_SIZE",
+        help="run tasks of the agent's own, each GROUP_SIZE times (rollout.service.agent="
+        "own_tasks), instead of claiming the trainer's",
+    )
+    parser.add_argument("--task-seed", type=int, default=1234, help="which own tasks to draw")
     args = parser.parse_args()
-    asyncio.run(main(args.url, args.concurrency, args.max_episodes, args.api_key))
+    if args.own_tasks < 0:
+        parser.error("--own-tasks must be >= 1 (or 0: claim the trainer's tasks)")
+    asyncio.run(main(args))

@@ -4,6 +4,7 @@ members from a rollout node and trains the tiny calculator policy through it."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import importlib.util
 import json
@@ -84,8 +85,7 @@ def _request(group_id: str, num_samples: int, **fields) -> GroupRequest:
         sampling=SamplingSpec(temperature=1.0, max_tokens=6),
         max_turns=2,
         seed=SeedSpec(run_seed=7, index=3),
-        agent="external",
-        **fields,
+        **{"agent": "external", **fields},
     )
 
 
@@ -154,6 +154,70 @@ async def test_a_claim_left_silent_is_offered_again_and_its_agent_refused(node):
     await client.close()
 
 
+async def test_own_task_episodes_make_a_group_of_one_task(node):
+    rollout_node, url = node
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    first, second = (make_arithmetic_task(i, seed=5, split="train") for i in (0, 1))
+    own = [agent_script.own_episode(first, m, max_turns=2) for m in range(2)]
+    own.append(agent_script.own_episode(second, 0, max_turns=2))
+    async with NodeClient(url) as nodes:
+        await nodes.submit(_request("own-a", 2, agent="own_tasks"))
+        rewards = {}
+        for episode in own:  # the second task's one episode never fills a group of two
+            reward, _ = await agent_script.calculator_agent(client, episode)
+            rewards[episode["episode_id"]] = reward
+        got = await nodes.get("own-a", wait_s=BOUND_S)
+        status = await nodes.status()
+    assert got["status"] == "done", got
+    group = group_from_json(got["group"])
+    assert group.task.task_id == first.task_id and group.dropped == []
+    ids = sorted(t.episode_id for t in group.trajectories)
+    assert ids == sorted(e["episode_id"] for e in own[:2])
+    async with aiohttp.ClientSession() as http:
+        tokens = {e["episode_id"]: e["episode_token"] for e in own}
+        for traj in group.trajectories:
+            assert traj.task_id == first.task_id and traj.reward == rewards[traj.episode_id]
+            holder = {"X-Episode-Token": tokens[traj.episode_id]}
+            async with http.get(f"{url}/v1/episodes/{traj.episode_id}", headers=holder) as resp:
+                calls = (await resp.json())["calls"]
+            recorded = calls[0]["prompt_ids"] + calls[0]["choices"][0]["completion_ids"]
+            assert traj.token_ids[: len(recorded)] == recorded  # the learner's row is the record
+    assert status["own_tasks"] == {"waiting": 1, "task_ids": 1, "expired": 0}
+    await client.close()
+
+
+def test_own_task_groups_take_only_rewarded_ad_hoc_episodes_and_count_expiry():
+    import time
+
+    from tunix_agentic.rollout.openai_endpoint.episodes import (
+        Episode,
+        EpisodeLimits,
+        EpisodeStore,
+    )
+
+    store = EpisodeStore(EpisodeLimits(closed_ttl_s=60.0))
+
+    def closed(eid, *, task, client="10.0.0.1", reward=1.0, age=0.0):
+        ep = Episode(eid, key=eid, client=client, closed=True, reward=reward, task_id=task)
+        store.closed[eid] = (ep, time.monotonic() - age)
+
+    closed("old", task="t0", age=120.0)  # past closed_ttl_s: expires, counted
+    closed("claimed", task="t1", client="")  # a claimed member: its group takes it
+    closed("no-task", task=None)  # never grouped
+    closed("withdrawn", task="t1", reward=None)
+    closed("a1", task="t1")
+    closed("b1", task="t2")
+    assert store.take_group(2) is None
+    closed("b2", task="t2")
+    closed("a2", task="t1")
+    task_id, episodes = store.take_group(2)  # t2 filled first
+    assert (task_id, [e.episode_id for e in episodes]) == ("t2", ["b1", "b2"])
+    assert store.count_waiting() == {"t1": 2} and store.closed_expired == 1
+    assert [e.episode_id for e in store.take_group(2)[1]] == ["a1", "a2"]
+    assert store.take_group(1) is None  # what is grouped is never taken again
+    assert "claimed" in store.closed and "no-task" in store.closed
+
+
 @pytest.mark.parametrize(
     "body, field",
     [({"wait_s": -1}, "wait_s"), ({"wait_s": "1"}, "wait_s"), ({"n": 1}, "n"), ([1], "object")],
@@ -171,8 +235,9 @@ async def test_a_bad_claim_is_a_400_naming_the_field(node, body, field):
     [
         (["rollout.service.agent=outside", "rollout.service.urls=[http://a:1]"], "must be"),
         (["rollout.service.agent=external"], "needs rollout.service.urls"),
+        (["rollout.service.agent=own_tasks"], "needs rollout.service.urls"),
     ],
-    ids=["unknown", "without-nodes"],
+    ids=["unknown", "without-nodes", "own-tasks-without-nodes"],
 )
 def test_service_agent_is_validated(overrides, key):
     with pytest.raises(ConfigError, match=f"rollout.service.agent.* {key}"):
@@ -185,6 +250,8 @@ def test_the_wire_names_the_agent_only_when_external():
     assert GroupRequest.from_json(external.to_json()) == external
     # A builtin group's body is as before the field existed (logged bodies still match).
     assert "agent" not in dataclasses.replace(external, agent="builtin").to_json()
+    own = dataclasses.replace(external, agent="own_tasks")
+    assert GroupRequest.from_json(own.to_json()) == own
     with pytest.raises(ValueError, match="agent must be one of"):
         GroupRequest.from_json({**external.to_json(), "agent": "outside"})
 
@@ -196,8 +263,14 @@ def _rl_steps(run_dir: Path) -> list[int]:
     return [row["step"] for row in rows if "learner/loss" in row]
 
 
+async def _groups_on(url: str, group_ids: list[str]) -> list:
+    async with NodeClient(url) as nodes:
+        return [group_from_json((await nodes.get(gid, wait_s=0))["group"]) for gid in group_ids]
+
+
 @pytest.mark.slow  # SFT warm start, then two RL steps whose episodes the agent runs
-def test_the_openai_agent_trains_the_calculator_through_a_node(tmp_path):
+@pytest.mark.parametrize("kind", ["external", "own_tasks"], ids=["claims", "own-tasks"])
+def test_the_openai_agent_trains_the_calculator_through_a_node(tmp_path, kind):
     from tunix_agentic.trainer import Trainer
 
     argv = cli("serve-rollout", "--config", CONFIG, "--port", "0")
@@ -208,7 +281,8 @@ def test_the_openai_agent_trains_the_calculator_through_a_node(tmp_path):
     episodes = tmp_path / "agent.out"
     with open(episodes, "w") as out, open(tmp_path / "agent.log", "w") as err:
         agent = subprocess.Popen(
-            [sys.executable, str(AGENT_SCRIPT), "--url", url, "--concurrency", "4"],
+            [sys.executable, str(AGENT_SCRIPT), "--url", url, "--concurrency", "4"]
+            + (["--own-tasks", "2"] if kind == "own_tasks" else []),  # the run's group_size
             cwd=REPO,
             stdout=out,
             stderr=err,
@@ -217,18 +291,26 @@ def test_the_openai_agent_trains_the_calculator_through_a_node(tmp_path):
     run = tmp_path / "run"
     overrides = [*SHARED, "rl.steps=2", "rl.eval_tasks=0", "rl.checkpoint_every=0"]
     overrides += [f"run_dir={run}", f"rollout.service.urls=[{url}]"]
-    overrides += ["rollout.service.agent=external"]
+    overrides += [f"rollout.service.agent={kind}"]
     try:
         trainer = Trainer(load_config(CONFIG, overrides), progress=False)
         result = trainer.run()
+        trained = asyncio.run(_groups_on(url, [gid for gid, _ in trainer.rollout_service.outcomes]))
     finally:
         stop_server(agent)
         stop_server(node_proc)
     assert len(result.history) == 2 and _rl_steps(run) == [1, 2]
     outcomes = trainer.rollout_service.outcomes
     assert outcomes and {how for _, how in outcomes} == {"done"}
-    # "episode ID group GROUP reward R tool_calls N" per episode the agent ran; the ids are
-    # the node's unguessable ones, so the claim's group_id ties them to their group.
+    # "episode ID group GROUP reward R tool_calls N" per episode the agent ran (claims; the
+    # ids are the node's unguessable ones, so the claim's group_id ties them to their
+    # group), or "episode ID task TASK ..." (own tasks, each run twice).
     ran = [line.split()[3] for line in episodes.read_text().splitlines()]
-    for group_id, _ in outcomes:  # every member of every group was the agent's
-        assert ran.count(group_id) >= 2, (group_id, ran)
+    if kind == "external":
+        for group_id, _ in outcomes:  # every member of every group was the agent's
+            assert ran.count(group_id) >= 2, (group_id, ran)
+    else:  # every group is two episodes of one of the agent's own tasks (seed 1234)
+        for group in trained:
+            task_id = group.task.task_id
+            assert task_id.startswith("train-1234-") and ran.count(task_id) == 2, (task_id, ran)
+            assert [t.task_id for t in group.trajectories] == [task_id] * 2

@@ -36,9 +36,12 @@ class ServiceConfig:
     machine) and asking each server to load them (``serve-engine --weights-dir DIR``
     must allow it). ``poll_s``: one long poll's wait; ``health_every_s``: how often a
     node taken out is asked for ``/health``. ``agent``: ``builtin`` (the nodes run the
-    run's agent loop) or ``external`` (groups are submitted with ``"agent": "external"``:
-    agents running elsewhere claim their members from the nodes and call the nodes'
-    OpenAI-compatible endpoint; see ``examples/openai_agent.py``).
+    run's agent loop), ``external`` (groups are submitted with ``"agent": "external"``:
+    agents running elsewhere claim their members, the run's tasks, from the nodes and call
+    the nodes' OpenAI-compatible endpoint) or ``own_tasks`` (agents running elsewhere run
+    tasks of their own choosing through that endpoint, closing each episode with a reward
+    and a ``task_id``; each group is the next ``group_size`` episodes of one task id, and the
+    run's task source is not used for training). See ``examples/openai_agent.py``.
     """
 
     urls: tuple[str, ...] = ()
@@ -53,13 +56,14 @@ class ServiceConfig:
     agent: str = "builtin"
 
     def __post_init__(self):
-        if self.agent not in ("builtin", "external"):
+        if self.agent not in ("builtin", "external", "own_tasks"):
             raise ValueError(
-                f"rollout.service.agent must be 'builtin' or 'external', got {self.agent!r}"
+                "rollout.service.agent must be 'builtin', 'external' or 'own_tasks', "
+                f"got {self.agent!r}"
             )
-        if self.agent == "external" and not self.urls:
+        if self.agent != "builtin" and not self.urls:
             raise ValueError(
-                "rollout.service.agent=external needs rollout.service.urls (the nodes)"
+                f"rollout.service.agent={self.agent} needs rollout.service.urls (the nodes)"
             )
         for name in ("urls", "engine_urls"):
             value = getattr(self, name)

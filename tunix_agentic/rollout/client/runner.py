@@ -289,6 +289,11 @@ class ServiceEpisodeRunner:
             agent_config = dataclasses.replace(self.agent_config, max_turns=turns)
             self.metrics.gauge("rollout/max_turns", turns)
         prefix = "g" if stream == PRODUCTION_STREAM else f"s{stream}g"
+        # Agents on their own tasks make training groups only: evaluation runs the node's
+        # agent loop on the run's held-out tasks.
+        kind = self.config.service.agent
+        if kind == "own_tasks" and stream != PRODUCTION_STREAM:
+            kind = "builtin"
         request = _request(
             f"{self.run_id}-{prefix}{index}-v{version}-{task_id}",
             task,
@@ -296,13 +301,18 @@ class ServiceEpisodeRunner:
             version,
             agent_config,
             SeedSpec(self.config.seed if run_seed is None else run_seed, stream, index),
-            kind=self.config.service.agent,
+            kind=kind,
             min_usable=min_usable,
         )
         group = await self._run_request(request)
-        # The orchestrator's bookkeeping is by its own index and version.
+        # The orchestrator's bookkeeping is by its own index and version; an own-task
+        # group's task is the one its agents ran, not the one submitted.
         group = dataclasses.replace(
-            group, group_id=request.group_id, index=index, task=task, admitted_version=version
+            group,
+            group_id=request.group_id,
+            index=index,
+            task=group.task if kind == "own_tasks" else task,
+            admitted_version=version,
         )
         self._record(group)
         if stream == PRODUCTION_STREAM:

@@ -128,6 +128,7 @@ class Episode:
     task_id: str | None = None
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
     touched: float = dataclasses.field(default_factory=time.monotonic)
+    grouped: bool = False  # taken into an own-task group (still readable by its holder)
     in_flight: int = 0
 
     @property
@@ -172,6 +173,8 @@ class EpisodeStore:
         self.closed: OrderedDict[str, tuple[Episode, float]] = OrderedDict()
         self.reserved: set[str] = set()
         self.expired = 0
+        # Rewarded ad-hoc episodes with a task id that nobody grouped in time (own tasks).
+        self.closed_expired = 0
         self._per_client: collections.Counter[str] = collections.Counter()
         self._closed_event = asyncio.Event()
 
@@ -197,7 +200,9 @@ class EpisodeStore:
             len(self.closed) > self.limits.max_closed
             or now - next(iter(self.closed.values()))[1] > self.limits.closed_ttl_s
         ):
-            self.closed.popitem(last=False)
+            _, (episode, _) = self.closed.popitem(last=False)
+            if _groupable(episode):
+                self.closed_expired += 1
 
     def get(self, key: str) -> Episode | None:
         """The episode filed under ``key`` (:func:`episode_key`), open or closed."""
@@ -341,6 +346,42 @@ class EpisodeStore:
                 del self.closed[key]
         return taken
 
+    def take_group(self, size: int) -> tuple[str, list[Episode]] | None:
+        """``size`` rewarded ad-hoc episodes (not claimed members) closed under one task id,
+        marked ``grouped``: of the task id whose ``size``-th episode closed first (oldest first
+        within it). None while no task id has ``size``. Episodes closed without a ``task_id``
+        are never taken. A grouped episode stays readable by its holder until it expires."""
+        self.sweep()
+        by_task: dict[str, list[Episode]] = {}
+        for episode, _ in self.closed.values():
+            if not _groupable(episode):
+                continue
+            members = by_task.setdefault(episode.task_id, [])
+            members.append(episode)
+            if len(members) == size:
+                for member in members:
+                    member.grouped = True
+                return episode.task_id, members
+        return None
+
+    def count_waiting(self) -> dict[str, int]:
+        """Rewarded ad-hoc episodes waiting to be grouped, by task id."""
+        counts: collections.Counter[str] = collections.Counter()
+        for episode, _ in self.closed.values():
+            if _groupable(episode):
+                counts[episode.task_id] += 1
+        return dict(counts)
+
+    def own_task_counts(self) -> dict[str, int]:
+        """For a node's status: episodes ``waiting`` to be grouped, over ``task_ids``, and
+        those that ``expired`` ungrouped."""
+        waiting = self.count_waiting()
+        return {
+            "waiting": sum(waiting.values()),
+            "task_ids": len(waiting),
+            "expired": self.closed_expired,
+        }
+
     def count_closed(self, task_id: str) -> int:
         return sum(
             1 for ep, _ in self.closed.values() if ep.task_id == task_id and ep.reward is not None
@@ -350,6 +391,16 @@ class EpisodeStore:
         """Until another episode closes."""
         self._closed_event.clear()
         await self._closed_event.wait()
+
+
+def _groupable(episode: Episode) -> bool:
+    """A rewarded ad-hoc episode with a task id that no own-task group took yet."""
+    return (
+        episode.reward is not None
+        and bool(episode.client)
+        and episode.task_id is not None
+        and not episode.grouped
+    )
 
 
 def _turns(episode: Episode) -> list[tuple[Call, Completion]]:
@@ -435,6 +486,31 @@ class ExternalEpisodes:
             admitted_version=version,
             trajectories=[episode_trajectory(ep) for ep in episodes],
         )
+
+
+async def own_task_group(
+    store: EpisodeStore, size: int, *, group_id: str, index: int, version: int
+) -> Group:
+    """The next group of ``size`` episodes that agents ran on tasks of their own choosing
+    (a rollout node's ``"agent": "own_tasks"`` groups): ad-hoc episodes, each closed with a
+    reward and a ``task_id``, grouped by task id (:meth:`EpisodeStore.take_group`); waits
+    until one task id has ``size``. The group's task is a bare
+    :class:`~tunix_agentic.envs.base.Task` of that id (the node never saw the task itself);
+    ``version`` is the version the group was admitted under (each token keeps the version
+    that sampled it)."""
+    if size < 1:
+        raise ValueError(f"size must be >= 1, got {size}")
+    while (picked := store.take_group(size)) is None:
+        await store.wait_closed()
+    task_id, episodes = picked
+    task = Task(task_id=task_id, prompt="")
+    trajectories = []
+    for member, episode in enumerate(episodes):
+        traj = episode_trajectory(episode)
+        traj.group_id = group_id
+        traj.info.update(member=member, source="openai-own-task")
+        trajectories.append(traj)
+    return Group(group_id, index, task, version, trajectories)
 
 
 # ------------------------------------------------------------- outside agents

@@ -53,6 +53,7 @@ from tunix_agentic.envs.sandbox import SandboxError, sweep_orphans
 from tunix_agentic.metrics.sink import NullMetrics
 from tunix_agentic.rollout.config import RolloutConfig
 from tunix_agentic.rollout.episode import EpisodeRunner, Group, episode_seed
+from tunix_agentic.rollout.openai_endpoint.episodes import own_task_group
 from tunix_agentic.rollout.service.caps import NodeCaps
 from tunix_agentic.rollout.service.engines import EngineSet
 from tunix_agentic.rollout.service.wal import FinalRecord, GroupLog
@@ -470,8 +471,10 @@ class RolloutNode:
             if known.status not in ("lost", "cancelled"):
                 return 202, self.summary(known)
         self.caps.check_submit(body, len(self._queue), self.log.path)  # TooMany / TooLarge
-        if req.agent == "external" and self.external is None:
-            raise ValueError("agent: 'external' needs the node's OpenAI endpoint (serve-rollout)")
+        if req.agent != "builtin" and self.external is None:
+            raise ValueError(
+                f"agent: {req.agent!r} needs the node's OpenAI endpoint (serve-rollout)"
+            )
         st = _GroupState(req, body, next(self._seq))
         st.task = self.setup.resolve_task(req)
         st.factory = self.setup.env_factory(req)
@@ -523,6 +526,14 @@ class RolloutNode:
             async with asyncio.timeout(req.timeout_s):
                 if req.agent == "external":
                     group = await self._run_external(st)
+                elif req.agent == "own_tasks":
+                    group = await own_task_group(
+                        self.openai.store,
+                        req.num_samples,
+                        group_id=req.group_id,
+                        index=req.seed.index,
+                        version=req.policy_version,
+                    )
                 else:
                     group = await self.runner.run_group(
                         st.task,
@@ -660,6 +671,7 @@ class RolloutNode:
             "infra_retries": self.stats.get("infra_retries", 0),
             "fatal": self.fatal,
             "external": None if self.external is None else self.external.counts(),
+            "own_tasks": None if self.openai is None else self.openai.store.own_task_counts(),
             "cursor": self._next_cursor - 1,
             "uptime_s": time.time() - self.started_at,
             "pid": os.getpid(),

@@ -32,6 +32,15 @@ ends when every member is closed, its trajectories recorded token for token. The
 close the member. A claimed
 member silent for ``lease_s`` (300 s; :func:`start_node_server`'s ``external_lease_s``)
 is offered again (see :class:`~tunix_agentic.rollout.openai_endpoint.episodes.EpisodeOffers`).
+
+Agents on their own tasks: a group submitted with ``"agent": "own_tasks"`` runs nothing
+either; it is the next ``num_samples`` ad-hoc episodes (an agent's own ``X-Episode-Id`` and
+token, not a claim) closed with a reward and the same ``task_id`` (``POST
+/v1/episodes/{id}/reward`` ``{"reward": r, "task_id": "..."}``), whichever task id fills
+first. Rewarded episodes wait for a group for ``closed_ttl_s`` (an hour: the endpoint's
+:class:`~tunix_agentic.rollout.openai_endpoint.episodes.EpisodeLimits`; then they
+expire, counted in ``/v1/status`` ``own_tasks.expired`` beside ``waiting``); one closed
+without a ``task_id`` is never grouped.
 """
 
 from __future__ import annotations

@@ -394,9 +394,11 @@ _REQUEST_FIELDS = {
     "agent",
 }
 
-# Who runs a group's episodes: the node's own agent loop, or outside agents that claim them
-# (``POST /v1/episodes/claim``) and call the node's OpenAI-compatible endpoint.
-AgentKind = Literal["builtin", "external"]
+# Who runs a group's episodes: the node's own agent loop; outside agents that claim them
+# (``POST /v1/episodes/claim``) and call the node's OpenAI-compatible endpoint; or outside
+# agents that run tasks of their own through that endpoint and close each episode with a
+# reward and a task id (the node groups those by task id).
+AgentKind = Literal["builtin", "external", "own_tasks"]
 AGENT_KINDS: tuple[str, ...] = get_args(AgentKind)
 
 
@@ -411,9 +413,11 @@ class GroupRequest:
     clients. ``min_usable``: once that many members ended usable (not an infrastructure
     failure), the rest are cancelled. ``timeout_s``: the group fails after it.
     ``priority``: higher runs first when groups wait for a slot. ``agent``: ``"builtin"``
-    (the node's agent loop) or ``"external"`` (its members are offered to outside agents:
-    see :mod:`~tunix_agentic.rollout.service.node_http`); the canonical body names it only
-    when external, so groups logged before the field existed keep their bodies.
+    (the node's agent loop), ``"external"`` (its members are offered to outside agents) or
+    ``"own_tasks"`` (the group is the next ``num_samples`` episodes that outside agents ran
+    on one task of their own; ``task`` is not run): see
+    :mod:`~tunix_agentic.rollout.service.node_http`. The canonical body names it only when
+    not builtin, so groups logged before the field existed keep their bodies.
     """
 
     group_id: str
