@@ -1,8 +1,14 @@
-"""The Responses API subset (``POST /v1/responses``): the official ``openai`` client (stream
-and not) and the OpenAI Agents SDK (its default Responses model and its chat-completions
-model) run calculator episodes against a real server over a policy that memorised one;
-each episode is recorded token for token as the chat endpoint records it, and its ids
-decode to what the client received. Bad requests get a 400 naming the field."""
+"""Agent frameworks against the endpoint. The Responses API subset (``POST /v1/responses``):
+the official ``openai`` client (stream and not) and the OpenAI Agents SDK (its default
+Responses model and its chat-completions model) run calculator episodes against a real
+server over a policy that memorised one; each episode is recorded token for token as the
+chat endpoint records it, and its ids decode to what the client received. Bad requests get
+a 400 naming the field. A LangChain agent (``ChatOpenAI.bind_tools``, whole and
+``streaming=True``) completes the same episode and is recorded as one learner row (it
+re-sends the history with ``content: null`` and its own tool-call ids);
+``with_structured_output`` asks for what the engine cannot yet enforce (a JSON schema, a
+forced tool call) and gets a 400 naming the field, never an unconstrained reply passed off
+as conforming."""
 
 from __future__ import annotations
 
@@ -349,3 +355,79 @@ async def test_an_agents_sdk_run_completes_through_the_endpoint(serve, tool_user
     (row,) = episode_trajectory(episode).learner_rows()
     np.testing.assert_array_equal(row["input_ids"], demo["input_ids"])
     await client.close()
+
+
+# ------------------------------------------------------------------ LangChain
+CHAT_TOOLS = ArithmeticEnv().tool_schemas()  # {"type": "function", "function": {...}}
+
+
+def chat_model(url: str, episode_id: str, *, streaming: bool):
+    langchain_openai = pytest.importorskip("langchain_openai")
+    return langchain_openai.ChatOpenAI(
+        model="policy",
+        base_url=f"{url}/v1",
+        api_key="unused",
+        temperature=0,
+        max_tokens=40,
+        max_retries=0,
+        streaming=streaming,
+        stream_usage=streaming,  # stream_options.include_usage: the last chunk's usage
+        default_headers=ep(episode_id),
+    )
+
+
+async def langchain_agent(llm) -> list:
+    """The usual LangChain tool loop: invoke, run the tool calls, send ToolMessages back."""
+    messages = pytest.importorskip("langchain_core.messages")
+    bound = llm.bind_tools(CHAT_TOOLS)
+    history: list = [messages.HumanMessage(TASK.prompt)]
+    for _ in range(3):
+        reply = await bound.ainvoke(history)
+        history.append(reply)
+        if not reply.tool_calls:
+            break
+        for call in reply.tool_calls:
+            output = await calculate(json.dumps(call["args"]))
+            history.append(messages.ToolMessage(output, tool_call_id=call["id"]))
+    return history
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streamed"])
+async def test_a_langchain_agent_completes_and_is_recorded(serve, tool_user, streaming):
+    engine, demo = tool_user
+    api, url = await serve(engine)
+    episode_id = f"lc-{streaming}"
+    history = await langchain_agent(chat_model(url, episode_id, streaming=streaming))
+    first, final = history[1], history[-1]
+    assert [c["name"] for c in first.tool_calls] == ["calculator"]
+    assert first.tool_calls[0]["args"] == {"expression": TASK.expression}
+    assert final.content == ANSWER and not final.tool_calls
+    if streaming:  # the usage chunk reached LangChain
+        assert final.usage_metadata and final.usage_metadata["output_tokens"] > 0
+    episode = api.store.get(episode_key(episode_id, TOKEN))
+    assert len(episode.calls) == 2
+    episode.closed, episode.reward = True, 1.0  # as POST /v1/episodes/ID/reward does
+    (row,) = episode_trajectory(episode).learner_rows()
+    np.testing.assert_array_equal(row["input_ids"], demo["input_ids"])
+    np.testing.assert_array_equal(row["loss_mask"], demo["loss_mask"])
+
+
+@pytest.mark.parametrize(
+    "method, field",
+    [("json_schema", "response_format"), ("function_calling", "tool_choice")],
+    ids=["json-schema", "function-calling"],
+)
+async def test_structured_output_is_refused_naming_the_field(serve, tool_user, method, field):
+    engine, _ = tool_user
+    _, url = await serve(engine)
+    schema = {
+        "title": "Sum",
+        "description": "a sum",
+        "type": "object",
+        "properties": {"value": {"type": "integer"}},
+        "required": ["value"],
+    }
+    llm = chat_model(url, f"lc-structured-{method}", streaming=False)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await llm.with_structured_output(schema, method=method).ainvoke(TASK.prompt)
+    assert refused.value.status_code == 400 and field in str(refused.value)
