@@ -385,26 +385,22 @@ BAD = [
     ),
     ({"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "max"}, 400, "reasoning"),
     (
-        {
-            "messages": [{"role": "user", "content": "x"}],
-            "response_format": {"type": "json_object"},
-        },
+        {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}},
         400,
-        "response_format: only {'type': 'text'} is supported: JSON output cannot be enforced",
-    ),
-    (
-        {"messages": [{"role": "user", "content": "x"}], "tools": TOOLS, "tool_choice": "required"},
-        400,
-        "tool_choice: 'required' cannot be enforced here",
+        "response_format.type: must be 'text', 'json_object' or 'json_schema'",
     ),
     (
         {
             "messages": [{"role": "user", "content": "x"}],
-            "tools": TOOLS,
-            "tool_choice": {"type": "function", "function": {"name": "calculator"}},
+            "response_format": {"type": "json_schema", "json_schema": {"schema": [1]}},
         },
         400,
-        "tool_choice: a named function cannot be enforced here",
+        "response_format.json_schema.schema",
+    ),
+    (
+        {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"},
+        400,
+        "tool_choice: 'required' needs tools",
     ),
     ({"messages": [{"role": "user", "content": "x"}], "best_of": 2}, 400, "best_of"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "x"}]}, 400, "tools[0]"),
@@ -774,6 +770,51 @@ async def test_a_call_to_a_tool_not_offered_is_never_returned_as_a_call(
     assert '"name": "calculator"' in message["content"]
     (c,) = api.store.get(key("u")).calls[0].completions
     assert c.unoffered_tool_calls == 1 and api.counts["unoffered_tool_calls"] == 1
+    await client.close()
+
+
+VERDICT = {
+    "type": "function",
+    "function": {
+        "name": "Verdict",
+        "description": "Say whether the sum is right.",
+        "parameters": {
+            "type": "object",
+            "properties": {"ok": {"type": "boolean"}},
+            "required": ["ok"],
+        },
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "tool_choice",
+    [{"type": "function", "function": {"name": "Verdict"}}, "required"],
+    ids=["named", "required"],
+)
+async def test_a_forced_tool_call_is_enforced(serve, tool_user, tool_choice):
+    """The policy calls ``calculator``; offered ``Ans`` and ``Verdict`` with ``Verdict``
+    named (or only ``Verdict`` with ``required``), it returns a call to ``Verdict`` whose
+    arguments match its schema, recorded as constrained and so left out of the loss."""
+    engine, _ = tool_user
+    api, url = await serve(engine, BUILTIN)
+    client = client_of(url)
+    tools = [*ANS, VERDICT] if isinstance(tool_choice, dict) else [VERDICT]
+    reply = await client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": TASK.prompt}],
+        temperature=0,
+        max_tokens=80,
+        tools=tools,
+        tool_choice=tool_choice,
+        extra_headers=ep("f"),
+    )
+    (call,) = reply.choices[0].message.tool_calls
+    assert call.function.name == "Verdict"
+    assert json.loads(call.function.arguments) in ({"ok": True}, {"ok": False})
+    assert reply.choices[0].finish_reason == "tool_calls"
+    (c,) = api.store.get(key("f")).calls[0].completions
+    assert c.constrained and c.unoffered_tool_calls == 0
     await client.close()
 
 

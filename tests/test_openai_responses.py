@@ -6,9 +6,8 @@ chat endpoint records it, and its ids decode to what the client received. Bad re
 a 400 naming the field. A LangChain agent (``ChatOpenAI.bind_tools``, whole and
 ``streaming=True``) completes the same episode and is recorded as one learner row (it
 re-sends the history with ``content: null`` and its own tool-call ids);
-``with_structured_output`` asks for what the engine cannot yet enforce (a JSON schema, a
-forced tool call) and gets a 400 naming the field, never an unconstrained reply passed off
-as conforming."""
+``with_structured_output`` (a JSON schema or a forced tool call) gets an object of the
+schema, enforced by constrained decoding, from a policy that never saw one."""
 
 from __future__ import annotations
 
@@ -361,14 +360,14 @@ async def test_an_agents_sdk_run_completes_through_the_endpoint(serve, tool_user
 CHAT_TOOLS = ArithmeticEnv().tool_schemas()  # {"type": "function", "function": {...}}
 
 
-def chat_model(url: str, episode_id: str, *, streaming: bool):
+def chat_model(url: str, episode_id: str, *, streaming: bool, max_tokens: int = 40):
     langchain_openai = pytest.importorskip("langchain_openai")
     return langchain_openai.ChatOpenAI(
         model="policy",
         base_url=f"{url}/v1",
         api_key="unused",
         temperature=0,
-        max_tokens=40,
+        max_tokens=max_tokens,
         max_retries=0,
         streaming=streaming,
         stream_usage=streaming,  # stream_options.include_usage: the last chunk's usage
@@ -413,21 +412,29 @@ async def test_a_langchain_agent_completes_and_is_recorded(serve, tool_user, str
 
 
 @pytest.mark.parametrize(
-    "method, field",
-    [("json_schema", "response_format"), ("function_calling", "tool_choice")],
-    ids=["json-schema", "function-calling"],
+    "method", ["json_schema", "function_calling"], ids=["json-schema", "function-calling"]
 )
-async def test_structured_output_is_refused_naming_the_field(serve, tool_user, method, field):
+async def test_structured_output_is_enforced(serve, tool_user, method):
+    """``with_structured_output``: a JSON schema (``response_format``) or a forced call to
+    the schema's tool (``tool_choice`` named); a policy that never saw either still
+    returns an object of the schema, and the recorded completion is marked constrained
+    (left out of the loss)."""
     engine, _ = tool_user
-    _, url = await serve(engine)
+    api, url = await serve(engine)
     schema = {
-        "title": "Sum",
-        "description": "a sum",
+        "title": "Verdict",
+        "description": "whether the sum is right",
         "type": "object",
-        "properties": {"value": {"type": "integer"}},
-        "required": ["value"],
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
     }
-    llm = chat_model(url, f"lc-structured-{method}", streaming=False)
-    with pytest.raises(openai.BadRequestError) as refused:
-        await llm.with_structured_output(schema, method=method).ainvoke(TASK.prompt)
-    assert refused.value.status_code == 400 and field in str(refused.value)
+    episode_id = f"lc-structured-{method}"
+    llm = chat_model(url, episode_id, streaming=False, max_tokens=80)
+    got = await llm.with_structured_output(schema, method=method).ainvoke("2+2=4?")
+    assert got in ({"ok": True}, {"ok": False})
+    episode = api.store.get(episode_key(episode_id, TOKEN))
+    ((completion,),) = [call.completions for call in episode.calls]
+    assert completion.constrained
+    episode.closed, episode.reward = True, 1.0
+    (row,) = episode_trajectory(episode).learner_rows()
+    assert not np.asarray(row["loss_mask"]).any()

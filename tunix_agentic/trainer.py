@@ -241,6 +241,8 @@ class Trainer:
         # Engine servers (named, or the run's Ray engines): nothing to compile here.
         external = bool(cfg.rollout.service.engine_urls or engine_urls)
         members = [] if external else getattr(engine, "engines", [engine])  # cross-policy pool?
+        for member in members:  # constrained decoding, for the nodes' OpenAI endpoint
+            member.use_tokenizer(self.tokenizer)
         # The engine compiles its shapes on another thread, beside SFT on a fresh run; it
         # gets the SFT weights afterwards (shapes do not depend on the values).
         warm = asyncio.get_running_loop().run_in_executor(

@@ -85,6 +85,9 @@ class RowSampling:
     top_p: jax.Array  # [R] float32; 1: off
     # [R, MAX_DEVICE_STOP_IDS] int32, -1 padded: stop ids that end the row on device
     stop_ids: jax.Array
+    # [R, ceil(V / 32)] int32 bitmask of the tokens each row may sample (constrained
+    # decoding); None (the usual case, and another compiled program): every token.
+    allowed: jax.Array | None = None
 
     @classmethod
     def host(cls, rows: int) -> RowSampling:
@@ -212,7 +215,7 @@ def prefill(
         )
     keys, use = split_keys(batch.keys)
     s = batch.sampling
-    tokens, logprobs = sample(logits, use, s.temperature, s.top_k, s.top_p)
+    tokens, logprobs = sample(logits, use, s.temperature, s.top_k, s.top_p, s.allowed)
     # The admitted slots' decode state, set on device: the next chunk continues from it
     # (a row whose first token already ends it starts stopped).
     ended = _ended(tokens, batch.budget, s.stop_ids)
@@ -264,7 +267,12 @@ def decode(
         )
         keys, use = split_keys(keys)
         new_tokens, logprobs = sample(
-            logits[:, 0], use, sampling.temperature, sampling.top_k, sampling.top_p
+            logits[:, 0],
+            use,
+            sampling.temperature,
+            sampling.top_k,
+            sampling.top_p,
+            sampling.allowed,
         )
         budget = budget - 1
         ended = _ended(new_tokens, budget, sampling.stop_ids)

@@ -82,6 +82,7 @@ from tunix_agentic.inference.base import (
     WeightUpdate,
 )
 from tunix_agentic.inference.config import EngineConfig
+from tunix_agentic.inference.constraint import GrammarBook
 from tunix_agentic.inference.device_step import PrefillBatch, RowSampling, StepConfig
 from tunix_agentic.inference.params import SamplingParams
 from tunix_agentic.inference.scheduler import (
@@ -162,6 +163,7 @@ class JaxEngine:
         # prefill and decode compile once, not once for a fresh cache and again after.
         cache = commit(cache)
         self._open = OpenRequests()
+        self.grammars: GrammarBook | None = None  # constrained decoding: use_tokenizer
         self._scheduler = Scheduler(
             StepConfig(graphdef, config.max_seq_len, config.decode_steps, paged=paged),
             config,
@@ -249,6 +251,16 @@ class JaxEngine:
                 f"prompt of {len(prompt)} tokens leaves no room within max_seq_len={self.config.max_seq_len}"
             )
         sampling.check_vocab(vocab)  # a value the device step cannot take fails this request only
+        matcher = None
+        if sampling.constraint is not None:
+            if self.grammars is None:
+                raise ValueError(
+                    "constrained decoding needs the model's tokenizer: this engine was not "
+                    "given one (JaxEngine.use_tokenizer; serve-engine with a Hugging Face "
+                    "model directory)"
+                )
+            matcher = self.grammars.matcher(sampling.constraint)  # ValueError if it fails
+            self._scheduler.mask_words = self.grammars.words
         rid = request_id or f"req-{next(self._rid_counter)}"
         seed = (
             sampling.seed
@@ -266,6 +278,7 @@ class JaxEngine:
             submitted=time.perf_counter(),
             key=np.asarray(jax.random.key_data(jax.random.key(seed)), np.uint32),
             max_new=min(sampling.max_new_tokens, self.config.max_seq_len - len(prompt)),
+            matcher=matcher,
         )
         self._open.add(req)  # raises for an id already in flight
         self._stage(req)
@@ -274,6 +287,13 @@ class JaxEngine:
         except asyncio.CancelledError:
             self.abort(rid)
             raise
+
+    def use_tokenizer(self, tokenizer: Any, stop_ids: tuple[int, ...] | None = None) -> None:
+        """Enable constrained decoding (``SamplingParams.constraint``) with the model's
+        tokenizer (``stop_ids``: where a complete grammar may end; default the tokenizer's):
+        ``grammars`` (a :class:`~.constraint.GrammarBook`) reads its vocabulary when the
+        first constrained request comes."""
+        self.grammars = GrammarBook(tokenizer, self.model_config.vocab_size, stop_ids)
 
     def abort(self, request_id: str) -> bool:
         """Abort a request: it returns what it has with finish_reason 'abort'."""

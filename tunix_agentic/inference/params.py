@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from tunix_agentic.inference.constraint import Constraint
+
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 
 
@@ -20,7 +22,9 @@ class SamplingParams:
     filters off. Generation stops after a token in ``stop_token_ids`` (which is
     kept in the output) or after ``max_new_tokens``. ``seed`` makes a request
     reproducible on its own, whatever else is batched beside it (a signed
-    64-bit integer). :meth:`check_vocab` adds the limits that depend on the
+    64-bit integer). ``constraint``: a
+    :class:`~tunix_agentic.inference.constraint.Constraint` the output must match (engines
+    that cannot enforce one refuse the request). :meth:`check_vocab` adds the limits that depend on the
     model (``top_k`` and stop ids within the vocabulary); engines call it on
     every request.
     """
@@ -31,6 +35,8 @@ class SamplingParams:
     max_new_tokens: int = 128
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    # What the output must match (constrained decoding): a grammar enforced token by token.
+    constraint: Constraint | None = None
 
     def __post_init__(self):
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 
 import numpy as np
 
+from tunix_agentic.inference.base import TokenOutput
+from tunix_agentic.inference.constraint import Matcher
 from tunix_agentic.inference.paged import BlockCopy
 from tunix_agentic.inference.params import SamplingParams
 from tunix_agentic.inference.slots import Grant
@@ -39,3 +42,23 @@ class Request:
     versions: list[int] = dataclasses.field(default_factory=list)
     aborted: bool = False
     pending: int = 0  # tokens dispatched to the device for this request, not yet collected
+    matcher: Matcher | None = None  # constrained decoding: the grammar's state (host side)
+
+    def output(self, reason: str) -> TokenOutput:
+        """What the caller gets back: the tokens so far, ended for ``reason``."""
+        return TokenOutput(
+            token_ids=list(self.tokens),
+            logprobs=list(self.logprobs),
+            finish_reason=reason,
+            matched_stop=self.tokens[-1] if reason == "stop" else None,
+            versions=list(self.versions),
+            prompt_tokens=len(self.prompt),
+            cached_tokens=self.cached,
+            latency_s=time.perf_counter() - self.submitted,
+        )
+
+    def fill_mask(self, masks: np.ndarray, row: int) -> None:
+        """Constrained decoding: write the grammar's allowed tokens into ``masks[row]``
+        (left allowing every token without a grammar)."""
+        if self.matcher is not None:
+            self.matcher.fill(masks[row])

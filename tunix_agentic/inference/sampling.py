@@ -66,12 +66,20 @@ def _inverse_cdf(keys: jax.Array, logits: jax.Array) -> jax.Array:
     return jnp.minimum(index, logits.shape[-1] - 1).astype(jnp.int32)
 
 
+def allowed_tokens(bitmask: jax.Array, vocab: int) -> jax.Array:
+    """[B, V] bool from an int32 bitmask [B, ceil(V / 32)] (bit j of word w: token 32w + j)."""
+    ids = jnp.arange(vocab)
+    words = jnp.take(bitmask, ids // 32, axis=1)
+    return ((words >> (ids % 32)) & 1).astype(bool)
+
+
 def sample(
     logits: jax.Array,  # [B, V] float32
     keys: jax.Array,  # [B, 2] uint32 raw PRNG keys
     temperature: jax.Array,  # [B]
     top_k: jax.Array,  # [B] int32, 0 = off
     top_p: jax.Array,  # [B]
+    allowed: jax.Array | None = None,  # [B, ceil(V / 32)] int32 bitmask; None: all
 ) -> tuple[jax.Array, jax.Array]:
     """Sample one token per row; returns ``(tokens [B], logprobs [B])``.
 
@@ -82,8 +90,14 @@ def sample(
     Work that no row needs is skipped at run time (``lax.cond``): an all-greedy
     batch draws no random numbers, and a batch without top-k/top-p rows does
     not filter. Filtering never sorts the vocabulary (see ``_filter``).
+
+    ``allowed`` (constrained decoding, :mod:`~tunix_agentic.inference.constraint`): the
+    other tokens' logits are -inf before anything else, so the token and its logprob are
+    those of the masked distribution. Without it the program is the one it always was.
     """
     vocab = logits.shape[-1]
+    if allowed is not None:
+        logits = jnp.where(allowed_tokens(allowed, vocab), logits, -jnp.inf)
     greedy = temperature <= 0
     t = jnp.where(greedy, 1.0, temperature)[:, None]
     scaled = logits / t

@@ -274,6 +274,12 @@ class Scheduler:
         self.compiles = CompileCounter()
         self.prefill_fn = self.compiles.wrap("prefill", self.prefill_jit)
         self.decode_fn = self.compiles.wrap("decode", self.decode_jit)
+        # Constrained requests (a grammar's mask per token): one step per call, compiled
+        # only once such a request comes (``mask_words``: the bitmask's width).
+        self.decode_one_fn = self.compiles.wrap(
+            "decode", jit_decode(dataclasses.replace(step, decode_steps=1))
+        )
+        self.mask_words = 0
         self.weights = PendingWeights()
         self._outbox: list[tuple[Request, TokenOutput | BaseException]] = []
         self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
@@ -364,7 +370,11 @@ class Scheduler:
             admitted = self.admission.admit(self.version)
             new = self._dispatch_prefill(admitted) if admitted else []
             decodes = sum(op.kind == "decode" for op in outstanding)
-            if decodes < depth and any(
+            # A grammar's next mask needs the last token: with a constrained request
+            # live, decode only once everything dispatched is collected (lockstep).
+            constrained = any(r.matcher is not None for r in self.slots.active.values())
+            ready = not (outstanding or new) if constrained else decodes < depth
+            if ready and any(
                 len(r.tokens) + r.pending < r.max_new for r in self.slots.active.values()
             ):
                 # (Not when every active request reaches its length limit within what is
@@ -442,7 +452,17 @@ class Scheduler:
             for group, length in self.admission.plan_prefill(reqs)
         ]
 
+    def _masks(self, rows: list[tuple[int, Request]], count: int) -> np.ndarray:
+        """The allowed-token bitmask of ``count`` rows (every token but a grammar's)."""
+        masks = np.full((count, self.mask_words), -1, np.int32)
+        for row, req in rows:
+            req.fill_mask(masks, row)
+        return masks
+
     def _prefill(self, group: list[Request], batch: PrefillBatch) -> _Op:
+        if any(req.matcher is not None for req in group):
+            masks = self._masks(list(enumerate(group)), batch.ids.shape[0])
+            batch = batch.replace(sampling=batch.sampling.replace(allowed=masks))
         self.cache, self.state, tokens, logprobs = self.prefill_fn(
             self.params, self.cache, self.state, batch
         )
@@ -453,15 +473,19 @@ class Scheduler:
 
     def _dispatch_decode(self) -> _Op:
         chunk = chunk_inputs(self.paged, self.slots.active, self.config)  # (tables, window)
-        self.cache, self.state, out_tokens, out_logprobs = self.decode_fn(
-            self.params, self.cache, self.state, self.stop.copy(), self.sampling.copy(), *chunk
+        owners = list(self.slots.active.items())
+        sampling, decode, steps = self.sampling.copy(), self.decode_fn, self.config.decode_steps
+        if any(req.matcher is not None for _, req in owners):
+            sampling = sampling.replace(allowed=self._masks(owners, len(self.stop)))
+            decode, steps = self.decode_one_fn, 1
+        self.cache, self.state, out_tokens, out_logprobs = decode(
+            self.params, self.cache, self.state, self.stop.copy(), sampling, *chunk
         )
         dispatched = time.perf_counter()
         self.stop[:] = False
         self.counters["decode_chunks"] += 1
-        owners = list(self.slots.active.items())
         for _, req in owners:
-            req.pending += self.config.decode_steps
+            req.pending += steps
         return _Op("decode", (out_tokens, out_logprobs), owners, self.version, dispatched)
 
     # ----------------------------------------------------------- collect
@@ -503,6 +527,10 @@ class Scheduler:
         reason = None
         if token in req.sampling.stop_token_ids:
             reason = "stop"
+        elif req.matcher is not None and (
+            not req.matcher.accept(token) or req.matcher.terminated()
+        ):
+            reason = "stop"  # the grammar ended (or, never seen, refused what the mask let by)
         elif len(req.tokens) >= req.max_new:
             reason = "length"
         if reason is None:
@@ -526,22 +554,7 @@ class Scheduler:
 
     def _finish(self, req: Request, reason: str) -> None:
         self.open.pop(req.rid)
-        matched = req.tokens[-1] if reason == "stop" else None
-        self._outbox.append(
-            (
-                req,
-                TokenOutput(
-                    token_ids=list(req.tokens),
-                    logprobs=list(req.logprobs),
-                    finish_reason=reason,
-                    matched_stop=matched,
-                    versions=list(req.versions),
-                    prompt_tokens=len(req.prompt),
-                    cached_tokens=req.cached,
-                    latency_s=time.perf_counter() - req.submitted,
-                ),
-            )
-        )
+        self._outbox.append((req, req.output(reason)))
 
     def _flush(self) -> None:
         """Hand finished requests to their callers: one call into each caller's loop."""

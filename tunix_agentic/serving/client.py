@@ -65,6 +65,8 @@ def sampling_to_json(sampling: SamplingParams) -> dict[str, Any]:
     }
     if sampling.seed is not None:
         out["sampling_seed"] = sampling.seed
+    if sampling.constraint is not None:  # SGLang's own fields (json_schema, ebnf, ...)
+        out.update(sampling.constraint.to_sglang())
     return out
 
 

@@ -392,6 +392,8 @@ def build_app(
     roots = tuple(Path(os.path.realpath(d)) for d in weight_dirs)
     text = ModelText.from_model_info(info)
     info["eos_token_ids"] = list(text.eos_ids)
+    if text.tokenizer is not None and getattr(engine, "grammars", 0) is None:  # constraints
+        engine.use_tokenizer(text.tokenizer, text.eos_ids or None)
     app[_STATE] = _ServerState(engine, info, api_key=api_key, weight_dirs=roots, text=text)
     app.router.add_post("/generate", handle_generate)
     app.router.add_get("/health", handle_health)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tunix_agentic.inference.base import PromptTooLongError
+from tunix_agentic.inference.constraint import Constraint
 from tunix_agentic.inference.params import SamplingParams
 
 MAX_PROMPTS_PER_REQUEST = 1024
@@ -60,6 +61,8 @@ def parse_sampling_params(
     128 new tokens); ``top_k`` -1 or 0 is off; ``max_new_tokens: null`` runs to
     the context window; ``sampling_seed`` (or ``seed``) seeds the request.
     The model's ``eos_ids`` join ``stop_token_ids`` unless ``ignore_eos`` is true.
+    ``json_schema``, ``regex``, ``ebnf`` or ``structural_tag`` (at most one) constrain the
+    output (:class:`~tunix_agentic.inference.constraint.Constraint`).
     ``stop`` and ``skip_special_tokens`` are read by :func:`parse_text_options`;
     other keys we do not implement are ignored. Bad values (out of range, or beyond
     what a ``vocab_size`` model can do) raise ValueError naming the field.
@@ -91,6 +94,7 @@ def parse_sampling_params(
         raise ValueError(f"ignore_eos must be true or false, got {ignore_eos!r}")
     if eos_ids and not ignore_eos:
         kw["stop_token_ids"] = tuple(dict.fromkeys((*kw.get("stop_token_ids", ()), *eos_ids)))
+    kw["constraint"] = Constraint.from_sglang(raw)  # json_schema / regex / ebnf / structural_tag
     params = SamplingParams(**kw)
     params.check_vocab(vocab_size)
     return params

@@ -249,6 +249,7 @@ def recorded_call(
                 message_key=message_key(reply.message),
                 ended_turn=bool(ids) and ids[-1] in stop_ids,
                 unoffered_tool_calls=reply.unoffered,
+                constrained=chat.constrained,
             )
         )
     return Call(
@@ -455,9 +456,11 @@ class ChatCompletions:
     ) -> tuple[list[TokenOutput], list[str | None]]:
         """The engine's outputs, each cut at its first stop string, and the string it was
         cut at (None: not cut)."""
+        constraint = chat.constraint(self.config.parser)  # RequestError for another form
         try:
             samplings = [
                 SamplingParams(
+                    constraint=constraint,
                     temperature=chat.temperature,
                     top_p=chat.top_p,
                     top_k=chat.top_k,
@@ -576,6 +579,10 @@ def add_openai_routes(
 ) -> ChatCompletions:
     """Mount the endpoint's routes on ``app`` (before it starts); returns the endpoint,
     whose ``store`` holds the recorded episodes."""
+    if hasattr(engine, "use_tokenizer") and getattr(engine, "grammars", 0) is None:
+        # An in-process engine given no tokenizer yet: the template's, so that
+        # tool_choice and response_format can be enforced (read on first use).
+        engine.use_tokenizer(chat_format.tokenizer, chat_format.stop_ids)
     api = ChatCompletions(
         engine=engine, chat_format=chat_format, version_of=version_of, config=config
     )

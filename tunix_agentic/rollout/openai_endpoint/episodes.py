@@ -82,6 +82,7 @@ class Completion:
     message_key: str
     ended_turn: bool  # whether the last id ends the assistant's turn (a stop token)
     unoffered_tool_calls: int = 0  # calls to tools the request did not offer (left as text)
+    constrained: bool = False  # sampled under a grammar: not trained on (Step.constrained)
 
 
 @dataclasses.dataclass
@@ -154,6 +155,7 @@ class Episode:
                             "versions": x.versions,
                             "finish_reason": x.finish_reason,
                             "unoffered_tool_calls": x.unoffered_tool_calls,
+                            "constrained": x.constrained,
                         }
                         for x in c.completions
                     ],
@@ -448,6 +450,7 @@ def episode_trajectory(episode: Episode) -> Trajectory:
                 finish_reason=c.finish_reason,
                 timings={"model_s": call.model_s},
                 context_ids=None if chained else list(call.prompt_ids),
+                constrained=c.constrained,
             )
         )
     traj.timings["model_s"] = sum(call.model_s for call in episode.calls)

@@ -7,14 +7,16 @@ and the HTTP status to answer. Messages come out normalised for the chat templat
 ``system``, assistant ``tool_calls`` in OpenAI's shape with ``arguments`` a JSON string,
 ``reasoning_content`` kept for templates that read it.
 
-Accepted with a value that changes nothing: ``frequency_penalty`` / ``presence_penalty``
-0, ``logit_bias`` {}, ``top_logprobs`` 0, ``response_format`` text, and
-``reasoning_effort`` (any of OpenAI's values: a documented no-op, the served models have
-no reasoning switch the endpoint drives). Refused, naming why: non-zero penalties (the
-engine samples without them), ``top_logprobs`` > 0 (the engine returns the sampled
-token's logprob only), JSON ``response_format`` and ``tool_choice`` "required" or a named
-function (neither can be enforced without constrained decoding, which is not built),
-and any field not named here. :func:`message_key` is what two messages must share to count as
+Enforced by constrained decoding (:meth:`ChatRequest.constraint`: a grammar the engine
+applies token by token): ``tool_choice`` "required" (at least one call to an offered
+tool) or a named function (a call to that tool), in the ``qwen3`` tool-call format, and
+``response_format`` ``json_object`` / ``json_schema``. Accepted with a value that changes
+nothing: ``frequency_penalty`` / ``presence_penalty`` 0, ``logit_bias`` {},
+``top_logprobs`` 0, ``response_format`` text, and ``reasoning_effort`` (any of OpenAI's
+values: a documented no-op, the served models have no reasoning switch the endpoint
+drives). Refused, naming why: non-zero penalties (the engine samples without them),
+``top_logprobs`` > 0 (the engine returns the sampled token's logprob only), and any field
+not named here. :func:`message_key` is what two messages must share to count as
 the same turn (role, content and the tool calls' names and arguments; ids ignored).
 """
 
@@ -26,16 +28,17 @@ import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from tunix_agentic.inference.constraint import Constraint
 from tunix_agentic.serving.http import JSONDepthError, load_json
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-ToolChoice = Literal["none", "auto"]
+ToolChoice = Literal["none", "auto", "required"]
 MAX_STOPS = 4
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
-_NO_CONSTRAINTS = (
-    "cannot be enforced here: sampling is not constrained (constrained decoding, e.g. "
-    "xgrammar, is not built yet)"
-)
+# The Qwen3 tool-call form (tool_parser.format_tool_call), as a grammar's fixed pieces.
+_CALL_BEGIN = '<tool_call>\n{"name": "'
+_CALL_ARGUMENTS = '", "arguments": '
+_CALL_END = "}\n</tool_call>"
 
 # Fields a client may send only with a value that changes nothing here, and why another
 # value is refused.
@@ -47,10 +50,6 @@ _INERT: dict[str, tuple[tuple[Any, ...], str]] = {
         (None, 0),
         "only 0 is supported: the engine returns the sampled token's logprob, not the most "
         "likely alternatives (send logprobs=true alone)",
-    ),
-    "response_format": (
-        (None, {"type": "text"}),
-        f"only {{'type': 'text'}} is supported: JSON output {_NO_CONSTRAINTS}",
     ),
 }
 _IGNORED = {"model", "user", "parallel_tool_calls", "metadata", "store", "service_tier"}
@@ -70,6 +69,7 @@ _KNOWN = {
     "stop",
     "logprobs",
     "reasoning_effort",
+    "response_format",
     *_INERT,
     *_IGNORED,
 }
@@ -105,6 +105,28 @@ class ChatRequest:
     include_usage: bool = False
     stop: tuple[str, ...] = ()
     logprobs: bool = False
+    forced_tool: str | None = None  # tool_choice names this function (tool_choice "required")
+    response_format: Constraint | None = None  # JSON output
+
+    @property
+    def constrained(self) -> bool:
+        """Whether a grammar masks this call's sampling (:meth:`constraint`)."""
+        return self.tool_choice == "required" or self.response_format is not None
+
+    def constraint(self, parser: str) -> Constraint | None:
+        """The grammar the engine must enforce (None: sampling is free): a forced tool call
+        (``tool_choice`` required or named) in ``parser``'s tool-call form, else the JSON
+        ``response_format``. RequestError for a parser whose form has no grammar here."""
+        if self.tool_choice != "required":
+            return self.response_format
+        if parser != "qwen3":
+            raise _fail(
+                "tool_choice",
+                f"a forced tool call is enforced in the qwen3 tool-call form only; this "
+                f"endpoint parses {parser!r}",
+            )
+        tools = [t for t in self.tools if self.forced_tool in (None, t["function"]["name"])]
+        return Constraint("structural_tag", json.dumps(_forced_calls(tools, self.forced_tool)))
 
     @property
     def parse_tools(self) -> bool:
@@ -248,20 +270,71 @@ def _tools(raw: Any) -> tuple[dict[str, Any], ...]:
     return tuple(dict(t) for t in raw)
 
 
-def _tool_choice(raw: Any, tools: tuple[dict[str, Any], ...]) -> ToolChoice:
+def _tool_choice(raw: Any, tools: tuple[dict[str, Any], ...]) -> tuple[ToolChoice, str | None]:
+    """``(choice, forced tool name)``; a named function is ``("required", name)``."""
     if raw is None:
-        return "auto"
+        return "auto", None
     if raw in ("none", "auto"):
-        return raw
+        return raw, None
     if raw == "required":
-        raise _fail("tool_choice", f"'required' {_NO_CONSTRAINTS}; send 'auto' or 'none'")
+        if not tools:
+            raise _fail("tool_choice", "'required' needs tools")
+        return "required", None
     if isinstance(raw, Mapping) and raw.get("type") == "function":
         name = (raw.get("function") or {}).get("name")
         known = [t["function"]["name"] for t in tools]
         if name not in known:
             raise _fail("tool_choice.function.name", f"{name!r:.50} is not in tools ({known})")
-        raise _fail("tool_choice", f"a named function {_NO_CONSTRAINTS}; send 'auto' or 'none'")
+        return "required", name
     raise _fail("tool_choice", "must be 'none', 'auto', 'required' or {'type': 'function', ...}")
+
+
+def _arguments_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
+    parameters = dict(tool["function"].get("parameters") or {})
+    return parameters if parameters.get("type") == "object" else {"type": "object", **parameters}
+
+
+def _forced_calls(tools: list[dict[str, Any]], name: str | None) -> dict[str, Any]:
+    """An xgrammar structural tag: one call to ``name``, or (None) text with at least one
+    call to any of ``tools``, each call in the qwen3 form with arguments that match the
+    tool's JSON schema."""
+    tags = [
+        {
+            "type": "tag",
+            "begin": _CALL_BEGIN + t["function"]["name"] + _CALL_ARGUMENTS,
+            # (at most one blank in a row: else a model may pad the call with blanks
+            # until its length limit)
+            "content": {
+                "type": "json_schema",
+                "json_schema": _arguments_schema(t),
+                "max_whitespace_cnt": 1,
+            },
+            "end": _CALL_END,
+        }
+        for t in tools
+    ]
+    if name is not None:
+        return {"type": "structural_tag", "format": tags[0]}
+    triggered = {"type": "triggered_tags", "triggers": ["<tool_call>"], "tags": tags}
+    return {"type": "structural_tag", "format": {**triggered, "at_least_one": True}}
+
+
+def _response_format(raw: Any) -> Constraint | None:
+    """OpenAI's ``response_format``: ``text`` (None), ``json_object`` or ``json_schema``
+    (``{"json_schema": {"name": ..., "schema": {...}}}``)."""
+    if raw is None:
+        return None
+    kind = raw.get("type") if isinstance(raw, Mapping) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Constraint.json_object()
+    if kind != "json_schema":
+        raise _fail("response_format.type", "must be 'text', 'json_object' or 'json_schema'")
+    spec = raw.get("json_schema")
+    if not isinstance(spec, Mapping) or not isinstance(spec.get("schema", {}), Mapping):
+        raise _fail("response_format.json_schema.schema", "must be a JSON schema object")
+    return Constraint("json_schema", json.dumps(spec.get("schema") or {"type": "object"}))
 
 
 def _inert(body: Mapping[str, Any]) -> None:
@@ -334,10 +407,13 @@ def parse_chat_request(body: Any, *, max_n: int, max_messages: int) -> ChatReque
     max_tokens = _integer(body, "max_completion_tokens", 1, 2**31 - 1)
     if max_tokens is None:
         max_tokens = _integer(body, "max_tokens", 1, 2**31 - 1)
+    tool_choice, forced = _tool_choice(body.get("tool_choice"), tools)
     return ChatRequest(
         messages=messages,
         tools=tools,
-        tool_choice=_tool_choice(body.get("tool_choice"), tools),
+        tool_choice=tool_choice,
+        forced_tool=forced,
+        response_format=_response_format(body.get("response_format")),
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=_number(body, "top_p", 1.0, 1e-9, 1.0),
         top_k=_integer(body, "top_k", 0, 2**31 - 1) or 0,

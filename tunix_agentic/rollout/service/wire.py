@@ -68,6 +68,12 @@ def _float(raw: Any, where: str) -> float:
     return float(raw)
 
 
+def _bool(raw: Any, where: str) -> bool:
+    if not isinstance(raw, bool):
+        raise ValueError(f"{where} must be true or false, got {raw!r:.80}")
+    return raw
+
+
 def _str(raw: Any, where: str) -> str:
     if not isinstance(raw, str):
         raise ValueError(f"{where} must be a string, got {raw!r:.80}")
@@ -158,7 +164,8 @@ def task_from_json(
 
 # ------------------------------------------------------------ trajectories
 def _step_to_json(step: Step) -> dict[str, Any]:
-    return {
+    # "constrained" only when true: the bodies of logs written before it stay the same.
+    return ({"constrained": True} if step.constrained else {}) | {
         "context_len": step.context_len,
         "action_ids": [int(t) for t in step.action_ids],
         "logprobs": [float(x) for x in step.logprobs],
@@ -201,6 +208,7 @@ def _step_from_json(obj: Any, where: str) -> Step:
         tool_calls=list(calls),
         timings=_times(obj.get("timings", {}), f"{where}.timings"),
         context_ids=None if context is None else _ints(context, f"{where}.context_ids"),
+        constrained=_bool(obj.get("constrained", False), f"{where}.constrained"),
     )
 
 
