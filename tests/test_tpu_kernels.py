@@ -16,7 +16,12 @@ from flax import nnx
 
 from tunix_agentic.models.attention import resolve_attention
 from tunix_agentic.models.config import ModelConfig
-from tunix_agentic.models.transformer import Transformer, init_cache, sequence_logprobs
+from tunix_agentic.models.transformer import (
+    Transformer,
+    init_cache,
+    init_paged_cache,
+    sequence_logprobs,
+)
 from tunix_agentic.sharding import (
     MeshConfig,
     batch_sharding,
@@ -139,7 +144,8 @@ def test_ragged_paged_prefill_and_decode_match(shape):
             tables=[[7, 2, none, none], [7, 5, none, none]],
         ),
     ]
-    caches = [init_cache(cfg, 10, 8), init_cache(cfg, 10, 8)]
+    # The einsum path's K and V pools; the kernel's one array in its own layout.
+    caches = [init_cache(cfg, 10, 8), init_paged_cache(pal.cfg, 10, 8)]
     for i, step in enumerate(steps):
         args = {k: jnp.asarray(np.asarray(v), jnp.int32) for k, v in step.items()}
         out = []
@@ -174,9 +180,9 @@ def test_paged_decode_compiles_to_the_tpu_kernel():
         def decode(state, tokens, positions, cache, tables):
             return nnx.merge(graphdef, state)(tokens, positions, cache, tables=tables)
 
-        pool = sds((16, cfg.num_kv_heads, 16, cfg.head_dim), jnp.bfloat16)
+        pages = sds((16, 16, 2 * cfg.num_kv_heads, cfg.head_dim), jnp.bfloat16)
         rows = sds((4, 1), jnp.int32)
-        lowered = jax.jit(decode).lower(state, rows, rows, ((pool, pool),), sds((4, 4), jnp.int32))
+        lowered = jax.jit(decode).lower(state, rows, rows, (pages,), sds((4, 4), jnp.int32))
         text = lowered.compile().as_text()
     assert "tpu_custom_call" in text
     assert "ragged_paged_attention" in text
@@ -210,14 +216,14 @@ def test_paged_decode_on_a_tp_mesh_compiles_to_the_tpu_kernel():
             return nnx.merge(graphdef, state)(tokens, positions, cache, tables=tables)
 
         rep = replicated(mesh)
-        pool = jax.ShapeDtypeStruct(
-            (16, cfg.num_kv_heads, 16, cfg.head_dim),
+        pages = jax.ShapeDtypeStruct(
+            (16, 16, 2 * cfg.num_kv_heads, cfg.head_dim),
             jnp.bfloat16,
-            sharding=cache_sharding(mesh, cfg.num_kv_heads),
+            sharding=cache_sharding(mesh, cfg.num_kv_heads, pages=True),
         )
         rows = jax.ShapeDtypeStruct((4, 1), jnp.int32, sharding=rep)
         tables = jax.ShapeDtypeStruct((4, 4), jnp.int32, sharding=rep)
-        lowered = jax.jit(decode).lower(state, rows, rows, ((pool, pool),), tables)
+        lowered = jax.jit(decode).lower(state, rows, rows, (pages,), tables)
         text = lowered.compile().as_text()
     assert "tpu_custom_call" in text
     assert "ragged_paged_attention" in text

@@ -154,10 +154,14 @@ def reshard(tree: Any, like: Any) -> Any:
     return jax.device_put(tree, jax.tree.map(lambda x: x.sharding, like))
 
 
-def cache_sharding(mesh: Mesh, num_kv_heads: int) -> NamedSharding:
-    """An engine's KV cache (``[slots, kv_heads, max_len, head_dim]`` per layer): kv-heads
-    over ``tp`` where it divides them, the rest replicated."""
-    spec = spec_for((None, "kv_heads", None, None), (1, num_kv_heads, 1, 1), mesh)
+def cache_sharding(mesh: Mesh, num_kv_heads: int, *, pages: bool = False) -> NamedSharding:
+    """An engine's KV cache (``[slots, kv_heads, max_len, head_dim]`` per layer, or with
+    ``pages`` the ragged paged attention kernel's ``[blocks, block_size, 2 x kv_heads,
+    head_dim]``): kv-heads over ``tp`` where it divides them, the rest replicated."""
+    if pages:  # K/V pairs adjacent: a contiguous split keeps each kv head's pair whole
+        spec = spec_for((None, None, "kv_heads", None), (1, 1, num_kv_heads, 1), mesh)
+    else:
+        spec = spec_for((None, "kv_heads", None, None), (1, num_kv_heads, 1, 1), mesh)
     return NamedSharding(mesh, spec)
 
 

@@ -36,7 +36,12 @@ from tunix_agentic.learners.grpo import GRPOLearner
 from tunix_agentic.learners.grpo_step import sft_step
 from tunix_agentic.learners.state import TrainState, make_optimizer
 from tunix_agentic.models.config import ModelConfig
-from tunix_agentic.models.transformer import Transformer, cache_chunks, init_cache
+from tunix_agentic.models.transformer import (
+    Transformer,
+    cache_chunks,
+    init_cache,
+    init_paged_cache,
+)
 from tunix_agentic.sharding import batch_sharding, cache_sharding, tree_shardings
 
 
@@ -262,11 +267,11 @@ def engine_programs(
     graphdef, params = nnx.split(model, nnx.Param)
     params = _on(params, tree_shardings(params, mesh))
     if paged:
-        cache = jax.eval_shape(lambda: init_cache(mc, ec.num_kv_blocks, ec.kv_block_size))
+        cache = jax.eval_shape(lambda: init_paged_cache(mc, ec.num_kv_blocks, ec.kv_block_size))
     else:
         chunks = cache_chunks(ec.max_seq_len, ec.window_buckets())
         cache = jax.eval_shape(lambda: init_cache(mc, ec.max_slots, ec.max_seq_len, chunks))
-    kv_sharding = cache_sharding(mesh, mc.num_kv_heads)
+    kv_sharding = cache_sharding(mesh, mc.num_kv_heads, pages=paged and mc.attention == "pallas")
     cache = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=kv_sharding), cache
     )

@@ -100,6 +100,7 @@ from tunix_agentic.models.transformer import (
     Transformer,
     cache_chunks,
     init_cache,
+    init_paged_cache,
 )
 from tunix_agentic.sharding import (
     cache_sharding,
@@ -149,14 +150,16 @@ class JaxEngine:
         params = jax.tree.map(jnp.copy, params)
         paged = config.kv_layout == "paged"
         if paged:  # per layer one pool of blocks (inference/paged.py), not a row per slot
-            cache = init_cache(self.model_config, config.num_kv_blocks, config.kv_block_size)
+            cache = init_paged_cache(self.model_config, config.num_kv_blocks, config.kv_block_size)
         else:
             # In pieces cut at the decode windows: a window reads whole arrays, no copy.
             chunks = cache_chunks(config.max_seq_len, config.window_buckets())
             cache = init_cache(self.model_config, config.max_slots, config.max_seq_len, chunks)
         if mesh is not None:
             params = shard_tree(params, mesh)
-            cache = jax.device_put(cache, cache_sharding(mesh, self.model_config.num_kv_heads))
+            pages = paged and self.model_config.attention == "pallas"
+            sharding = cache_sharding(mesh, self.model_config.num_kv_heads, pages=pages)
+            cache = jax.device_put(cache, sharding)
         else:  # one device, the cache's (a model trained on a mesh is gathered onto it)
             params = jax.device_put(params, jax.tree.leaves(cache)[0].sharding)
         # Committed like every later cache (the outputs of donated calls), so the first

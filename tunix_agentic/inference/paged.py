@@ -2,7 +2,9 @@
 
 With ``EngineConfig.kv_layout="paged"`` the device holds, per layer, one pool of
 ``kv_blocks`` blocks of ``kv_block_size`` tokens (``[blocks, kv_heads, block_size,
-head_dim]``) instead of ``max_slots x max_seq_len`` rows. Slot ``s`` reads and writes
+head_dim]`` for K and for V; for ``model.attention: pallas`` one ``[blocks, block_size,
+2 x kv_heads, head_dim]`` array, the TPU kernel's own layout) instead of ``max_slots x
+max_seq_len`` rows. Slot ``s`` reads and writes
 position ``p`` in block ``tables[s, p // block_size]`` at offset ``p % block_size``
 (:class:`~tunix_agentic.models.transformer.Attention`), so a slot holds only the blocks
 its tokens need.

@@ -163,28 +163,64 @@ def splash_causal(
 
 
 # ------------------------------------------------- paged KV: ragged paged attention
+def pages_shape(num_kv_heads: int, head_dim: int, blocks: int, block_size: int) -> tuple:
+    """One layer's KV pages in the kernel's own layout: ``[blocks, block_size, 2K, D']``,
+    K and V of kv head ``h`` at ``2h`` and ``2h + 1``, ``D'`` the head_dim padded to the
+    lanes. The cache is kept so, and the kernel reads it as it is: no copy a call."""
+    return (blocks, block_size, 2 * num_kv_heads, _lanes(head_dim))
+
+
+def write_pages(
+    pages: jax.Array, tables: jax.Array, positions: jax.Array, k: jax.Array, v: jax.Array
+) -> jax.Array:
+    """Write ``k``/``v`` (``[B, T, K, D]``) at ``positions`` through the block ``tables``
+    (``[B, W]``) into ``pages`` (:func:`pages_shape`); positions past the table (padding,
+    stopped slots) and table entries ``>= blocks`` (no block) are dropped. Each token is
+    one ``[2K, D']`` row, written in place.
+
+    A decode step (``T == 1``) writes its ``B`` rows by ``B`` dynamic-update-slices: XLA's
+    TPU scatter into the pages moves the whole array several times over (4.9 GB a decode
+    step for Qwen3-0.6B's 16 slots against 0.5 GB this way, by XLA's own cost analysis
+    compiled for v5e), where an update slice touches only its row."""
+    n, bs, _, dim = pages.shape
+    b, t, kv_heads, _ = k.shape
+    width = tables.shape[1]
+    index = jnp.clip(positions // bs, 0, width - 1)
+    block = jnp.take_along_axis(tables, index, axis=1)  # [B, T]
+    block = jnp.where(positions < width * bs, block, n)
+    rows = jnp.stack([k, v.astype(k.dtype)], axis=3).reshape(b, t, 2 * kv_heads, -1)
+    rows = _pad_last(rows, dim).astype(pages.dtype)
+    if t != 1:
+        return pages.at[block, positions % bs].set(rows, mode="drop")
+    offset = positions % bs
+    zero = jnp.zeros((), jnp.int32)
+    for i in range(b):  # unrolled: B is the engine's slot count
+        where = (jnp.minimum(block[i, 0], n - 1).astype(jnp.int32), offset[i, 0].astype(jnp.int32))
+        at = (*where, zero, zero)
+        held = jax.lax.dynamic_slice(pages, at, (1, 1, 2 * kv_heads, dim))
+        row = jnp.where(block[i, 0] < n, rows[i, 0][None, None], held)  # no block: unchanged
+        pages = jax.lax.dynamic_update_slice(pages, row, at)
+    return pages
+
+
 def ragged_paged(
     q: jax.Array,
     positions: jax.Array,
-    pools: tuple[jax.Array, jax.Array],
+    pages: jax.Array,
     tables: jax.Array,
     scale: float,
     interpret: bool,
 ) -> jax.Array:
     """Attention of ``q`` ``[B, T, N, D]`` at ``positions`` ``[B, T]`` over the paged KV
-    (``pools``: K and V ``[blocks, K, block_size, D]``, the new tokens already written;
-    ``tables`` ``[B, W]``) by JAX's ``ragged_paged_attention``: every row one sequence,
-    prefill chunks and decode steps alike. Returns ``[B, T, N, D]``.
+    (``pages``: :func:`pages_shape`, the new tokens already written; ``tables`` ``[B, W]``)
+    by JAX's ``ragged_paged_attention``: every row one sequence, prefill chunks and decode
+    steps alike. Returns ``[B, T, N, D]``.
 
     A row's real tokens are its leading run of consecutive positions inside the table
     (the rest is padding, whose outputs are garbage nobody reads). The kernel takes each
     sequence's queries as the last ``q_len`` of its ``kv_len`` keys, so each row's real
-    tokens are rotated to the end of its ``T`` queries and back afterwards.
-
-    The pools are interleaved into the kernel's one ``[blocks, block_size, 2K, D]`` array
-    here, a copy of the pool per layer per call. TODO: keep the paged pool in that layout."""
-    k_pool, v_pool = pools
-    blocks, kv_heads, block_size, d = k_pool.shape
+    tokens are rotated to the end of its ``T`` queries and back afterwards."""
+    blocks, block_size, combined, _ = pages.shape
     b, t, n, _ = q.shape
     cap = tables.shape[1] * block_size
     start = positions[:, :1]
@@ -196,35 +232,32 @@ def ragged_paged(
     aligned = jnp.take_along_axis(q, order[:, :, None, None], axis=1)
     tables = jnp.clip(tables, 0, blocks - 1).astype(jnp.int32)  # no block: any, never read
     call = functools.partial(_ragged_local, scale=scale, interpret=interpret)
-    mesh = None if interpret else _mesh_of(k_pool, q)
+    mesh = None if interpret else _mesh_of(pages, q)
     if mesh is not None:
         # Each device: its rows (fsdp) and its kv heads' pages with their query heads (tp;
-        # contiguous query heads are whole groups). The pool is whole on every row shard.
-        rows, heads = _split(mesh, ROWS_AXIS, b), _split(mesh, HEADS_AXIS, kv_heads)
-        pool = P(None, heads)
+        # contiguous query heads are whole groups, contiguous K/V pairs whole kv heads).
+        # The pages are whole on every row shard.
+        rows, heads = _split(mesh, ROWS_AXIS, b), _split(mesh, HEADS_AXIS, combined // 2)
         call = jax.shard_map(
             call,
             mesh=mesh,
-            in_specs=(P(rows, None, heads), pool, pool, P(rows), P(rows)),
+            in_specs=(P(rows, None, heads), P(None, None, heads), P(rows), P(rows)),
             out_specs=P(rows, None, heads),
             check_vma=False,
         )
-    out = call(aligned, k_pool, v_pool, kv_lens, tables)
+    out = call(aligned, pages, kv_lens, tables)
     back = (jnp.arange(t)[None] + shift) % t
     return jnp.take_along_axis(out, back[:, :, None, None], axis=1)
 
 
-def _ragged_local(q, k_pool, v_pool, kv_lens, tables, *, scale: float, interpret: bool):
-    """One kernel call: q ``[B, T, N, D]`` (each row's real tokens last), the pools, the
+def _ragged_local(q, pages, kv_lens, tables, *, scale: float, interpret: bool):
+    """One kernel call: q ``[B, T, N, D]`` (each row's real tokens last), the pages, the
     rows' ``kv_lens`` ``[B]`` and ``tables`` ``[B, W]``; returns ``[B, T, N, D]``."""
-    blocks, kv_heads, block_size, d = k_pool.shape
-    b, t, n, _ = q.shape
-    dim = _lanes(d)
-    kv = jnp.stack([k_pool, v_pool.astype(k_pool.dtype)], axis=2)  # [P, K, 2, bs, D]
-    kv = _pad_last(kv.transpose(0, 3, 1, 2, 4).reshape(blocks, block_size, 2 * kv_heads, d), dim)
+    b, t, n, d = q.shape
+    dim = pages.shape[-1]
     args = (
-        _pad_last(q.reshape(b * t, n, d), dim).astype(kv.dtype),
-        kv,
+        _pad_last(q.reshape(b * t, n, d), dim).astype(pages.dtype),
+        pages,
         kv_lens,
         tables,
         (jnp.arange(b + 1) * t).astype(jnp.int32),

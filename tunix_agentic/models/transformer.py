@@ -22,8 +22,9 @@ from tunix_agentic.models import attention as attn_impl
 from tunix_agentic.models.config import ModelConfig  # noqa: F401  (re-exported)
 
 # A cache is one (k, v) pair per layer; each is [slots, kv_heads, max_len, head_dim], or a
-# tuple of such arrays that split max_len into pieces (a chunked cache: cache_chunks).
-KVCache = tuple[tuple[Any, Any], ...]
+# tuple of such arrays that split max_len into pieces (a chunked cache: cache_chunks); a
+# pallas model's paged cache is one array per layer (init_paged_cache).
+KVCache = tuple[Any, ...]
 
 
 def rope_frequencies(cfg: ModelConfig) -> np.ndarray:
@@ -158,13 +159,15 @@ class Attention(nnx.Module):
                 return dense(self.o_proj, out.reshape(b, t, -1)), None
             key_pos = positions  # [B, S]
             new_cache = None
+        elif tables is not None and cfg.attention == "pallas":
+            # JAX's ragged paged attention over pages kept in its own layout (one array).
+            new_cache = attn_impl.write_pages(cache, tables, positions, k, v)
+            out = attn_impl.ragged_paged(
+                q, positions, new_cache, tables, scale, cfg.attention_interpret
+            )
+            return dense(self.o_proj, out.reshape(b, t, -1)), new_cache
         elif tables is not None:
             new_cache = _paged_write(cache, tables, positions, k, v)
-            if cfg.attention == "pallas":  # JAX's ragged paged attention over the blocks
-                out = attn_impl.ragged_paged(
-                    q, positions, new_cache, tables, scale, cfg.attention_interpret
-                )
-                return dense(self.o_proj, out.reshape(b, t, -1)), new_cache
             # Keys and values stay in blocks ([B, W, K, bs, D]): no transposed copy.
             keys, values = _paged_gather(new_cache, tables, window)
             span = keys.shape[1] * keys.shape[3]
@@ -415,7 +418,8 @@ class Transformer(nnx.Module):
       engine's slots; ``rows`` ``[B]`` says which slot each batch row updates
       (``None``: batch row i is slot i).
     - tables: optional ``[B, blocks_per_seq]`` int32 block tables; then the cache is paged
-      (per layer ``[blocks, kv_heads, block_size, head_dim]`` pools, see
+      (per layer ``[blocks, kv_heads, block_size, head_dim]`` K and V pools, or one array
+      in the kernel's layout for ``pallas``: :func:`init_paged_cache`, see
       :mod:`tunix_agentic.inference.paged`) and row ``b`` reads and writes position ``p``
       in block ``tables[b, p // block_size]``; ``rows`` is not used.
     - window: optional static int; attention reads only cache positions ``[0, window)``
@@ -506,6 +510,18 @@ def init_cache(
         return arrays[0] if chunks is None else arrays
 
     return tuple((side(), side()) for _ in range(cfg.num_layers))
+
+
+def init_paged_cache(cfg: ModelConfig, blocks: int, block_size: int) -> KVCache:
+    """Zeroed paged KV pools of ``blocks`` blocks of ``block_size`` tokens per layer
+    (:mod:`tunix_agentic.inference.paged`): a ``(K, V)`` pair of ``[blocks, kv_heads,
+    block_size, head_dim]`` arrays, or, for ``attention: pallas``, one array in the ragged
+    paged attention kernel's layout (:func:`tunix_agentic.models.attention.pages_shape`),
+    which the kernel reads without a copy."""
+    if cfg.attention != "pallas":
+        return init_cache(cfg, blocks, block_size)
+    shape = attn_impl.pages_shape(cfg.num_kv_heads, cfg.head_dim, blocks, block_size)
+    return tuple(jnp.zeros(shape, cfg.jnp_dtype) for _ in range(cfg.num_layers))
 
 
 def token_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:
