@@ -66,18 +66,8 @@ async def calculator_agent(client: openai.AsyncOpenAI, claim: dict) -> tuple[flo
             except (TypeError, ValueError) as exc:
                 result = f"error: {exc}"
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-    answer = re.search(r"<answer>(.*?)</answer>", message.content or "")
-    expected = claim["task"]["fields"]["answer"]
-    reward = float(answer is not None and answers_match(answer.group(1), expected))
-    body = {"reward": reward}
-    if "own_task_id" in claim:  # an episode of the agent's own task: the node groups by it
-        body["task_id"] = claim["own_task_id"]
-    await client.post(
-        f"/episodes/{claim['episode_id']}/reward",
-        body=body,
-        cast_to=object,
-        options={"headers": headers},
-    )
+    reward = score(claim, message.content)
+    await close_episode(client, claim, reward)
     return reward, calls
 
 
@@ -95,17 +85,16 @@ def own_episode(task, member: int, max_turns: int) -> dict:
 
 
 async def own_task_worker(
-    client: openai.AsyncOpenAI, next_task, group_size: int, budget: list[int | None]
+    client: openai.AsyncOpenAI, next_task, group_size: int, budget: list[int | None], agent=None
 ) -> None:
     """Run tasks of the agent's own, each ``group_size`` times, until the budget is spent."""
+    agent = agent or calculator_agent
     while budget[0] is None or budget[0] > 0:
         task = next_task()
         if budget[0] is not None:
             budget[0] -= group_size
         episodes = [own_episode(task, m, max_turns=3) for m in range(group_size)]
-        ran = await asyncio.gather(
-            *(calculator_agent(client, e) for e in episodes), return_exceptions=True
-        )
+        ran = await asyncio.gather(*(agent(client, e) for e in episodes), return_exceptions=True)
         for episode, outcome in zip(episodes, ran, strict=True):
             if isinstance(outcome, BaseException):
                 print(f"episode {episode['episode_id']} failed: {outcome}", file=sys.stderr)
@@ -124,8 +113,10 @@ async def claim_episode(client: openai.AsyncOpenAI, wait_s: float) -> dict | Non
     return got if isinstance(got, dict) else None  # 204: none offered
 
 
-async def worker(client: openai.AsyncOpenAI, budget: list[int | None]) -> None:
-    """Claim and run episodes until ``budget[0]`` (shared; None: no end) claims are made."""
+async def worker(client: openai.AsyncOpenAI, budget: list[int | None], agent=None) -> None:
+    """Claim and run episodes until ``budget[0]`` (shared; None: no end) claims are made;
+    ``agent(client, claim)`` runs one (default :func:`calculator_agent`)."""
+    agent = agent or calculator_agent
     while budget[0] is None or budget[0] > 0:
         try:
             claim = await claim_episode(client, wait_s=10.0)
@@ -138,7 +129,7 @@ async def worker(client: openai.AsyncOpenAI, budget: list[int | None]) -> None:
         if budget[0] is not None:
             budget[0] -= 1
         try:
-            reward, calls = await calculator_agent(client, claim)
+            reward, calls = await agent(client, claim)
         except openai.APIError as exc:  # its lease runs out on the node
             print(f"episode {claim['episode_id']} failed: {exc}", file=sys.stderr, flush=True)
             continue
@@ -149,7 +140,31 @@ async def worker(client: openai.AsyncOpenAI, budget: list[int | None]) -> None:
         )
 
 
-async def main(args: argparse.Namespace) -> None:
+async def close_episode(client: openai.AsyncOpenAI, claim: dict, reward: float) -> None:
+    """Close the episode with its ``reward`` (and the agent's own task id, if any)."""
+    headers = {"X-Episode-Id": claim["episode_id"], "X-Episode-Token": claim["episode_token"]}
+    body: dict = {"reward": reward}
+    if "own_task_id" in claim:  # an episode of the agent's own task: the node groups by it
+        body["task_id"] = claim["own_task_id"]
+    await client.post(
+        f"/episodes/{claim['episode_id']}/reward",
+        body=body,
+        cast_to=object,
+        options={"headers": headers},
+    )
+
+
+def score(claim: dict, text: str | None) -> float:
+    """1 when the reply's ``<answer>`` matches the task's answer, else 0."""
+    answer = re.search(r"<answer>(.*?)</answer>", text or "")
+    return float(
+        answer is not None and answers_match(answer.group(1), claim["task"]["fields"]["answer"])
+    )
+
+
+async def main(args: argparse.Namespace, agent=None) -> None:
+    """Run workers against ``args.url`` until the budget is spent (or forever); ``agent``
+    runs one episode (default :func:`calculator_agent`)."""
     client = openai.AsyncOpenAI(
         base_url=f"{args.url.rstrip('/')}/v1", api_key=args.api_key, max_retries=0
     )
@@ -164,18 +179,18 @@ async def main(args: argparse.Namespace) -> None:
             workers = max(1, args.concurrency // args.own_tasks)
             await asyncio.gather(
                 *(
-                    own_task_worker(client, next_task, args.own_tasks, budget)
+                    own_task_worker(client, next_task, args.own_tasks, budget, agent)
                     for _ in range(workers)
                 )
             )
         else:
-            await asyncio.gather(*(worker(client, budget) for _ in range(args.concurrency)))
+            await asyncio.gather(*(worker(client, budget, agent) for _ in range(args.concurrency)))
     finally:
         await client.close()
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(description: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--url", required=True, help="the rollout node, http://HOST:PORT")
     parser.add_argument("--concurrency", type=int, default=8, help="episodes run at once")
     parser.add_argument("--max-episodes", type=int, default=0, help="stop after N (0: never)")
@@ -192,4 +207,8 @@ if __name__ == "__main__":
     args = parser.parse_args()
     if args.own_tasks < 0:
         parser.error("--own-tasks must be >= 1 (or 0: claim the trainer's tasks)")
-    asyncio.run(main(args))
+    return args
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args(__doc__.split("\n\n")[0])))

@@ -48,6 +48,16 @@ BOUND_S = 120  # a bound against hangs, never a timing assertion
 _spec = importlib.util.spec_from_file_location("openai_agent", AGENT_SCRIPT)
 agent_script = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(agent_script)
+sys.modules.setdefault("openai_agent", agent_script)  # langchain_agent.py imports it
+_spec = importlib.util.spec_from_file_location(
+    "langchain_agent", REPO / "examples" / "langchain_agent.py"
+)
+langchain_script = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(langchain_script)
+AGENTS = {
+    "openai": agent_script.calculator_agent,
+    "langchain": langchain_script.langchain_calculator_agent,
+}
 
 
 def _env() -> dict[str, str]:
@@ -89,7 +99,10 @@ def _request(group_id: str, num_samples: int, **fields) -> GroupRequest:
     )
 
 
-async def test_an_external_group_is_its_agents_recorded_episodes(node):
+@pytest.mark.parametrize("agent", list(AGENTS))
+async def test_an_external_group_is_its_agents_recorded_episodes(node, agent):
+    """The examples' agents (the ``openai`` client's and LangChain's) each run a claimed
+    group's members; each member's learner row is exactly its recorded calls."""
     _, url = node
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
     async with NodeClient(url) as nodes:
@@ -100,7 +113,7 @@ async def test_an_external_group_is_its_agents_recorded_episodes(node):
         assert claims[0]["task"]["fields"]["answer"] == TASK.answer
         assert claims[0]["prompt"] == TASK.prompt
         for claim in claims:  # the calls give no sampling: the group's applies
-            await agent_script.calculator_agent(client, claim)
+            await AGENTS[agent](client, claim)
         got = await nodes.get("ext-a", wait_s=BOUND_S)
     assert got["status"] == "done", got
     group = group_from_json(got["group"])
