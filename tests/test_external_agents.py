@@ -99,7 +99,7 @@ def _request(group_id: str, num_samples: int, **fields) -> GroupRequest:
     )
 
 
-@pytest.mark.parametrize("agent", list(AGENTS))
+@pytest.mark.parametrize("agent", list(AGENTS), ids=list(AGENTS))
 async def test_an_external_group_is_its_agents_recorded_episodes(node, agent):
     """The examples' agents (the ``openai`` client's and LangChain's) each run a claimed
     group's members; each member's learner row is exactly its recorded calls."""

@@ -66,3 +66,34 @@ async def test_killing_a_server_mid_run_loses_no_request():
             if proc.returncode is None:
                 proc.kill()
             await proc.wait()
+
+
+async def test_a_server_restarted_at_another_address_is_followed():
+    """A server gone and started again elsewhere (a Ray engine actor restarted on another
+    machine): ``repoint`` moves its client there, out of rotation until a health probe
+    readmits it; then it serves as before."""
+    first, url = await start_server()
+    procs = [first]
+    try:
+        pool = EnginePool([SGLangEngine(url, request_timeout_s=120)], health_interval_s=0.2)
+        reference = await pool.generate([5, 6, 7], GREEDY)
+        first.kill()
+        await first.wait()
+        second, new_url = await start_server()  # same config and seed: the same weights
+        procs.append(second)
+        assert new_url != url
+        assert not pool.repoint("http://127.0.0.1:9", new_url)  # nobody was there
+        assert pool.repoint(url, new_url)
+        (backend,) = pool.health()["backends"]
+        assert not backend["healthy"]  # until a probe of the new address answers
+        async with asyncio.timeout(60):  # a bound against a hang
+            while not pool.health()["backends"][0]["healthy"]:
+                await asyncio.sleep(0.1)
+        assert pool.backends[0].base_url == new_url
+        assert (await pool.generate([5, 6, 7], GREEDY)).token_ids == reference.token_ids
+        await pool.close()
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()

@@ -276,6 +276,37 @@ async def test_an_engine_on_ray_serves_loads_weights_and_comes_back_after_sigkil
     assert not any((tmp_path / "state").iterdir())
 
 
+def test_an_engine_back_at_another_address_is_followed(tmp_path):
+    """The fleet's follower sees an engine actor answer from a new URL (Ray restarted it
+    on another machine): it says so and tells each of ``moved_to`` (the trainer adds its
+    engine pool's ``repoint`` and the node runner's ``replace_engine``); a restart at the
+    same URL tells nobody."""
+    from tunix_agentic.cluster.fleet import RayEngines
+    from tunix_agentic.cluster.server_thread import Placement
+
+    said, moves = [], []
+    fleet = RayEngines(
+        RayConfig(nodes=1, engines=1),
+        name="run-x",
+        config={},
+        api_key="k",
+        weights_dir=str(tmp_path),
+        log=said.append,
+    )
+    fleet.moved_to += [lambda old, new: moves.append((old, new)), lambda old, new: 1 / 0]
+
+    def at(url: str, pid: int) -> Placement:
+        return Placement("run-x/engine/0", url, "n" * 12, "10.0.0.1", pid, "/s", pid > 1, True)
+
+    fleet.placements = [at("http://10.0.0.1:8000", 1)]
+    fleet._moved(None, 0, at("http://10.0.0.1:8000", 2))  # restarted where it was
+    assert moves == [] and fleet.urls == ("http://10.0.0.1:8000",)
+    fleet._moved(None, 0, at("http://10.0.0.2:8001", 3))  # elsewhere; a follower that fails
+    assert moves == [("http://10.0.0.1:8000", "http://10.0.0.2:8001")]  # does not stop others
+    assert fleet.urls == ("http://10.0.0.2:8001",)
+    assert "engine at http://10.0.0.1:8000 is now at http://10.0.0.2:8001" in said
+
+
 def test_ray_engines_need_nodes_and_a_shared_weights_dir():
     with pytest.raises(ValueError, match="rollout.ray.engines needs rollout.ray.nodes"):
         RayConfig(engines=1)

@@ -260,3 +260,27 @@ def _running_on(url: str) -> bool:
         return False
 
     return asyncio.run(ask())
+
+
+async def test_an_engine_that_moved_is_replaced_on_every_node(nodes):
+    """``replace_engine`` (what a Ray engine restarted at another address triggers): every
+    node that is up drops the old URL and takes the new one; the runner keeps the new one
+    for the nodes it greets later."""
+    cfg = load_config(CONFIG, SHARED)
+    urls = [url for _, url in nodes("a", "b")]
+    old, new = "http://127.0.0.1:9", "http://127.0.0.1:10"  # engines need not answer here
+    runner = ServiceEpisodeRunner(
+        urls, agent_config=cfg.agent, config=cfg.rollout, engine_urls=[old]
+    )
+    try:
+        await runner.connect()
+        runner.replace_engine(old, new)
+        runner.replace_engine("http://127.0.0.1:11", new)  # not one of the run's: no change
+        assert runner.engine_urls == [new]
+        for url in urls:
+            async with NodeClient(url) as client:
+                async with asyncio.timeout(20):  # a bound against a hang
+                    while [e["url"] for e in (await client.status())["engines"]] != [new]:
+                        await asyncio.sleep(0.05)
+    finally:
+        await runner.close()

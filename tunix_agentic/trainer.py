@@ -235,9 +235,12 @@ class Trainer:
         elif self.resume:
             self._log(f"no checkpoint under {ckpt.directory}: starting fresh")
         tasks = self.sources.train_stream(cfg.seed)
-        engine_urls = self._ray_engine_urls = await self._ray_engines(stack)
+        ray_engines = self._ray_engine_fleet = await self._ray_engines(stack)
+        engine_urls = self._ray_engine_urls = ray_engines.urls if ray_engines else ()
         engine = self.engine = build_engine(cfg, model, start_step, engine_urls=engine_urls)
         stack.push_async_callback(engine.close)
+        if ray_engines is not None:  # an engine Ray restarts elsewhere: the pool follows it
+            ray_engines.moved_to.append(engine.repoint)
         # Engine servers (named, or the run's Ray engines): nothing to compile here.
         external = bool(cfg.rollout.service.engine_urls or engine_urls)
         members = [] if external else getattr(engine, "engines", [engine])  # cross-policy pool?
@@ -292,17 +295,18 @@ class Trainer:
         ctx.transcripts = TranscriptLog(self.run_dir, self.template, cfg.agent.parser, metrics)
         return ctx, meta
 
-    async def _ray_engines(self, stack: contextlib.AsyncExitStack) -> tuple[str, ...]:
-        """The URLs of the run's engine servers on Ray (``rollout.ray.engines``), started
-        here and stopped by ``stack``; empty when the run starts none."""
+    async def _ray_engines(self, stack: contextlib.AsyncExitStack) -> Any:
+        """The run's engine servers on Ray (``rollout.ray.engines``: a
+        :class:`~tunix_agentic.cluster.fleet.RayEngines`), started here and stopped by
+        ``stack``; None when the run starts none."""
         ray = self.cfg.rollout.ray
         if not (ray.enabled or ray.engines):
-            return ()
+            return None
         from tunix_agentic.cluster.fleet import run_name
 
         self._ray_name = run_name(self.run_dir.name)  # one id for the run's actors
         if not ray.engines:
-            return ()
+            return None
         from tunix_agentic.cluster.connect import start_ray_engines
 
         return await start_ray_engines(stack, self.cfg, name=self._ray_name, log=self._log)
@@ -317,7 +321,7 @@ class Trainer:
         if cfg.rollout.ray.enabled:  # rollout nodes the trainer starts as Ray actors
             from tunix_agentic.cluster.connect import connect_ray_nodes
 
-            return await connect_ray_nodes(
+            runner = await connect_ray_nodes(
                 stack,
                 engine,
                 cfg,
@@ -327,6 +331,9 @@ class Trainer:
                 model_info=info,
                 engine_urls=self._ray_engine_urls,
             )
+            if self._ray_engine_fleet is not None:  # the nodes follow a moved engine too
+                self._ray_engine_fleet.moved_to.append(runner.replace_engine)
+            return runner
         if cfg.rollout.service.enabled:
             return await connect_service(
                 stack, engine, cfg.rollout, cfg.agent, version=version, model_info=info

@@ -55,11 +55,13 @@ async def start_ray_engines(
     *,
     name: str,
     log: Callable[[str], None] | None = None,
-) -> tuple[str, ...]:
+) -> RayEngines:
     """Start ``cfg.rollout.ray.engines`` engine servers on Ray for the run ``name`` (see
-    :func:`~tunix_agentic.cluster.fleet.run_name`); their URLs, for the trainer's engine
-    pool and the nodes. They load the policy's versions from ``rollout.service.weights_dir``
-    and are stopped by ``stack``."""
+    :func:`~tunix_agentic.cluster.fleet.run_name`): the fleet, whose ``urls`` are for the
+    trainer's engine pool and the nodes, and whose ``moved_to`` callbacks (add the pool's
+    ``repoint`` and the node runner's ``replace_engine``) follow an engine that Ray
+    restarts at another address. They load the policy's versions from
+    ``rollout.service.weights_dir`` and are stopped by ``stack``."""
     service = cfg.rollout.service
     api_key, _ = run_keys(stack, service)
     fleet = RayEngines(
@@ -71,9 +73,9 @@ async def start_ray_engines(
         log=log,
     )
     stack.push_async_callback(fleet.close)  # also when starting fails half-way
-    placements = await asyncio.to_thread(fleet.start)
+    await asyncio.to_thread(fleet.start)
     fleet.follow(None, every_s=max(1.0, service.health_every_s))
-    return tuple(p.url for p in placements)
+    return fleet
 
 
 async def connect_ray_nodes(

@@ -277,8 +277,18 @@ class RayEngines(RayActors):
     """The engine servers of one run (``rollout.ray.engines``), each on
     ``rollout.ray.engine_resources``, loading the policy's versions from ``weights_dir``
     (see :mod:`.engine_actor`). An engine Ray restarts on its machine comes back on its
-    port; one that comes back at another URL is reported, not followed (the run's clients
-    keep the URL they were given)."""
+    port; one that comes back at another URL is followed: each of :attr:`moved_to`
+    (``callback(old_url, new_url)``: the trainer's engine pool, the rollout nodes' runner)
+    is told."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.moved_to: list[Callable[[str, str], Any]] = []
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Where the engines are now (after :meth:`start`)."""
+        return tuple(p.url for p in self.placements)
 
     role = "engine"
     noun = "engines"
@@ -288,10 +298,12 @@ class RayEngines(RayActors):
     resources_field = "engine_resources"
 
     def _repoint(self, runner: Any, old: str, new: str) -> None:
-        self._say(
-            f"engine at {old} came back at {new}, which this run does not follow: its "
-            f"clients keep {old} out of rotation"
-        )
+        self._say(f"engine at {old} is now at {new}")
+        for callback in self.moved_to:
+            try:
+                callback(old, new)
+            except Exception:  # one follower failing must not stop the others
+                _log.exception("telling %r that engine %s moved to %s failed", callback, old, new)
 
 
 def wait_gone(names: list[str], timeout_s: float = 30.0) -> list[str]:

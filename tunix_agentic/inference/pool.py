@@ -142,6 +142,23 @@ class EnginePool:
         """The backend engines, in order."""
         return [b.engine for b in self._backends]
 
+    def repoint(self, old: str, new: str) -> bool:
+        """A backend served at URL ``old`` (an HTTP client's ``base_url``) is now at ``new``:
+        point its client there and take it out of rotation until a health probe readmits
+        it with the pool's latest weights (a restarted server comes back at its initial
+        ones). False when no backend is at ``old``."""
+        moved = False
+        for b in self._backends:
+            if getattr(b.engine, "base_url", None) != old.rstrip("/"):
+                continue
+            b.engine.move_to(new)  # type: ignore[attr-defined]
+            b.weights_version = None  # unknown: readmission brings the latest
+            self._health.eject(b, f"moved from {old} to {new}")
+            moved = True
+        if moved and not self._closed:
+            self._health.ensure_watching()
+        return moved
+
     @property
     def in_flight(self) -> int:
         """Requests currently awaiting a backend through this pool."""

@@ -223,6 +223,16 @@ class SGLangEngine:
         # Locked while we live, removed on close or exit, or by the next client after a crash.
         self._weights = WeightsDirs(weights_dir, self.writer_id)
 
+    def move_to(self, base_url: str) -> None:
+        """The server is now at ``base_url`` (restarted elsewhere: a Ray actor on another
+        machine). Its health is unchecked and its weights unknown until it answers again;
+        requests in flight to the old address fail as they would have."""
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"an engine's URL must be http:// or https://, got {base_url!r}")
+        self.base_url = base_url.rstrip("/")
+        self._version = None
+        self._health = {"ok": True, "status": "unchecked"}
+
     # ------------------------------------------------------------- plumbing
     def _session(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()

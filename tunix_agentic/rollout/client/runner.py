@@ -163,6 +163,15 @@ class ServiceEpisodeRunner:
             except NodeUnavailable as exc:
                 self.pool.take_out(node, exc)
 
+    def replace_engine(self, old: str, new: str) -> None:
+        """The engine at ``old`` is now at ``new`` (restarted elsewhere): the nodes that are
+        up swap it (in the background); a node greeted later is handed ``new``."""
+        if old in self.engine_urls:
+            self.engine_urls = [new if u == old else u for u in self.engine_urls]
+            for node in self.nodes if self._connected else []:
+                if node.up:
+                    self._in_background(_swap_engine(self.pool, node, old, new))
+
     async def _greet(self, node: NodeState) -> None:
         for url in self.engine_urls:
             await node.client.add_engine(url)
@@ -414,6 +423,14 @@ async def _bounded(coro, limit_s: float, node: NodeState) -> Any:
             return await coro
     except TimeoutError:
         raise NodeUnavailable(f"{node.url} did not answer within {limit_s:.0f}s") from None
+
+
+async def _swap_engine(pool: NodePool, node: NodeState, old: str, new: str) -> None:
+    await _quietly(node.client.remove_engine(old))
+    try:
+        await node.client.add_engine(new)
+    except NodeUnavailable as exc:  # taken out: greeted with ``new`` when it is back
+        pool.take_out(node, exc)
 
 
 async def _quietly(coro) -> None:
