@@ -54,9 +54,15 @@ _spec = importlib.util.spec_from_file_location(
 )
 langchain_script = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(langchain_script)
+_spec = importlib.util.spec_from_file_location(
+    "agents_sdk_agent", REPO / "examples" / "agents_sdk_agent.py"
+)
+sdk_script = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sdk_script)
 AGENTS = {
     "openai": agent_script.calculator_agent,
     "langchain": langchain_script.langchain_calculator_agent,
+    "agents-sdk": sdk_script.agents_sdk_calculator_agent,
 }
 
 
@@ -101,8 +107,9 @@ def _request(group_id: str, num_samples: int, **fields) -> GroupRequest:
 
 @pytest.mark.parametrize("agent", list(AGENTS), ids=list(AGENTS))
 async def test_an_external_group_is_its_agents_recorded_episodes(node, agent):
-    """The examples' agents (the ``openai`` client's and LangChain's) each run a claimed
-    group's members; each member's learner row is exactly its recorded calls."""
+    """The examples' agents (the ``openai`` client's, LangChain's and the Agents SDK's on
+    its Responses model) each run a claimed group's members; each member's learner row is
+    exactly its recorded calls."""
     _, url = node
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
     async with NodeClient(url) as nodes:
