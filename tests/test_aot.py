@@ -193,3 +193,18 @@ def test_the_decode_step_reads_the_kv_pages_without_copying_them():
     assert "tpu_custom_call" in decode.kernels
     assert decode.minimum_kind == "bytes"
     assert decode.waste < 3.0, f"{decode.name}: {decode.waste:.2f}x the least it must move"
+
+
+def test_the_table_marks_a_refused_learner():
+    """A learner the TPU compiler refused has no cost analysis: the table says "refused"
+    instead of a 0 s roofline."""
+    from tunix_agentic.aot.table import Row, markdown
+
+    rows = [
+        Row("4B", "full", "v5e-8", False, 32.7, 3.4, 0.0, 0.0129),
+        Row("4B", "LoRA", "v5e-8", True, 11.1, 3.4, 7.68, 0.0129),
+    ]
+    text = markdown(rows, "python -m tunix_agentic.aot.table --models 4B")
+    refused, fits = text.splitlines()[-2:]
+    assert "| **no** |" in refused and "| refused |" in refused and "0.00 s" not in refused
+    assert "| yes |" in fits and "| 7.68 s |" in fits

@@ -127,9 +127,11 @@ def markdown(rows: list[Row], command: str) -> str:
     ]
     for r in rows:
         mark = " (arithmetic)" if r.arithmetic else ""
+        # A learner the TPU compiler refused has no cost analysis: its GiB is what it asked.
+        step = f"{r.learner_s:.2f} s" if r.learner_s > 0 else "refused"
         out.append(
             f"| Qwen3-{r.model} | {r.mode} | {r.where}{mark} | {'yes' if r.fits else '**no**'} "
-            f"| {r.learner_gib:.1f} | {r.engine_gib:.1f} | {r.learner_s:.2f} s "
+            f"| {r.learner_gib:.1f} | {r.engine_gib:.1f} | {step} "
             f"| {r.decode_s * 1e3:.1f} ms |"
         )
     return "\n".join(out) + "\n"
