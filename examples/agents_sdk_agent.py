@@ -23,7 +23,7 @@ import json
 
 import agents
 import openai
-from openai_agent import close_episode, main, parse_args, score
+from openai_agent import close_episode, episode_headers, main, parse_args, score
 
 from tunix_agentic.envs.calculator import CalculatorTool
 
@@ -42,7 +42,7 @@ async def agents_sdk_calculator_agent(client: openai.AsyncOpenAI, claim: dict) -
         except (TypeError, ValueError) as exc:
             return f"error: {exc}"
 
-    headers = {"X-Episode-Id": claim["episode_id"], "X-Episode-Token": claim["episode_token"]}
+    headers = episode_headers(claim)
     own = openai.AsyncOpenAI(  # the claim's token: this episode's calls are this agent's
         base_url=str(client.base_url),
         api_key=client.api_key,

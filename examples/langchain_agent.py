@@ -23,14 +23,14 @@ import asyncio
 import openai
 from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_openai import ChatOpenAI
-from openai_agent import TOOLS, close_episode, main, parse_args, score
+from openai_agent import TOOLS, close_episode, episode_headers, main, parse_args, score
 
 from tunix_agentic.envs.calculator import CalculatorTool
 
 
 async def langchain_calculator_agent(client: openai.AsyncOpenAI, claim: dict) -> tuple[float, int]:
     """One claimed episode by LangChain: ``(reward, tool calls made)``."""
-    headers = {"X-Episode-Id": claim["episode_id"], "X-Episode-Token": claim["episode_token"]}
+    headers = episode_headers(claim)
     llm = ChatOpenAI(
         model="policy",
         base_url=str(client.base_url),

@@ -45,11 +45,16 @@ from tunix_agentic.envs.calculator import (
 TOOLS = ArithmeticEnv().tool_schemas()  # OpenAI function schemas
 
 
+def episode_headers(claim: dict) -> dict[str, str]:
+    """The headers that make a chat call or a reward the claimed episode's."""
+    return {"X-Episode-Id": claim["episode_id"], "X-Episode-Token": claim["episode_token"]}
+
+
 async def calculator_agent(client: openai.AsyncOpenAI, claim: dict) -> tuple[float, int]:
     """One claimed episode: ``(reward, tool calls made)``."""
     messages = [{"role": "user", "content": claim["prompt"]}]
     # The claim's token makes the episode this agent's alone (its calls and its reward).
-    headers = {"X-Episode-Id": claim["episode_id"], "X-Episode-Token": claim["episode_token"]}
+    headers = episode_headers(claim)
     calls = 0
     for _ in range(claim["max_turns"]):
         reply = await client.chat.completions.create(
@@ -142,7 +147,7 @@ async def worker(client: openai.AsyncOpenAI, budget: list[int | None], agent=Non
 
 async def close_episode(client: openai.AsyncOpenAI, claim: dict, reward: float) -> None:
     """Close the episode with its ``reward`` (and the agent's own task id, if any)."""
-    headers = {"X-Episode-Id": claim["episode_id"], "X-Episode-Token": claim["episode_token"]}
+    headers = episode_headers(claim)
     body: dict = {"reward": reward}
     if "own_task_id" in claim:  # an episode of the agent's own task: the node groups by it
         body["task_id"] = claim["own_task_id"]

@@ -38,6 +38,13 @@ async def start_server() -> tuple[asyncio.subprocess.Process, str]:
     return proc, line.split()[-1]
 
 
+async def stop_servers(procs: list[asyncio.subprocess.Process]) -> None:
+    for proc in procs:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+
+
 @pytest.mark.slow
 async def test_killing_a_server_mid_run_loses_no_request():
     procs, clients = [], []
@@ -62,10 +69,7 @@ async def test_killing_a_server_mid_run_loses_no_request():
         assert all(b["in_flight"] == 0 for b in health["backends"])
         await pool.close()
     finally:
-        for proc in procs:
-            if proc.returncode is None:
-                proc.kill()
-            await proc.wait()
+        await stop_servers(procs)
 
 
 async def test_a_server_restarted_at_another_address_is_followed():
@@ -93,7 +97,4 @@ async def test_a_server_restarted_at_another_address_is_followed():
         assert (await pool.generate([5, 6, 7], GREEDY)).token_ids == reference.token_ids
         await pool.close()
     finally:
-        for proc in procs:
-            if proc.returncode is None:
-                proc.kill()
-            await proc.wait()
+        await stop_servers(procs)

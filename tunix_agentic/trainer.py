@@ -236,7 +236,7 @@ class Trainer:
             self._log(f"no checkpoint under {ckpt.directory}: starting fresh")
         tasks = self.sources.train_stream(cfg.seed)
         ray_engines = self._ray_engine_fleet = await self._ray_engines(stack)
-        engine_urls = self._ray_engine_urls = ray_engines.urls if ray_engines else ()
+        engine_urls = ray_engines.urls if ray_engines else ()
         engine = self.engine = build_engine(cfg, model, start_step, engine_urls=engine_urls)
         stack.push_async_callback(engine.close)
         if ray_engines is not None:  # an engine Ray restarts elsewhere: the pool follows it
@@ -321,6 +321,7 @@ class Trainer:
         if cfg.rollout.ray.enabled:  # rollout nodes the trainer starts as Ray actors
             from tunix_agentic.cluster.connect import connect_ray_nodes
 
+            fleet = self._ray_engine_fleet
             runner = await connect_ray_nodes(
                 stack,
                 engine,
@@ -329,10 +330,10 @@ class Trainer:
                 log=self._log,
                 version=version,
                 model_info=info,
-                engine_urls=self._ray_engine_urls,
+                engine_urls=fleet.urls if fleet else (),  # where they are now
             )
-            if self._ray_engine_fleet is not None:  # the nodes follow a moved engine too
-                self._ray_engine_fleet.moved_to.append(runner.replace_engine)
+            if fleet is not None:  # the nodes follow a moved engine too
+                fleet.moved_to.append(runner.replace_engine)
             return runner
         if cfg.rollout.service.enabled:
             return await connect_service(

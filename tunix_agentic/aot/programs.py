@@ -41,6 +41,7 @@ from tunix_agentic.models.transformer import (
     cache_chunks,
     init_cache,
     init_paged_cache,
+    kernel_pages,
 )
 from tunix_agentic.sharding import batch_sharding, cache_sharding, tree_shardings
 
@@ -271,7 +272,7 @@ def engine_programs(
     else:
         chunks = cache_chunks(ec.max_seq_len, ec.window_buckets())
         cache = jax.eval_shape(lambda: init_cache(mc, ec.max_slots, ec.max_seq_len, chunks))
-    kv_sharding = cache_sharding(mesh, mc.num_kv_heads, pages=paged and mc.attention == "pallas")
+    kv_sharding = cache_sharding(mesh, mc.num_kv_heads, pages=paged and kernel_pages(mc))
     cache = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=kv_sharding), cache
     )

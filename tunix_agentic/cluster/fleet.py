@@ -281,6 +281,13 @@ class RayEngines(RayActors):
     (``callback(old_url, new_url)``: the trainer's engine pool, the rollout nodes' runner)
     is told."""
 
+    role = "engine"
+    noun = "engines"
+    actor_class = EngineActor
+    spec_class = EngineSpec
+    count_field = "engines"
+    resources_field = "engine_resources"
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.moved_to: list[Callable[[str, str], Any]] = []
@@ -289,13 +296,6 @@ class RayEngines(RayActors):
     def urls(self) -> tuple[str, ...]:
         """Where the engines are now (after :meth:`start`)."""
         return tuple(p.url for p in self.placements)
-
-    role = "engine"
-    noun = "engines"
-    actor_class = EngineActor
-    spec_class = EngineSpec
-    count_field = "engines"
-    resources_field = "engine_resources"
 
     def _repoint(self, runner: Any, old: str, new: str) -> None:
         self._say(f"engine at {old} is now at {new}")

@@ -101,6 +101,7 @@ from tunix_agentic.models.transformer import (
     cache_chunks,
     init_cache,
     init_paged_cache,
+    kernel_pages,
 )
 from tunix_agentic.sharding import (
     cache_sharding,
@@ -157,7 +158,7 @@ class JaxEngine:
             cache = init_cache(self.model_config, config.max_slots, config.max_seq_len, chunks)
         if mesh is not None:
             params = shard_tree(params, mesh)
-            pages = paged and self.model_config.attention == "pallas"
+            pages = paged and kernel_pages(self.model_config)
             sharding = cache_sharding(mesh, self.model_config.num_kv_heads, pages=pages)
             cache = jax.device_put(cache, sharding)
         else:  # one device, the cache's (a model trained on a mesh is gathered onto it)

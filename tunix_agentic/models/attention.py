@@ -170,6 +170,19 @@ def pages_shape(num_kv_heads: int, head_dim: int, blocks: int, block_size: int) 
     return (blocks, block_size, 2 * num_kv_heads, _lanes(head_dim))
 
 
+def page_slots(
+    tables: jax.Array, positions: jax.Array, blocks: int, block_size: int
+) -> tuple[jax.Array, jax.Array]:
+    """Where each token at ``positions`` (``[B, T]``) lives through the block ``tables``
+    (``[B, W]``): its block ``[B, T]`` (``blocks``, past the pool, for a position past the
+    table, so a write with ``mode="drop"`` drops it) and its offset in the block."""
+    width = tables.shape[1]
+    index = jnp.clip(positions // block_size, 0, width - 1)
+    block = jnp.take_along_axis(tables, index, axis=1)  # [B, T]
+    block = jnp.where(positions < width * block_size, block, blocks)
+    return block, positions % block_size
+
+
 def write_pages(
     pages: jax.Array, tables: jax.Array, positions: jax.Array, k: jax.Array, v: jax.Array
 ) -> jax.Array:
@@ -184,15 +197,11 @@ def write_pages(
     compiled for v5e), where an update slice touches only its row."""
     n, bs, _, dim = pages.shape
     b, t, kv_heads, _ = k.shape
-    width = tables.shape[1]
-    index = jnp.clip(positions // bs, 0, width - 1)
-    block = jnp.take_along_axis(tables, index, axis=1)  # [B, T]
-    block = jnp.where(positions < width * bs, block, n)
+    block, offset = page_slots(tables, positions, n, bs)
     rows = jnp.stack([k, v.astype(k.dtype)], axis=3).reshape(b, t, 2 * kv_heads, -1)
     rows = _pad_last(rows, dim).astype(pages.dtype)
     if t != 1:
-        return pages.at[block, positions % bs].set(rows, mode="drop")
-    offset = positions % bs
+        return pages.at[block, offset].set(rows, mode="drop")
     zero = jnp.zeros((), jnp.int32)
     for i in range(b):  # unrolled: B is the engine's slot count
         where = (jnp.minimum(block[i, 0], n - 1).astype(jnp.int32), offset[i, 0].astype(jnp.int32))

@@ -357,12 +357,9 @@ def _paged_write(cache, tables, positions, k, v):
     (no block) are dropped."""
     k_pool, v_pool = cache
     n, _, bs, _ = k_pool.shape
-    width = tables.shape[1]
-    index = jnp.clip(positions // bs, 0, width - 1)
-    block = jnp.take_along_axis(tables, index, axis=1)  # [B, T]
-    block = jnp.where(positions < width * bs, block, n)
-    offset = (positions % bs)[..., None]
-    block, heads = block[..., None], jnp.arange(k.shape[2])[None, None, :]
+    block, offset = attn_impl.page_slots(tables, positions, n, bs)
+    block, offset = block[..., None], offset[..., None]
+    heads = jnp.arange(k.shape[2])[None, None, :]
     # Indexed by (block, kv head, offset): a head_dim window, in place (see _write).
     k_pool = k_pool.at[block, heads, offset].set(k.astype(k_pool.dtype), mode="drop")
     v_pool = v_pool.at[block, heads, offset].set(v.astype(v_pool.dtype), mode="drop")
@@ -512,13 +509,20 @@ def init_cache(
     return tuple((side(), side()) for _ in range(cfg.num_layers))
 
 
+def kernel_pages(cfg: ModelConfig) -> bool:
+    """Whether ``cfg``'s paged KV cache is kept in the ragged paged attention kernel's
+    layout (one array per layer: :func:`init_paged_cache`; its sharding:
+    ``cache_sharding(..., pages=True)``): for ``attention: pallas``."""
+    return cfg.attention == "pallas"
+
+
 def init_paged_cache(cfg: ModelConfig, blocks: int, block_size: int) -> KVCache:
     """Zeroed paged KV pools of ``blocks`` blocks of ``block_size`` tokens per layer
     (:mod:`tunix_agentic.inference.paged`): a ``(K, V)`` pair of ``[blocks, kv_heads,
     block_size, head_dim]`` arrays, or, for ``attention: pallas``, one array in the ragged
     paged attention kernel's layout (:func:`tunix_agentic.models.attention.pages_shape`),
     which the kernel reads without a copy."""
-    if cfg.attention != "pallas":
+    if not kernel_pages(cfg):
         return init_cache(cfg, blocks, block_size)
     shape = attn_impl.pages_shape(cfg.num_kv_heads, cfg.head_dim, blocks, block_size)
     return tuple(jnp.zeros(shape, cfg.jnp_dtype) for _ in range(cfg.num_layers))
