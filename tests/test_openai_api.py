@@ -45,9 +45,10 @@ from tunix_agentic.rollout.openai_endpoint.episodes import (
 from tunix_agentic.rollout.openai_endpoint.schema import parse_chat_request
 from tunix_agentic.rollout.service.engines import EngineSet
 from tunix_agentic.rollout.service.wire import trajectory_from_json
+from tunix_agentic.serving import SGLangEngine, start_server
 from tunix_agentic.serving.http import api_key_guard, serve_app
 from tunix_agentic.serving.timeouts import ServerTimeouts
-from tunix_agentic.testing import TINY_RUN_OVERRIDES, memorize, tiny_model
+from tunix_agentic.testing import TINY_RUN_OVERRIDES, AnswerGate, memorize, tiny_model
 from tunix_agentic.testing import arithmetic_demonstration as demonstration
 
 openai = pytest.importorskip("openai")
@@ -689,6 +690,64 @@ async def test_a_streamed_reply_is_the_non_streamed_one_with_the_same_recording(
     assert [e.logprob for e in entries] == pytest.approx(b.logprobs[:-1])
     assert "".join(e.token for e in entries) == CHAR.decode(b.token_ids[:-1])
     await client.close()
+
+
+@pytest.mark.parametrize(
+    ("tool_choice", "via"),
+    [("none", "in-process"), ("none", "serve-engine"), ("auto", "in-process")],
+)
+async def test_a_stream_shows_content_while_the_engine_samples(serve, tool_user, tool_choice, via):
+    # serve-engine: the ids stream from the engine's server through the SGLang client.
+    engine, _ = tool_user
+    runner = remote = None
+    if via == "serve-engine":
+        runner, port = await start_server(engine)
+        engine = remote = SGLangEngine(f"http://127.0.0.1:{port}")
+    gate = AnswerGate(engine)
+    api, url = await serve(gate, BUILTIN)
+    client = client_of(url)
+    sampling = {"temperature": 0, "max_tokens": 40, "tools": TOOLS, "tool_choice": tool_choice}
+    messages = [{"role": "user", "content": TASK.prompt}]
+    gate.open.set()
+    reply = await client.chat.completions.create(
+        model="m", messages=messages, extra_headers=ep("whole"), **sampling
+    )
+    if tool_choice == "none":
+        gate.open.clear()
+    stream = await client.chat.completions.create(
+        model="m",
+        messages=messages,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_headers=ep("streamed"),
+        **sampling,
+    )
+    if tool_choice == "none":  # the call's text is content: shown before the engine answers
+        shown = ""
+        async with asyncio.timeout(BOUND_S):
+            async for chunk in stream:
+                shown += chunk.choices[0].delta.content or ""
+                if len(shown) > 8:
+                    break
+        assert not gate.open.is_set() and reply.choices[0].message.content.startswith(shown)
+        assert api.store.get(key("streamed")).calls == []  # not recorded yet: still sampling
+    # (With auto the reply is a tool call: nothing shows until it is parsed whole, and the
+    # stream is the non-streamed reply.)
+    gate.open.set()
+    message, finish, usage, _, _ = await read_stream(stream)
+    if tool_choice == "none":
+        message["content"] = shown + (message["content"] or "")
+    expected = plain(reply.choices[0].message)
+    for got, want in zip(message["calls"], expected["calls"], strict=True):
+        got["id"] = want["id"]  # (ids are fresh per call)
+    assert message == expected and finish == reply.choices[0].finish_reason
+    assert usage == reply.usage
+    whole, streamed = (api.store.get(key(e)).calls[0].completions for e in ("whole", "streamed"))
+    assert whole[0].token_ids == streamed[0].token_ids and whole[0].logprobs == streamed[0].logprobs
+    await client.close()
+    if remote is not None:
+        await remote.close()
+        await runner.cleanup()
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])

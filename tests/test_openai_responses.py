@@ -35,7 +35,7 @@ from tunix_agentic.rollout.service.node import RolloutNode, setup_from_config
 from tunix_agentic.rollout.service.node_http import start_node_server
 from tunix_agentic.serving.http import api_key_guard, serve_app
 from tunix_agentic.serving.timeouts import ServerTimeouts
-from tunix_agentic.testing import TINY_RUN_OVERRIDES, memorize, tiny_model
+from tunix_agentic.testing import TINY_RUN_OVERRIDES, AnswerGate, memorize, tiny_model
 from tunix_agentic.testing import arithmetic_demonstration as demonstration
 
 openai = pytest.importorskip("openai")
@@ -48,6 +48,7 @@ ANSWER = f"<answer>{TASK.answer}</answer>"
 TOOLS = [{"type": "function", **t["function"]} for t in ArithmeticEnv().tool_schemas()]
 ENGINE = EngineConfig(max_slots=4, max_seq_len=128, decode_steps=8, warmup=False)
 TOKEN = "a-token-the-client-chose"
+BOUND_S = 120  # a bound against hangs, never a timing assertion
 CONFIG = str(Path(__file__).resolve().parents[1] / "configs" / "calculator_tiny.yaml")
 SAMPLING = {"temperature": 0, "max_output_tokens": 40}
 
@@ -178,9 +179,11 @@ async def test_a_responses_agent_records_what_it_received(serve, tool_user, stre
 
 
 async def test_streamed_events_add_up_to_the_response(serve, tool_user):
-    """The deltas of a streamed reply add up to its items, which are the whole reply's."""
+    """The deltas of a streamed reply add up to its items, which are the whole reply's; its
+    text shows while the engine samples (the engine's answer waits behind a gate)."""
     engine, _ = tool_user
-    _, url = await serve(engine)
+    gate = AnswerGate(engine)
+    api, url = await serve(gate)
     client = client_of(url)
     args = json.dumps({"expression": TASK.expression})
     items = [
@@ -188,15 +191,28 @@ async def test_streamed_events_add_up_to_the_response(serve, tool_user):
         {"type": "function_call", "call_id": "c1", "name": "calculator", "arguments": args},
         {"type": "function_call_output", "call_id": "c1", "output": await calculate(args)},
     ]
+    gate.open.set()
     whole = await client.responses.create(model="m", input=items, tools=TOOLS, **SAMPLING)
+    gate.open.clear()
     events = await client.responses.create(
-        model="m", input=items, tools=TOOLS, stream=True, **SAMPLING
+        model="m", input=items, tools=TOOLS, stream=True, **SAMPLING, extra_headers=ep("live")
     )
-    got = [event async for event in events]
+    got = []
+    async with asyncio.timeout(BOUND_S):
+        async for event in events:
+            got.append(event)
+            if event.type == "response.output_text.delta":
+                break
+    assert not gate.open.is_set() and ANSWER.startswith(got[-1].delta)
+    assert api.store.get(episode_key("live", TOKEN)).calls == []  # still sampling
+    gate.open.set()
+    got += [event async for event in events]
     assert [e.sequence_number for e in got] == list(range(len(got)))
-    deltas = [e.delta for e in got if e.type == "response.output_text.delta"]
-    assert "".join(deltas) == ANSWER == whole.output_text and len(deltas) > 1
     final = got[-1].response
+    assert {e.response.id for e in got if hasattr(e, "response")} == {final.id}
+    assert {e.item_id for e in got if hasattr(e, "item_id")} == {final.output[0].id}
+    deltas = [e.delta for e in got if e.type == "response.output_text.delta"]
+    assert "".join(deltas) == ANSWER == whole.output_text
     assert [i.model_dump(exclude={"id"}) for i in final.output] == [
         i.model_dump(exclude={"id"}) for i in whole.output
     ]

@@ -114,6 +114,38 @@ async def test_http_generate_equals_in_process(engine, client, sampling):
 
 
 @in_module_loop
+async def test_streamed_generate_hands_on_the_ids_as_they_come(engine, client, url):
+    # decode_steps=2: a 12-token generation arrives over several chunks, in order, and
+    # the whole output is the unstreamed one (ids, logprobs, versions).
+    sampling = SamplingParams(temperature=1.0, top_k=20, max_new_tokens=12, seed=9)
+    ref = await engine.generate([5, 6, 7], sampling)
+    local: list[list[int]] = []
+    out = await engine.generate([5, 6, 7], sampling, on_tokens=local.append)
+    remote: list[list[int]] = []
+    over_http = await client.generate([5, 6, 7], sampling, on_tokens=remote.append)
+    for pieces, got in ((local, out), (remote, over_http)):
+        assert len(pieces) > 1 and sum(pieces, []) == got.token_ids == ref.token_ids
+        np.testing.assert_allclose(got.logprobs, ref.logprobs, atol=1e-5)
+        assert got.versions == ref.versions
+    # The wire: SGLang's events, the last one the whole result, then [DONE].
+    body = {"input_ids": [5, 6, 7], "sampling_params": {"temperature": 0, "max_new_tokens": 5}}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url + "/generate", json={**body, "stream": True}) as resp:
+            assert resp.content_type == "text/event-stream"
+            events = [e for e in (await resp.text()).split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    assert [c["meta_info"]["finish_reason"] for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+    assert sum((c["output_ids"] for c in chunks[:-1]), []) == chunks[-1]["output_ids"]
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+    # Refused before anything streams: a plain 400.
+    assert (await call(url, "/generate", {**body, "stream": "yes"}))[0] == 400
+    batch = {**body, "input_ids": [[5, 6], [7, 8]], "stream": True}
+    status, error = await call(url, "/generate", batch)
+    assert status == 400 and "stream takes one prompt" in error["error"]["message"]
+
+
+@in_module_loop
 async def test_generate_response_shape(url):
     status, free = await call(
         url, "/generate", {"input_ids": [4, 5, 6], "sampling_params": {"temperature": 0}}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import functools
@@ -61,6 +62,23 @@ def on_policy_batch(model: Transformer, seed: int = 0) -> GRPOBatch:
     return GRPOBatch(
         input_ids=ids, loss_mask=mask, old_logprobs=old, advantages=adv, truncated=truncated
     )
+
+
+class AnswerGate:
+    """An engine whose answers wait for ``open`` (an asyncio.Event) to be set: what a
+    stream shows before then was sent while the engine sampled, from the ids it streamed.
+    Everything else is the wrapped engine's."""
+
+    def __init__(self, engine):
+        self.engine, self.open = engine, asyncio.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    async def generate(self, prompt_ids, sampling, **kw):
+        out = await self.engine.generate(prompt_ids, sampling, **kw)
+        await self.open.wait()
+        return out
 
 
 def tiny_model(seed: int = 0, **overrides) -> Transformer:

@@ -12,10 +12,17 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
 from tunix_agentic.inference.params import SamplingParams
+
+TokenCallback = Callable[[list[int]], None]
+"""Streaming: ``generate(..., on_tokens=f)`` calls ``f(ids)`` on the caller's event loop
+with the ids sampled since the last call, in order, while the request runs. They are
+provisional: the returned :class:`TokenOutput` is what counts (a stop string may cut it
+shorter than what was streamed). Engines that cannot stream call it once with the whole
+output before returning."""
 
 
 class EngineError(RuntimeError):
@@ -172,7 +179,11 @@ class InferenceEngine(Protocol):
         *,
         session_id: str | None = None,
         request_id: str | None = None,
-    ) -> TokenOutput: ...
+        on_tokens: TokenCallback | None = None,
+    ) -> TokenOutput:
+        """Sample a completion of ``prompt_ids``; ``on_tokens`` streams its ids as they come
+        (:data:`TokenCallback`). Cancelling the caller aborts the request."""
+        ...
 
     def update_weights(self, params: Any, version: int) -> WeightUpdate:
         """Hand over new weights; generation continues meanwhile. The handle resolves
@@ -222,3 +233,17 @@ def summed_counters(parts: Iterable[dict[str, float]]) -> dict[str, float]:
         for k, v in part.items():
             out[k] = out.get(k, 0) + v
     return out
+
+
+class StreamedCount:
+    """Wraps an ``on_tokens`` callback and counts what it was given: a layer that retries a
+    request on another backend must not once ids were streamed (the caller has shown them)."""
+
+    def __init__(self, on_tokens: TokenCallback | None):
+        self.given = 0
+        self._on_tokens = on_tokens
+        self.callback: TokenCallback | None = None if on_tokens is None else self._call
+
+    def _call(self, ids: list[int]) -> None:
+        self.given += len(ids)
+        self._on_tokens(ids)  # type: ignore[misc]

@@ -16,6 +16,7 @@ from typing import Any
 
 from tunix_agentic.inference.base import (
     InferenceEngine,
+    TokenCallback,
     TokenOutput,
     WeightUpdate,
     summed_counters,
@@ -67,11 +68,13 @@ class CrossPolicyEngine:
         *,
         session_id: str | None = None,
         request_id: str | None = None,
+        on_tokens: TokenCallback | None = None,
     ) -> TokenOutput:
         i = self._pick()
         self.picks[i] += 1
+        stream = {} if on_tokens is None else {"on_tokens": on_tokens}
         return await self.engines[i].generate(
-            prompt_ids, sampling, session_id=session_id, request_id=request_id
+            prompt_ids, sampling, session_id=session_id, request_id=request_id, **stream
         )
 
     def update_weights(self, params: Any, version: int) -> WeightUpdate:

@@ -78,6 +78,7 @@ from jax.sharding import Mesh
 from tunix_agentic.inference.base import (
     EngineError,
     PromptTooLongError,
+    TokenCallback,
     TokenOutput,
     WeightUpdate,
 )
@@ -240,8 +241,10 @@ class JaxEngine:
         *,
         session_id: str | None = None,
         request_id: str | None = None,
+        on_tokens: TokenCallback | None = None,
     ) -> TokenOutput:
-        """Generate from ``prompt_ids``; cancelling the caller aborts the request."""
+        """Generate from ``prompt_ids``; cancelling the caller aborts the request.
+        ``on_tokens`` gets the ids as each decode chunk is collected."""
         if self.closed:
             raise self._closed_error()
         prompt = [int(t) for t in prompt_ids]
@@ -283,6 +286,7 @@ class JaxEngine:
             key=np.asarray(jax.random.key_data(jax.random.key(seed)), np.uint32),
             max_new=min(sampling.max_new_tokens, self.config.max_seq_len - len(prompt)),
             matcher=matcher,
+            on_tokens=on_tokens,
         )
         self._open.add(req)  # raises for an id already in flight
         self._stage(req)

@@ -32,6 +32,8 @@ from typing import Any
 from tunix_agentic.inference.base import (
     EngineError,
     InferenceEngine,
+    StreamedCount,
+    TokenCallback,
     TokenOutput,
     WeightUpdate,
     summed_counters,
@@ -180,8 +182,10 @@ class EnginePool:
         *,
         session_id: str | None = None,
         request_id: str | None = None,
+        on_tokens: TokenCallback | None = None,
     ) -> TokenOutput:
-        """Generate on the best backend, failing over to others on infrastructure faults.
+        """Generate on the best backend, failing over to others on infrastructure faults
+        (not once ``on_tokens`` was given ids: the caller has shown them).
 
         Raises ``ValueError`` (from the backend) for a bad request, and
         ``EngineError`` when every attempt failed or no healthy backend is left.
@@ -192,6 +196,7 @@ class EnginePool:
         self._health.ensure_watching()
         self._count("pool/requests")
         tried: set[int] = set()
+        streamed = StreamedCount(on_tokens)
         errors: list[str] = []
         last_error: BaseException | None = None
         for attempt in range(self.max_attempts):
@@ -203,13 +208,20 @@ class EnginePool:
             tried.add(backend.index)
             self._add_in_flight(backend, +1)
             try:
-                out = await self._call(backend, prompt_ids, sampling, session_id, request_id)
+                out = await self._call(
+                    backend, prompt_ids, sampling, session_id, request_id, streamed.callback
+                )
             except ValueError:
                 raise  # the request is bad, not the backend
             except FAILOVER_ERRORS as e:
                 last_error = e
                 errors.append(f"{backend.name}: {type(e).__name__}: {e}")
                 self._health.record_failure(backend, e)
+                if streamed.given:
+                    raise EngineError(
+                        f"{backend.name} failed after streaming {streamed.given} tokens "
+                        f"(not retried: the caller has them): {e}"
+                    ) from e
                 continue
             finally:
                 self._add_in_flight(backend, -1)  # also on cancellation
@@ -362,15 +374,16 @@ class EnginePool:
         sampling: SamplingParams,
         session_id: str | None,
         request_id: str | None,
+        on_tokens: TokenCallback | None,
     ) -> TokenOutput:
+        stream = {} if on_tokens is None else {"on_tokens": on_tokens}
+        call = b.engine.generate(
+            prompt_ids, sampling, session_id=session_id, request_id=request_id, **stream
+        )
         if self.request_timeout_s is None:
-            return await b.engine.generate(
-                prompt_ids, sampling, session_id=session_id, request_id=request_id
-            )
+            return await call
         async with asyncio.timeout(self.request_timeout_s):
-            return await b.engine.generate(
-                prompt_ids, sampling, session_id=session_id, request_id=request_id
-            )
+            return await call
 
     def _none_left_message(self, errors: list[str]) -> str:
         down = sum(not b.healthy for b in self._backends)

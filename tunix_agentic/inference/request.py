@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -43,6 +44,8 @@ class Request:
     aborted: bool = False
     pending: int = 0  # tokens dispatched to the device for this request, not yet collected
     matcher: Matcher | None = None  # constrained decoding: the grammar's state (host side)
+    on_tokens: Callable[[list[int]], None] | None = None  # streaming: called on ``loop``
+    streamed: int = 0  # tokens handed to ``on_tokens`` so far
 
     def output(self, reason: str) -> TokenOutput:
         """What the caller gets back: the tokens so far, ended for ``reason``."""

@@ -490,7 +490,19 @@ class Scheduler:
 
     # ----------------------------------------------------------- collect
     def _collect(self, op: _Op, arrays: tuple[np.ndarray, ...], busy: float) -> None:
-        """Hand an op's tokens to the requests that still own their slots."""
+        """Hand an op's tokens to the requests that still own their slots, and the new
+        ones to a streaming caller (before it hears the request ended: :meth:`_flush`
+        comes later, and one loop runs callbacks in the order they are posted)."""
+        self._collect_tokens(op, arrays, busy)
+        for _, req in op.owners:
+            if req.on_tokens is not None and len(req.tokens) > req.streamed:
+                fresh, req.streamed = req.tokens[req.streamed :], len(req.tokens)
+                try:
+                    req.loop.call_soon_threadsafe(req.on_tokens, fresh)
+                except RuntimeError:  # that loop is closed: no one is reading
+                    req.on_tokens = None
+
+    def _collect_tokens(self, op: _Op, arrays: tuple[np.ndarray, ...], busy: float) -> None:
         tokens, logprobs = arrays
         if op.kind == "prefill":
             for i, req in op.owners:

@@ -36,7 +36,7 @@ from typing import Any
 
 import aiohttp
 
-from tunix_agentic.inference.base import EngineError, TokenOutput, WeightUpdate
+from tunix_agentic.inference.base import EngineError, TokenCallback, TokenOutput, WeightUpdate
 from tunix_agentic.inference.params import SamplingParams
 from tunix_agentic.serving.weights_dir import WeightsDirs
 
@@ -128,6 +128,44 @@ def parse_generate_response(
     if why is not None:
         raise BadReply(f"impossible /generate reply: {why}")
     return out
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
+
+
+async def _events(content: aiohttp.StreamReader) -> Any:
+    """The ``data:`` payloads of a server-sent event stream, up to ``[DONE]`` (read in
+    pieces: a last chunk with every logprob is longer than aiohttp's line limit)."""
+    buffer = b""
+    async for piece in content.iter_any():
+        buffer += piece
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            if not line.startswith(b"data: "):
+                continue
+            data = line[6:].strip()
+            if data == b"[DONE]":
+                return
+            yield data.decode()
+
+
+def _hand_on(chunk: Any, had: int, on_tokens: TokenCallback) -> int:
+    """Give ``on_tokens`` the ids of a streamed ``/generate`` chunk that it has not had;
+    returns how many it has had now (a malformed chunk gives nothing: the last one is
+    checked whole)."""
+    try:
+        ids = [int(t) for t in chunk["output_ids"]]
+        total = int(chunk["meta_info"].get("completion_tokens", len(ids)))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return had
+    fresh = ids[had:] if len(ids) == total else ids
+    if fresh:
+        on_tokens(fresh)
+    return had + len(fresh)
 
 
 def check_reply(
@@ -269,10 +307,46 @@ class SGLangEngine:
         except (aiohttp.ClientError, OSError) as exc:
             self._mark(False, status="unreachable", error=repr(exc))
             raise EngineError(f"{self.name}: {path} failed: {exc!r}") from exc
+        data = _json_or_none(text)
+        if status >= 500:
+            message = _error_message(data, text)
+            self._mark(False, status=f"http {status}", error=message)
+            raise EngineError(f"{self.name}: {path} answered HTTP {status}: {message}")
+        self._mark(True, status="ok")
+        return status, data, text
+
+    async def _stream(
+        self, path: str, payload: Any, on_tokens: TokenCallback
+    ) -> tuple[int, Any, str]:
+        """A streamed ``/generate``: ``(status, last chunk, text)`` as :meth:`_request`
+        answers, the ids of each chunk handed to ``on_tokens`` meanwhile. A chunk's
+        ``output_ids`` are all so far when they are ``meta_info.completion_tokens`` long
+        (SGLang's default), else the new ones."""
+        timeout = aiohttp.ClientTimeout(total=self.request_timeout_s)
         try:
-            data = json.loads(text) if text else None
-        except ValueError:
-            data = None
+            async with self._session().post(
+                self.base_url + path, json=payload, timeout=timeout
+            ) as resp:
+                if resp.status != 200 or resp.content_type != "text/event-stream":
+                    text = await resp.text()
+                    status, data = resp.status, _json_or_none(text)
+                    if status == 200 and isinstance(data, dict):
+                        _hand_on(data, 0, on_tokens)
+                else:
+                    status, data, text = 200, None, ""
+                    had = 0
+                    async for event in _events(resp.content):
+                        text, data = event, _json_or_none(event)
+                        if isinstance(data, dict) and "error" in data:
+                            status = 500  # a failure after the stream began
+                            break
+                        had = _hand_on(data, had, on_tokens)
+        except TimeoutError as exc:
+            self._mark(False, status="timeout", error=f"{path} timed out")
+            raise EngineError(f"{self.name}: {path} timed out after {timeout.total}s") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            self._mark(False, status="unreachable", error=repr(exc))
+            raise EngineError(f"{self.name}: {path} failed: {exc!r}") from exc
         if status >= 500:
             message = _error_message(data, text)
             self._mark(False, status=f"http {status}", error=message)
@@ -293,8 +367,12 @@ class SGLangEngine:
         *,
         session_id: str | None = None,
         request_id: str | None = None,
+        on_tokens: TokenCallback | None = None,
     ) -> TokenOutput:
-        """POST ``/generate``; cancelling the caller aborts the request on the server."""
+        """POST ``/generate``; cancelling the caller aborts the request on the server.
+        With ``on_tokens`` the request streams (``"stream": true``, SGLang's server-sent
+        chunks) and each chunk's new ids are handed on; a server that answers whole
+        (no streaming) hands them on once."""
         rid = request_id or f"{self._rid_prefix}-{next(self._rid_counter)}"
         payload: dict[str, Any] = {
             "input_ids": [int(t) for t in prompt_ids],
@@ -304,9 +382,14 @@ class SGLangEngine:
         }
         if session_id is not None:
             payload["session_id"] = session_id
+        if on_tokens is not None:
+            payload["stream"] = True
         self._in_flight += 1
         try:
-            status, data, text = await self._request("POST", "/generate", payload)
+            if on_tokens is None:
+                status, data, text = await self._request("POST", "/generate", payload)
+            else:
+                status, data, text = await self._stream("/generate", payload, on_tokens)
         except (asyncio.CancelledError, EngineError):
             # The server may still be generating (a timeout, a cancelled caller): stop it.
             self._spawn(self.abort(rid))

@@ -9,7 +9,13 @@ this server and to a real SGLang server alike:
   our extension ``session_id`` (per-session KV reuse). The answer carries
   ``output_ids`` and ``meta_info`` (finish reason, token counts, logprobs as
   ``[logprob, token_id, null]`` triples, and our extension
-  ``output_token_versions``: the policy version of every token).
+  ``output_token_versions``: the policy version of every token). With
+  ``"stream": true`` (one prompt) the answer is SGLang's server-sent events: a chunk
+  per collected decode chunk with the new ``output_ids`` (``meta_info``:
+  ``completion_tokens`` so far, ``finish_reason`` null), then the whole result as
+  above (cut at a ``stop`` string: the ids streamed before it are provisional),
+  then ``data: [DONE]``; a failure after the first chunk is a last
+  ``{"error": {...}}`` event.
 - Stopping as SGLang does: at the model's end-of-sequence ids (read from its
   Hugging Face directory: ``generation_config.json`` / ``tokenizer_config.json``)
   unless ``ignore_eos`` is true; at ``stop`` strings; ``text`` decoded with or
@@ -171,11 +177,19 @@ def format_output(
 
 
 async def _generate_one(
-    engine: JaxEngine, req: GenerateRequest, t0: float, model_text: ModelText | None = None
+    engine: JaxEngine,
+    req: GenerateRequest,
+    t0: float,
+    model_text: ModelText | None = None,
+    on_tokens: Callable[[list[int]], None] | None = None,
 ) -> dict[str, Any]:
     model_text = model_text or ModelText()
     out = await engine.generate(
-        req.input_ids, req.sampling, session_id=req.session_id, request_id=req.rid
+        req.input_ids,
+        req.sampling,
+        session_id=req.session_id,
+        request_id=req.rid,
+        on_tokens=on_tokens,
     )
     match = cut_at_stop_string(out, req.stop, model_text)
     if match is not None:
@@ -209,7 +223,55 @@ async def _generate_all(
     return [t.result() for t in tasks]
 
 
-async def handle_generate(request: web.Request) -> web.Response:
+async def _event_stream(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+    return response
+
+
+async def _event(response: web.StreamResponse, body: Any) -> None:
+    await response.write(b"data: " + json.dumps(body).encode() + b"\n\n")
+
+
+async def _stream_one(
+    request: web.Request, engine: JaxEngine, req: GenerateRequest, t0: float, text: ModelText
+) -> web.StreamResponse:
+    """One prompt answered as server-sent events (the module's docstring). A failure
+    before the first chunk raises as an unstreamed request's does (a 400 or 503)."""
+    fresh: asyncio.Queue[list[int]] = asyncio.Queue()
+    task = asyncio.ensure_future(_generate_one(engine, req, t0, text, fresh.put_nowait))
+    response: web.StreamResponse | None = None
+    sent = 0
+    try:
+        while True:
+            getter = asyncio.ensure_future(fresh.get())
+            await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()
+                break
+            ids = getter.result()
+            sent += len(ids)
+            response = response or await _event_stream(request)
+            meta = {"id": req.rid, "finish_reason": None, "completion_tokens": sent}
+            await _event(response, {"output_ids": ids, "meta_info": meta})
+        try:
+            result = task.result()
+        except (ValueError, EngineError) as exc:
+            if response is None:
+                raise
+            result = {"error": {"message": str(exc), "type": type(exc).__name__}}
+        response = response or await _event_stream(request)
+        await _event(response, result)
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+    finally:
+        task.cancel()  # the client left (this handler was cancelled): abort the request
+
+
+async def handle_generate(request: web.Request) -> web.StreamResponse:
     t0 = time.perf_counter()
     state = request.app[_STATE]
     engine = state.engine
@@ -226,6 +288,13 @@ async def handle_generate(request: web.Request) -> web.Response:
                 can_decode=state.text.tokenizer is not None,
             ),
         )
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise ValueError(f"stream must be true or false, got {stream!r}")
+        if stream:
+            if batched:
+                raise ValueError("stream takes one prompt: send a batch without stream")
+            return await _stream_one(request, engine, reqs[0], t0, state.text)
         if batched:
             result: Any = await _generate_all(engine, reqs, t0, state.text)
         else:

@@ -22,9 +22,13 @@ Routes (JSON; errors ``{"error": {"message", "type"}}`` with a 4xx naming the fi
   an episode's next call continues from them, the template's end-of-turn id after them).
   ``logprobs``: each choice's ``logprobs.content`` (one entry per id of its text).
   ``stream``: server-sent ``chat.completion.chunk`` events, then ``data: [DONE]``: the
-  same reply (same sampling, same recording) framed as deltas, sent once the engine has
-  answered (the engine contract returns a completion whole); with
-  ``stream_options.include_usage`` a last chunk holds ``usage``. A client that closes its
+  same reply (same sampling, same recording) framed as deltas. One choice without
+  ``logprobs`` shows its content while the engine samples it (the engine streams its ids:
+  ``on_tokens``; what may still change is held back: :mod:`.live`); tool calls, what
+  follows a tool-call block or a stop string, ``finish_reason`` and the rest come once the
+  call is recorded, and ``n`` > 1 or ``logprobs`` replies are framed then, whole. With
+  ``stream_options.include_usage`` a last chunk holds ``usage``; an engine failure after
+  the stream began is a last ``{"error": ...}`` event. A client that closes its
   connection before it has the reply (streamed or not) aborts the engine's request (on a
   server that cancels a gone client's handler, as
   :func:`~tunix_agentic.serving.http.serve_app` does), and its call is recorded as
@@ -115,6 +119,7 @@ from tunix_agentic.rollout.openai_endpoint.episodes import (
     episode_trajectory,
     new_token,
 )
+from tunix_agentic.rollout.openai_endpoint.live import TOOL_CALL_MARKER, LiveStream, LiveText
 from tunix_agentic.rollout.openai_endpoint.prompt import (
     Prompt,
     PromptRenderer,
@@ -122,10 +127,12 @@ from tunix_agentic.rollout.openai_endpoint.prompt import (
 )
 from tunix_agentic.rollout.openai_endpoint.reply import (
     Answer,
+    LiveChunks,
     Reply,
     completion_json,
     parse_reply,
     send_chunks,
+    write_event,
 )
 from tunix_agentic.rollout.openai_endpoint.responses import Responses
 from tunix_agentic.rollout.openai_endpoint.schema import (
@@ -357,22 +364,60 @@ class ChatCompletions:
     async def handle_chat(self, request: web.Request) -> web.StreamResponse:
         headers: dict[str, str] = {}
         sent: list[web.StreamResponse] = []
+        head = self._head()
+        live: list[tuple[LiveStream, LiveChunks]] = []
+
+        def show_live(chat: ChatRequest) -> LiveStream | None:
+            if not chat.stream:
+                return None
+            chunks = LiveChunks(
+                request, headers, {**head, "model": chat.model or head["model"]}, chat.include_usage
+            )
+            shown = self.live_stream(chat, chunks.write)
+            if shown is not None:
+                live.append((shown, chunks))
+            return shown
 
         async def deliver(served: ServedCall) -> None:
             if served.chat.stream:
-                answer = self._answer(served)
-                sent.append(await send_chunks(request, answer, self.tokenizer.decode, headers))
+                answer = self._answer(served, head)
+                shown = (live[0][1], live[0][0].text.shown) if live else None
+                decode = self.tokenizer.decode
+                sent.append(await send_chunks(request, answer, decode, headers, shown))
 
         try:
-            served = await self.serve_call(request, self._parse_chat, headers, deliver=deliver)
+            served = await self.serve_call(
+                request, self._parse_chat, headers, deliver=deliver, live=show_live
+            )
         except RequestError as exc:
+            if live and live[0][1].response is not None:  # the stream had begun: end it so
+                error = {"error": {"message": str(exc), "type": "server_error"}}
+                await write_event(live[0][1].response, error)
+                await live[0][1].response.write(b"data: [DONE]\n\n")
+                return live[0][1].response
             return json_error(exc.status, str(exc), "invalid_request_error")
         except ClientGone:  # nobody reads what is answered now
             return sent[0] if sent else web.Response(status=499)
+        except asyncio.CancelledError:
+            if live and live[0][0].gone:  # our own cancel: the client left mid-stream
+                asyncio.current_task().uncancel()
+                return live[0][1].response or web.Response(status=499)
+            raise
         if sent:
             return sent[0]
         answer = completion_json(self._answer(served), self.tokenizer.decode)
         return web.json_response(answer, headers=headers)
+
+    def live_stream(
+        self, chat: ChatRequest, write: Callable[[str], Awaitable[None]]
+    ) -> LiveStream | None:
+        """What shows ``chat``'s content through ``write`` while the engine samples it
+        (:mod:`.live`): for one choice without logprobs (None otherwise: framed once the
+        call is recorded)."""
+        if chat.n != 1 or chat.logprobs:
+            return None
+        holds = [*chat.stop, TOOL_CALL_MARKER] if chat.parse_tools else list(chat.stop)
+        return LiveStream(LiveText(self.tokenizer.decode, holds, self.template.stop_ids), write)
 
     def _parse_chat(self, body: Any) -> tuple[ChatRequest, Collection[str]]:
         chat = parse_chat_request(
@@ -387,6 +432,7 @@ class ChatCompletions:
         headers: dict[str, str],
         *,
         deliver: Callable[[ServedCall], Awaitable[None]] | None = None,
+        live: Callable[[ChatRequest], LiveStream | None] | None = None,
     ) -> ServedCall:
         """One call, whichever API it came in: read the body, ``parse`` it into a
         :class:`ChatRequest` and the names of the chat fields it gave (the episode's call
@@ -398,7 +444,9 @@ class ChatCompletions:
         servers cancel a gone client's handler: :func:`~tunix_agentic.serving.http.serve_app`),
         which aborts the engine's requests; one that hangs up while ``deliver`` (which sends
         a streamed reply, after the call is recorded) writes raises :class:`ClientGone`
-        (or the cancellation). Either way the call is recorded as cut."""
+        (or the cancellation). Either way the call is recorded as cut. ``live`` may give a
+        :class:`~.live.LiveStream` for the checked request: it is fed the engine's ids as
+        they come and closed (its last piece written) before ``deliver``."""
         chat, given = parse(await self._body(request))
         eid = self._episode_id(request)
         episode = None
@@ -419,10 +467,13 @@ class ChatCompletions:
                 ) from None
             version = self.version_of()
             t0 = time.perf_counter()
+            shown = live(chat) if live is not None else None
             try:
                 outs, stops = await self._generate(
-                    chat, prompt.ids, episode.key if episode else None
+                    chat, prompt.ids, episode.key if episode else None, shown
                 )
+                if shown is not None:
+                    await shown.close()
             except asyncio.CancelledError:  # the client hung up: the engine's requests abort
                 self.counts["cut_calls"] += 1
                 if episode is not None:
@@ -452,10 +503,11 @@ class ChatCompletions:
         return served
 
     async def _generate(
-        self, chat: ChatRequest, prompt_ids: list[int], eid: str | None
+        self, chat: ChatRequest, prompt_ids: list[int], eid: str | None, live: Any = None
     ) -> tuple[list[TokenOutput], list[str | None]]:
         """The engine's outputs, each cut at its first stop string, and the string it was
-        cut at (None: not cut)."""
+        cut at (None: not cut); ``live`` (one choice): a :class:`~.live.LiveStream` fed
+        the ids as they come."""
         constraint = chat.constraint(self.config.parser)  # RequestError for another form
         try:
             samplings = [
@@ -477,8 +529,9 @@ class ChatCompletions:
         sessions = (
             [None] * chat.n if eid is None else [eid] + [f"{eid}#{k}" for k in range(1, chat.n)]
         )
+        stream = {} if live is None else {"on_tokens": live.on_tokens}
         tasks = [
-            asyncio.ensure_future(self.engine.generate(prompt_ids, s, session_id=session))
+            asyncio.ensure_future(self.engine.generate(prompt_ids, s, session_id=session, **stream))
             for s, session in zip(samplings, sessions, strict=True)
         ]
         try:
@@ -492,6 +545,8 @@ class ChatCompletions:
         finally:  # one choice failed or the client left: the others stop too
             for task in tasks:
                 task.cancel()
+            if live is not None and not all(t.done() and not t.cancelled() for t in tasks):
+                live.cancel()
         if any(out.finish_reason == "abort" for out in outs):
             raise RequestError("the engine aborted the generation (retry)", 503)
         cut = [cut_at_stop_string(out, chat.stop, self.text) for out in outs]
@@ -500,13 +555,18 @@ class ChatCompletions:
             [None if c is None else c.matched for c in cut],
         )
 
-    def _answer(self, served: ServedCall) -> Answer:
+    def _head(self) -> dict[str, Any]:
+        """A completion's ``id``, ``created`` and (the default) ``model``."""
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "created": int(time.time()),
+            "model": self.config.model_name,
+        }
+
+    def _answer(self, served: ServedCall, head: dict[str, Any] | None = None) -> Answer:
+        head = head or self._head()
         return Answer(
-            head={
-                "id": f"chatcmpl-{uuid.uuid4().hex}",
-                "created": int(time.time()),
-                "model": served.chat.model or self.config.model_name,
-            },
+            head={**head, "model": served.chat.model or head["model"]},
             prompt_tokens=len(served.prompt.ids),
             outs=served.outs,
             replies=served.replies,

@@ -175,8 +175,20 @@ def _outside(text: str, start: int, end: int, spans: Sequence[tuple[int, int]]) 
     return "".join(out)
 
 
-def _choice_deltas(choice: StreamChoice) -> Iterator[tuple[dict[str, Any], Any]]:
-    """``(delta, logprobs)`` pairs of one choice, role first, finish_reason not included."""
+def _choice_deltas(choice: StreamChoice, shown: int = 0) -> Iterator[tuple[dict[str, Any], Any]]:
+    """``(delta, logprobs)`` pairs of one choice, role first, finish_reason not included;
+    ``shown``: characters of content already sent live (:mod:`.live`), with the role."""
+    if shown:
+        for delta, lp in _choice_deltas(choice):
+            piece = delta.get("content")
+            if "role" in delta:
+                continue
+            if piece and shown:
+                delta, shown = {**delta, "content": piece[shown:]}, max(0, shown - len(piece))
+                if not delta["content"] and lp is None:
+                    continue
+            yield delta, lp
+        return
     reply, message = choice.reply, choice.reply.message
     shows_content = message["content"] is not None
     yield {"role": "assistant", "content": "" if shows_content else None}, None
@@ -198,28 +210,38 @@ def _choice_deltas(choice: StreamChoice) -> Iterator[tuple[dict[str, Any], Any]]
             yield delta, None
 
 
+def _chunk(
+    head: dict[str, Any],
+    with_usage: bool,
+    index: int,
+    delta: dict[str, Any],
+    finish: str | None = None,
+    lp: Any = None,
+) -> dict[str, Any]:
+    """One ``chat.completion.chunk`` with one choice's delta (``"usage": null`` when the
+    stream ends with a usage chunk, as OpenAI's do)."""
+    one = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": lp}
+    usage = {"usage": None} if with_usage else {}
+    return {**head, "object": "chat.completion.chunk", **usage, "choices": [one]}
+
+
 def stream_chunks(
     head: dict[str, Any],
     choices: Sequence[StreamChoice],
     usage: dict[str, int] | None,
+    shown: int = 0,
 ) -> Iterator[dict[str, Any]]:
     """The ``chat.completion.chunk`` events of a reply (``head``: ``id``, ``created``,
-    ``model``); a last chunk with ``usage`` and no choices when ``usage`` is given (then
-    every other chunk carries ``"usage": null``, as OpenAI's do)."""
-    base = {**head, "object": "chat.completion.chunk"}
-    if usage is not None:
-        base["usage"] = None
-
-    def chunk(index: int, delta: dict[str, Any], finish: str | None, lp: Any) -> dict[str, Any]:
-        one = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": lp}
-        return {**base, "choices": [one]}
-
+    ``model``); a last chunk with ``usage`` and no choices when ``usage`` is given.
+    ``shown``: characters of the first choice's content already sent live (with its
+    role delta): the events that follow them."""
+    with_usage = usage is not None
     for index, choice in enumerate(choices):
-        for delta, lp in _choice_deltas(choice):
-            yield chunk(index, delta, None, lp)
-        yield chunk(index, {}, choice.finish_reason, None)
+        for delta, lp in _choice_deltas(choice, shown if index == 0 else 0):
+            yield _chunk(head, with_usage, index, delta, None, lp)
+        yield _chunk(head, with_usage, index, {}, choice.finish_reason)
     if usage is not None:
-        yield {**base, "choices": [], "usage": usage}
+        yield {**head, "object": "chat.completion.chunk", "choices": [], "usage": usage}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,14 +290,48 @@ def completion_json(answer: Answer, decode: Callable[[list[int]], str]) -> dict[
     }
 
 
+async def event_stream(request: web.Request, headers: dict[str, str]) -> web.StreamResponse:
+    """A prepared server-sent-events response."""
+    stream = web.StreamResponse(
+        headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await stream.prepare(request)
+    return stream
+
+
+async def write_event(stream: web.StreamResponse, body: Any) -> None:
+    await stream.write(b"data: " + json.dumps(body).encode() + b"\n\n")
+
+
+class LiveChunks:
+    """The first chunks of a chat stream, written while the engine samples (the
+    :class:`~.live.LiveStream`'s writer): the response is opened at the first piece, with
+    the role delta, then each piece is a content delta."""
+
+    def __init__(
+        self, request: web.Request, headers: dict[str, str], head: dict[str, Any], usage: bool
+    ):
+        self.request, self.headers, self.head, self.usage = request, headers, head, usage
+        self.response: web.StreamResponse | None = None
+
+    async def write(self, piece: str) -> None:
+        if self.response is None:
+            self.response = await event_stream(self.request, self.headers)
+            role = {"role": "assistant", "content": ""}
+            await write_event(self.response, _chunk(self.head, self.usage, 0, role))
+        await write_event(self.response, _chunk(self.head, self.usage, 0, {"content": piece}))
+
+
 async def send_chunks(
     request: web.Request,
     answer: Answer,
     decode: Callable[[list[int]], str],
     headers: dict[str, str],
+    live: tuple[LiveChunks, str] | None = None,
 ) -> web.StreamResponse:
     """Send ``answer`` as server-sent chunk events, then ``data: [DONE]`` (a
-    ``ConnectionError`` when the client has left)."""
+    ``ConnectionError`` when the client has left); ``live``: the chunks already sent
+    while sampling and the content they showed (the rest follows on their response)."""
     choices = [
         StreamChoice(
             reply=reply,
@@ -285,13 +341,13 @@ async def send_chunks(
         )
         for k, (out, reply) in enumerate(zip(answer.outs, answer.replies, strict=True))
     ]
-    stream = web.StreamResponse(
-        headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
-    await stream.prepare(request)
+    chunks, shown = live if live is not None else (None, "")
+    stream = chunks.response if chunks and chunks.response else None
+    if stream is None:
+        stream, shown = await event_stream(request, headers), ""
     usage = answer.usage() if answer.include_usage else None
-    for chunk in stream_chunks(answer.head, choices, usage):
-        await stream.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+    for chunk in stream_chunks(answer.head, choices, usage, len(shown)):
+        await write_event(stream, chunk)
     await stream.write(b"data: [DONE]\n\n")
     await stream.write_eof()
     return stream

@@ -28,13 +28,16 @@ counts tokens; a reply cut by ``max_output_tokens`` is ``status: "incomplete"``.
 ``stream: true`` the answer is server-sent events in OpenAI's order (``response.created``,
 ``response.in_progress``, per item ``response.output_item.added``, text deltas (one per
 token that completes a character) or the arguments, ``...done`` events,
-``response.output_item.done``, then ``response.completed`` or ``response.incomplete``),
-sent once the engine has answered (it returns a completion whole) and the call is
-recorded; a client that leaves mid-stream has its call marked cut, as the chat path does.
+``response.output_item.done``, then ``response.completed`` or ``response.incomplete``).
+The reply's text shows while the engine samples it (:class:`LiveEvents`: the opening
+events and text deltas, held back as the chat path holds them: :mod:`.live`); the rest
+follows once the call is recorded, under the same response and item ids. A client that
+leaves mid-stream has its call marked cut, as the chat path does.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import json
@@ -320,15 +323,22 @@ def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def output_items(message: Mapping[str, Any], *, complete: bool) -> list[dict[str, Any]]:
+def output_items(
+    message: Mapping[str, Any], *, complete: bool, message_id: str | None = None
+) -> list[dict[str, Any]]:
     """The output items of one assistant message: a ``message`` item with its text (when
-    it has text or no call), then a ``function_call`` item per call."""
+    it has text or no call; ``message_id`` its id), then a ``function_call`` item per call."""
     status = "completed" if complete else "incomplete"
     items = []
     calls = message.get("tool_calls") or ()
     if message.get("content") or not calls:
         part = {"type": "output_text", "text": message.get("content") or "", "annotations": []}
-        item = {"id": _id("msg"), "type": "message", "role": "assistant", "status": status}
+        item = {
+            "id": message_id or _id("msg"),
+            "type": "message",
+            "role": "assistant",
+            "status": status,
+        }
         items.append({**item, "content": [{**part, "logprobs": []}]})
     for call in calls:
         fn = call["function"]
@@ -345,18 +355,22 @@ def output_items(message: Mapping[str, Any], *, complete: bool) -> list[dict[str
     return items
 
 
-def response_object(request: ResponsesRequest, served: Any, default_model: str) -> dict[str, Any]:
+def response_object(
+    request: ResponsesRequest, served: Any, default_model: str, shell: LiveEvents | None = None
+) -> dict[str, Any]:
     """The ``response`` object of a served call (``served``: the chat path's
-    :class:`~tunix_agentic.rollout.openai_endpoint.api.ServedCall`, one choice)."""
+    :class:`~tunix_agentic.rollout.openai_endpoint.api.ServedCall`, one choice); ``shell``:
+    the live stream whose ids (response, creation time, message item) it keeps."""
     (out,) = served.outs
     complete = out.finish_reason != "length"
-    output = output_items(served.messages[0], complete=complete)
+    message_id = shell.message_id if shell else None
+    output = output_items(served.messages[0], complete=complete, message_id=message_id)
     prompt_tokens, completion_tokens = len(served.prompt.ids), len(out.token_ids)
     now = time.time()
     return {
-        "id": _id("resp"),
+        "id": shell.response_id if shell else _id("resp"),
         "object": "response",
-        "created_at": now,
+        "created_at": shell.created if shell else now,
         "completed_at": now,
         "status": "completed" if complete else "incomplete",
         "incomplete_details": None if complete else {"reason": "max_output_tokens"},
@@ -396,26 +410,43 @@ def text_pieces(decode: Callable[[list[int]], str], ids: list[int], text: str) -
     return pieces if shown == text and pieces else [text]
 
 
-def stream_events(response: dict[str, Any], pieces: list[str]) -> Iterator[dict[str, Any]]:
-    """The server-sent events of ``response`` in OpenAI's order, numbered; ``pieces``:
-    the text deltas of its message item."""
-    number = itertools.count()
+def _opening(response: dict[str, Any]) -> list[dict[str, Any]]:
     shell = {**response, "status": "in_progress", "output": [], "usage": None}
     shell["incomplete_details"] = None
-    events: list[dict[str, Any]] = [
+    return [
         {"type": "response.created", "response": shell},
         {"type": "response.in_progress", "response": shell},
     ]
+
+
+def _message_opening(item: dict[str, Any], index: int) -> list[dict[str, Any]]:
+    at = {"item_id": item["id"], "output_index": index}
+    empty = {**item["content"][0], "text": ""}
+    return [
+        _added(item, content=[], index=index),
+        {"type": "response.content_part.added", **at, "content_index": 0, "part": empty},
+    ]
+
+
+def stream_events(
+    response: dict[str, Any], pieces: list[str], shown: LiveEvents | None = None
+) -> Iterator[dict[str, Any]]:
+    """The server-sent events of ``response`` in OpenAI's order, numbered; ``pieces``:
+    the text deltas of its message item. ``shown``: the live stream that already sent the
+    opening events and the first characters of the message's text: the events after."""
+    number = itertools.count(shown.sent if shown else 0)
+    skip = len(shown.text) if shown else 0
+    events: list[dict[str, Any]] = [] if shown else _opening(response)
     for index, item in enumerate(response["output"]):
         at = {"item_id": item["id"], "output_index": index}
         if item["type"] == "message":
             (part,) = item["content"]
-            empty = {**part, "text": ""}
-            events.append(_added(item, content=[], index=index))
-            events.append(
-                {"type": "response.content_part.added", **at, "content_index": 0, "part": empty}
-            )
+            if not (shown and index == 0):
+                events.extend(_message_opening(item, index))
             for piece in pieces:
+                piece, skip = piece[skip:], max(0, skip - len(piece))
+                if not piece:
+                    continue
                 delta = {"delta": piece, "logprobs": [], "content_index": 0}
                 events.append({"type": "response.output_text.delta", **at, **delta})
             done = {"text": part["text"], "logprobs": [], "content_index": 0}
@@ -442,6 +473,56 @@ def _added(item: dict[str, Any], *, index: int, **empty: Any) -> dict[str, Any]:
     return {"type": "response.output_item.added", "output_index": index, "item": started}
 
 
+class LiveEvents:
+    """The first events of a streamed response, written while the engine samples (a
+    :class:`~.live.LiveStream`'s writer): at the first piece the opening events with the
+    message item (ids made here, kept by :func:`response_object`), then a text delta per
+    piece. ``sent``: events written; ``text``: the text shown."""
+
+    def __init__(
+        self, request: web.Request, headers: dict[str, str], req: ResponsesRequest, model: str
+    ):
+        self.request, self.headers, self.req, self.model = request, headers, req, model
+        self.response_id, self.message_id, self.created = _id("resp"), _id("msg"), time.time()
+        self.stream: web.StreamResponse | None = None
+        self.sent, self.text = 0, ""
+
+    async def write(self, piece: str) -> None:
+        events = []
+        if self.stream is None:
+            self.stream = await _event_stream(self.request, self.headers)
+            shell = {
+                "id": self.response_id,
+                "object": "response",
+                "created_at": self.created,
+                **self.req.echo,
+                "model": self.req.echo["model"] or self.model,
+            }
+            message = {"id": self.message_id, "type": "message", "role": "assistant"}
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            item = {**message, "status": "in_progress", "content": [part]}
+            events = [*_opening(shell), *_message_opening(item, 0)]
+        at = {"item_id": self.message_id, "output_index": 0, "content_index": 0}
+        events.append({"type": "response.output_text.delta", **at, "delta": piece, "logprobs": []})
+        for event in events:
+            await _write(self.stream, {**event, "sequence_number": self.sent})
+            self.sent += 1
+        self.text += piece
+
+
+async def _event_stream(request: web.Request, headers: dict[str, str]) -> web.StreamResponse:
+    stream = web.StreamResponse(
+        headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await stream.prepare(request)
+    return stream
+
+
+async def _write(stream: web.StreamResponse, event: dict[str, Any]) -> None:
+    data = json.dumps(event, separators=(",", ":"))
+    await stream.write(f"event: {event['type']}\ndata: {data}\n\n".encode())
+
+
 # ----------------------------------------------------------------------------- serving
 class ChatPath(Protocol):
     """What this endpoint needs of the chat endpoint
@@ -458,7 +539,13 @@ class ChatPath(Protocol):
         headers: dict[str, str],
         *,
         deliver: Callable[[Any], Awaitable[None]] | None = None,
+        live: Callable[[ChatRequest], Any] | None = None,
     ) -> Any: ...
+
+    def live_stream(self, chat: ChatRequest, write: Callable[[str], Awaitable[None]]) -> Any:
+        """A :class:`~.live.LiveStream` of ``chat``'s content through ``write`` (None: the
+        call is framed once recorded)."""
+        ...
 
 
 class Responses:
@@ -474,6 +561,16 @@ class Responses:
         headers: dict[str, str] = {}
         parsed: list[ResponsesRequest] = []
         sent: list[web.StreamResponse] = []
+        shells: list[LiveEvents] = []
+        lives: list[Any] = []  # the LiveStream
+        model = self.chat.config.model_name
+
+        def show_live(chat: ChatRequest) -> Any:
+            if not parsed[0].stream:
+                return None
+            shells.append(LiveEvents(request, headers, parsed[0], model))
+            lives.append(self.chat.live_stream(chat, shells[0].write))
+            return lives[0]
 
         def parse(body: Any) -> tuple[ChatRequest, Collection[str]]:
             parsed.append(parse_responses_request(body, max_messages=self.chat.config.max_messages))
@@ -481,11 +578,19 @@ class Responses:
 
         async def deliver(served: Any) -> None:  # after the call is recorded
             if parsed[0].stream:
-                sent.append(await self._stream(request, parsed[0], served, headers))
+                shell = shells[0] if shells and shells[0].stream else None
+                sent.append(await self._stream(request, parsed[0], served, headers, shell))
 
         try:
-            served = await self.chat.serve_call(request, parse, headers, deliver=deliver)
+            served = await self.chat.serve_call(
+                request, parse, headers, deliver=deliver, live=show_live
+            )
         except RequestError as exc:
+            if shells and shells[0].stream is not None:  # the stream had begun: end it so
+                error = {"code": "server_error", "message": str(exc)}
+                event = {"type": "error", **error, "sequence_number": shells[0].sent}
+                await _write(shells[0].stream, event)
+                return shells[0].stream
             return json_error(exc.status, str(exc), "invalid_request_error")
         except Exception:
             # A client gone mid-stream (the chat path marks the call cut): the stream that
@@ -493,16 +598,27 @@ class Responses:
             if sent:
                 return sent[0]
             raise
+        except asyncio.CancelledError:
+            if lives and lives[0] is not None and lives[0].gone:  # our cancel: client left
+                asyncio.current_task().uncancel()
+                return shells[0].stream or web.Response(status=499)
+            raise
         if sent:
             return sent[0]
         response = response_object(parsed[0], served, self.chat.config.model_name)
         return web.json_response(response, headers=headers)
 
     async def _stream(
-        self, request: web.Request, req: ResponsesRequest, served: Any, headers: dict[str, str]
+        self,
+        request: web.Request,
+        req: ResponsesRequest,
+        served: Any,
+        headers: dict[str, str],
+        shell: LiveEvents | None = None,
     ) -> web.StreamResponse:
-        """Send ``served`` as server-sent events (a write to a gone client raises)."""
-        response = response_object(req, served, self.chat.config.model_name)
+        """Send ``served`` as server-sent events (a write to a gone client raises), after
+        what ``shell`` sent live."""
+        response = response_object(req, served, self.chat.config.model_name, shell)
         ids = list(served.outs[0].token_ids)
         if ids and ids[-1] in self.chat.template.stop_ids:
             ids = ids[:-1]
@@ -510,12 +626,8 @@ class Responses:
             (i["content"][0]["text"] for i in response["output"] if i["type"] == "message"), ""
         )
         pieces = text_pieces(self.chat.tokenizer.decode, ids, text)
-        stream = web.StreamResponse(
-            headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        await stream.prepare(request)
-        for event in stream_events(response, pieces):
-            data = json.dumps(event, separators=(",", ":"))
-            await stream.write(f"event: {event['type']}\ndata: {data}\n\n".encode())
+        stream = shell.stream if shell and shell.stream else await _event_stream(request, headers)
+        for event in stream_events(response, pieces, shell):
+            await _write(stream, event)
         await stream.write_eof()
         return stream

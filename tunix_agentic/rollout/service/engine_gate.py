@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from tunix_agentic.inference.base import EngineError, TokenOutput
+from tunix_agentic.inference.base import EngineError, TokenCallback, TokenOutput
 from tunix_agentic.inference.params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -60,6 +60,7 @@ class EngineGate:
         *,
         session_id: str | None = None,
         request_id: str | None = None,
+        on_tokens: TokenCallback | None = None,
     ) -> TokenOutput:
         if self.distrusted is not None:
             raise EngineError(
@@ -68,8 +69,9 @@ class EngineGate:
             )
         sent_under = self._published()
         try:
+            stream = {} if on_tokens is None else {"on_tokens": on_tokens}
             out = await self.client.generate(
-                prompt_ids, sampling, session_id=session_id, request_id=request_id
+                prompt_ids, sampling, session_id=session_id, request_id=request_id, **stream
             )
         except EngineError as exc:
             self._distrust(f"a request failed: {exc}")

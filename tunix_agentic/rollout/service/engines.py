@@ -10,7 +10,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tunix_agentic.inference.base import EngineError, PromptTooLongError, TokenOutput
+from tunix_agentic.inference.base import (
+    EngineError,
+    PromptTooLongError,
+    StreamedCount,
+    TokenCallback,
+    TokenOutput,
+)
 from tunix_agentic.inference.params import SamplingParams
 from tunix_agentic.inference.pool import EnginePool
 from tunix_agentic.rollout.service.engine_gate import EngineGate
@@ -147,15 +153,18 @@ class EngineSet:
         *,
         session_id: str | None = None,
         request_id: str | None = None,
+        on_tokens: TokenCallback | None = None,
     ) -> TokenOutput:
         deadline = time.monotonic() + self.wait_s
+        streamed = StreamedCount(on_tokens)
+        stream = {} if on_tokens is None else {"on_tokens": streamed.callback}
         while True:
             pool = self._pool
             if pool is None:
                 raise EngineError("the rollout node has no engine (POST /v1/engines {url})")
             try:
                 return await pool.generate(
-                    prompt_ids, sampling, session_id=session_id, request_id=request_id
+                    prompt_ids, sampling, session_id=session_id, request_id=request_id, **stream
                 )
             except PromptTooLongError:
                 raise
@@ -165,8 +174,9 @@ class EngineSet:
                 raise
             except EngineError:
                 # Every engine failed or is out: wait for one (the pool's health probe
-                # takes it back, with the published weights) instead of failing episodes.
-                if not await self._until_usable(deadline):
+                # takes it back, with the published weights) instead of failing episodes
+                # (not once ids were streamed: the caller has shown them).
+                if streamed.given or not await self._until_usable(deadline):
                     raise
 
     async def _until_usable(self, deadline: float) -> bool:
