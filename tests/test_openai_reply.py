@@ -89,3 +89,29 @@ def test_streamed_deltas_add_up_to_the_reply(bpe, case):
         pieces = [c["choices"][0]["delta"].get("content") for c in chunks[1:-2]]
         assert all(p and "\ufffd" not in p for p in pieces)
         assert len(pieces) == len(set(ends)) - (ends[0] == 0)
+
+
+@pytest.mark.parametrize(
+    ("text", "holds", "shown"),
+    [
+        ("the agent reads über 数字 ✓ then", [], None),  # all but the last id's text
+        (f"  the agent {CALL} then", ["<tool_call>"], "  the agent "),
+        ("the agent calls a <tool_c", ["<tool_call>"], "the agent calls a "),
+        ("the agent calls STOP a tool", ["STOP"], "the agent calls "),
+        ("the agent calls ST", ["STOP"], "the agent calls "),
+        (f"   {CALL}", ["<tool_call>"], ""),  # whitespace then a call: nothing yet
+    ],
+    ids=["text", "call", "call-prefix", "stop", "stop-prefix", "whitespace"],
+)
+def test_live_text_shows_a_prefix_of_the_final_content(bpe, text, holds, shown):
+    """Fed id by id, what shows live is the text but what may still change: the last id's
+    characters, a tool-call block or stop string and a tail that could begin one, and
+    whitespace-only content; every piece extends what was shown."""
+    from tunix_agentic.rollout.openai_endpoint.live import LiveText
+
+    ids = bpe.encode(text)
+    live = LiveText(bpe.decode, holds, end_ids=())
+    pieces = [live.add([i]) for i in ids]
+    assert "".join(pieces) == live.shown
+    expected = bpe.decode(ids[:-1]).rstrip("\ufffd") if shown is None else shown
+    assert live.shown == expected and text.startswith(live.shown)
