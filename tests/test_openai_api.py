@@ -42,10 +42,12 @@ from tunix_agentic.rollout.openai_endpoint.episodes import (
     episode_key,
     episode_trajectory,
 )
-from tunix_agentic.rollout.openai_endpoint.schema import parse_chat_request
+from tunix_agentic.rollout.openai_endpoint.responses import parse_responses_request
+from tunix_agentic.rollout.openai_endpoint.schema import RequestError, parse_chat_request
 from tunix_agentic.rollout.service.engines import EngineSet
-from tunix_agentic.rollout.service.wire import trajectory_from_json
+from tunix_agentic.rollout.service.wire import GroupRequest, trajectory_from_json
 from tunix_agentic.serving import SGLangEngine, start_server
+from tunix_agentic.serving.generate_request import parse_generate
 from tunix_agentic.serving.http import api_key_guard, serve_app
 from tunix_agentic.serving.timeouts import ServerTimeouts
 from tunix_agentic.testing import TINY_RUN_OVERRIDES, AnswerGate, memorize, tiny_model
@@ -585,6 +587,49 @@ async def test_deeply_nested_json_is_a_400_naming_the_depth_limit(serve, where):
     assert resp.status == 400 and field in message and "limit is 64" in message
 
 
+USER = {"role": "user", "content": "x"}
+REF = {"group_id": "g", "num_samples": 2, "task_ref": {"source": "s", "index": 0}}
+
+
+@pytest.mark.parametrize(
+    "parse, body, error, message",
+    [
+        (
+            lambda body: parse_generate(body, vocab_size=64, max_seq_len=32, new_rid=str),
+            {"input_ids": [[1, 2], [3, True]]},
+            ValueError,
+            "input_ids[1][1] must be an integer, got True",
+        ),
+        (
+            lambda body: parse_chat_request(body, max_n=1, max_messages=8),
+            {"messages": [USER, {"role": "user", "content": 5}]},
+            RequestError,
+            "messages[1].content: must be a string or a list, got 5",
+        ),
+        (
+            lambda body: parse_responses_request(body, max_messages=8),
+            {"input": [{"role": "user", "content": [{"type": "input_text", "text": True}]}]},
+            RequestError,
+            "input[0].content[0].text: must be a string, got True",
+        ),
+        (
+            GroupRequest.from_json,
+            {**REF, "seed": {"run_seed": True}},
+            ValueError,
+            "request.seed.run_seed must be an integer, got True",
+        ),
+    ],
+    ids=["generate", "chat", "responses", "wire"],
+)
+def test_every_server_names_the_path_to_a_bad_field(parse, body, error, message):
+    """One validation layer (serving/validation.py) words the refusals of /generate, both
+    OpenAI endpoints and the node's wire format: the path to the field, then what it must
+    be (a bool is no integer; where two forms fit, both are named)."""
+    with pytest.raises(ValueError) as info:
+        parse(body)
+    assert type(info.value) is error and str(info.value) == message
+
+
 def test_the_endpoint_imports_no_jax():
     code = (
         "import sys, tunix_agentic.rollout.openai_endpoint.api; "
@@ -695,6 +740,7 @@ async def test_a_streamed_reply_is_the_non_streamed_one_with_the_same_recording(
 @pytest.mark.parametrize(
     ("tool_choice", "via"),
     [("none", "in-process"), ("none", "serve-engine"), ("auto", "in-process")],
+    ids=["text", "text-over-http", "tool-call"],
 )
 async def test_a_stream_shows_content_while_the_engine_samples(serve, tool_user, tool_choice, via):
     # serve-engine: the ids stream from the engine's server through the SGLang client.

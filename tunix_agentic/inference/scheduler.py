@@ -289,10 +289,8 @@ class Scheduler:
 
     # ------------------------------------------------------ from callers
     def send(self, command: Command) -> None:
-        """Hand a command to the thread (starting one if none runs).
-
-        After a failure no thread starts again: weights sent then fail at once.
-        """
+        """Hand a command to the thread (starting one if none runs). After a failure no
+        thread starts again: weights sent then fail at once."""
         if self.failure is not None:
             if isinstance(command, Weights):
                 command.update.set_failed(EngineError(f"engine scheduler failed: {self.failure}"))
@@ -392,6 +390,7 @@ class Scheduler:
                     op = outstanding.popleft()
                     done, arrays = op.waiter.result()
                     self._collect(op, arrays, self.clock.account(op.dispatched, done, op.kind))
+                    stream_fresh(op.owners)
                 continue
             if not self.slots.active and not self.queue and not self.weights.waiting:
                 if self.clock.idle_since is None:
@@ -490,19 +489,7 @@ class Scheduler:
 
     # ----------------------------------------------------------- collect
     def _collect(self, op: _Op, arrays: tuple[np.ndarray, ...], busy: float) -> None:
-        """Hand an op's tokens to the requests that still own their slots, and the new
-        ones to a streaming caller (before it hears the request ended: :meth:`_flush`
-        comes later, and one loop runs callbacks in the order they are posted)."""
-        self._collect_tokens(op, arrays, busy)
-        for _, req in op.owners:
-            if req.on_tokens is not None and len(req.tokens) > req.streamed:
-                fresh, req.streamed = req.tokens[req.streamed :], len(req.tokens)
-                try:
-                    req.loop.call_soon_threadsafe(req.on_tokens, fresh)
-                except RuntimeError:  # that loop is closed: no one is reading
-                    req.on_tokens = None
-
-    def _collect_tokens(self, op: _Op, arrays: tuple[np.ndarray, ...], busy: float) -> None:
+        """Hand an op's tokens to the requests that still own their slots."""
         tokens, logprobs = arrays
         if op.kind == "prefill":
             for i, req in op.owners:
@@ -581,6 +568,19 @@ class Scheduler:
                 loop.call_soon_threadsafe(resolve, items)
             except RuntimeError:  # that loop is closed: no one is waiting for these
                 pass
+
+
+def stream_fresh(owners: list[tuple[int, Request]]) -> None:
+    """Post the tokens a streaming caller has not had to its loop (before it hears the
+    request ended: :meth:`Scheduler._flush` comes later, and a loop runs callbacks in the
+    order they are posted)."""
+    for _, req in owners:
+        if req.on_tokens is not None and len(req.tokens) > req.streamed:
+            fresh, req.streamed = req.tokens[req.streamed :], len(req.tokens)
+            try:
+                req.loop.call_soon_threadsafe(req.on_tokens, fresh)
+            except RuntimeError:  # that loop is closed: no one is reading
+                req.on_tokens = None
 
 
 def resolve(items: list[tuple[asyncio.Future, TokenOutput | BaseException]]) -> None:

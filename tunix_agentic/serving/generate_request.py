@@ -1,22 +1,25 @@
-"""The body of ``POST /generate`` (SGLang's native API), checked field by field.
+"""The body of ``POST /generate`` (SGLang's native API), checked by pydantic models.
 
 :func:`parse_generate` turns a JSON body into :class:`GenerateRequest`\\ s (one per prompt;
 a batch is all or nothing), :func:`parse_sampling_params` and :func:`parse_text_options`
 read SGLang's ``sampling_params``, :func:`parse_version` a weight version. Every error is
-a ValueError naming the field (HTTP 400 at the server); a prompt with no room left in the
-context window is a :class:`~tunix_agentic.inference.base.PromptTooLongError`.
-Nothing here imports JAX.
+a ValueError naming the field (HTTP 400 at the server; :mod:`.validation` words it); a
+prompt with no room left in the context window is a
+:class:`~tunix_agentic.inference.base.PromptTooLongError`. Nothing here imports JAX.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, Field, StrictInt, TypeAdapter
 
 from tunix_agentic.inference.base import PromptTooLongError
 from tunix_agentic.inference.constraint import Constraint
 from tunix_agentic.inference.params import SamplingParams
+from tunix_agentic.serving.validation import NonEmpty, Strict, validate
 
 MAX_PROMPTS_PER_REQUEST = 1024
 MAX_TOKENS_PER_REQUEST = 4 * 1024 * 1024  # prompt tokens summed over a request's prompts
@@ -35,21 +38,79 @@ class GenerateRequest:
     skip_special_tokens: bool = True
 
 
-def _integer(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if isinstance(value, float) and not value.is_integer():  # nan and inf included
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    return int(value)
+def _whole(value: Any) -> Any:
+    # SGLang (lax) takes 5.0 for 5; 5.5, nan and inf stay floats, refused as no integer.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def _number(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    try:
-        return float(value)
-    except OverflowError:  # an integer too large for a float
-        raise ValueError(f"{name} must be a finite number, got {value!r}") from None
+def _int_text(value: Any) -> Any:
+    try:  # SGLang sends weight versions as strings
+        return int(value) if isinstance(value, str) else value
+    except ValueError:
+        return value  # refused as no integer
+
+
+Whole = Annotated[int, BeforeValidator(_whole)]
+_TOKENS = TypeAdapter(Annotated[list[StrictInt], Field(min_length=1, fail_fast=True)])
+_VERSION = TypeAdapter(Annotated[StrictInt, BeforeValidator(_int_text)])
+
+
+class _Sampling(Strict, extra="allow"):
+    """SGLang ``sampling_params``: what we implement. Other keys are ignored (kept for
+    ``Constraint.from_sglang``, which reads its own)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: Whole | None = None
+    max_new_tokens: Whole | None = None
+    stop_token_ids: list[Whole] | None = None
+    sampling_seed: Whole | None = None
+    seed: Whole | None = None
+    ignore_eos: bool = False
+    stop: NonEmpty | list[NonEmpty] | None = None
+    skip_special_tokens: bool = True
+
+    def params(
+        self, *, max_seq_len: int, vocab_size: int, eos_ids: tuple[int, ...]
+    ) -> SamplingParams:
+        given = self.model_fields_set
+        kw = {
+            k: v for k in ("temperature", "top_p", "top_k") if (v := getattr(self, k)) is not None
+        }
+        if self.top_k == -1:
+            kw["top_k"] = 0
+        if "max_new_tokens" in given:
+            value = self.max_new_tokens  # null: to the context window
+            kw["max_new_tokens"] = max_seq_len if value is None else value
+        stops = tuple(self.stop_token_ids or ())
+        if eos_ids and not self.ignore_eos:
+            stops = tuple(dict.fromkeys((*stops, *eos_ids)))
+        params = SamplingParams(
+            **kw,
+            stop_token_ids=stops,
+            seed=self.sampling_seed if "sampling_seed" in given else self.seed,
+            constraint=Constraint.from_sglang(self.model_extra or {}),
+        )
+        params.check_vocab(vocab_size)
+        return params
+
+    def text_options(self, *, can_decode: bool) -> tuple[tuple[str, ...], bool]:
+        stops = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        if stops and not can_decode:
+            raise ValueError(
+                "stop strings need the model's tokenizer; this server has none (serve a "
+                "Hugging Face model directory, or use stop_token_ids)"
+            )
+        return stops, self.skip_special_tokens
+
+
+class _Options(Strict):
+    """What a ``/generate`` body says of one prompt besides its token ids."""
+
+    sampling_params: _Sampling | None
+    rid: str | None
+    session_id: str | None
+    return_logprob: bool
 
 
 def parse_sampling_params(
@@ -67,37 +128,8 @@ def parse_sampling_params(
     other keys we do not implement are ignored. Bad values (out of range, or beyond
     what a ``vocab_size`` model can do) raise ValueError naming the field.
     """
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ValueError(f"sampling_params must be an object, got {raw!r}")
-    kw: dict[str, Any] = {}
-    for name in ("temperature", "top_p"):
-        if raw.get(name) is not None:
-            kw[name] = _number(raw[name], name)
-    if raw.get("top_k") is not None:
-        top_k = _integer(raw["top_k"], "top_k")
-        kw["top_k"] = 0 if top_k == -1 else top_k
-    if "max_new_tokens" in raw:
-        value = raw["max_new_tokens"]
-        kw["max_new_tokens"] = max_seq_len if value is None else _integer(value, "max_new_tokens")
-    stops = raw.get("stop_token_ids")
-    if stops is not None:
-        if not isinstance(stops, list):
-            raise ValueError(f"stop_token_ids must be a list of integers, got {stops!r}")
-        kw["stop_token_ids"] = tuple(_integer(t, "stop_token_ids[]") for t in stops)
-    seed = raw.get("sampling_seed", raw.get("seed"))
-    if seed is not None:
-        kw["seed"] = _integer(seed, "sampling_seed")
-    ignore_eos = raw.get("ignore_eos", False)
-    if not isinstance(ignore_eos, bool):
-        raise ValueError(f"ignore_eos must be true or false, got {ignore_eos!r}")
-    if eos_ids and not ignore_eos:
-        kw["stop_token_ids"] = tuple(dict.fromkeys((*kw.get("stop_token_ids", ()), *eos_ids)))
-    kw["constraint"] = Constraint.from_sglang(raw)  # json_schema / regex / ebnf / structural_tag
-    params = SamplingParams(**kw)
-    params.check_vocab(vocab_size)
-    return params
+    sampling = validate(_Sampling, {} if raw is None else raw, root="sampling_params", sep=" ")
+    return sampling.params(max_seq_len=max_seq_len, vocab_size=vocab_size, eos_ids=eos_ids)
 
 
 def parse_text_options(raw: Any, *, can_decode: bool) -> tuple[tuple[str, ...], bool]:
@@ -106,36 +138,19 @@ def parse_text_options(raw: Any, *, can_decode: bool) -> tuple[tuple[str, ...], 
     the model's tokenizer (``can_decode``); ValueError naming the field otherwise."""
     if not isinstance(raw, dict):
         return (), True
-    stop = raw.get("stop")
-    stops: tuple[str, ...] = ()
-    if stop is not None:
-        stops = (stop,) if isinstance(stop, str) else stop
-        if not isinstance(stops, list | tuple) or not all(isinstance(s, str) and s for s in stops):
-            raise ValueError(f"stop must be a non-empty string or a list of them, got {stop!r}")
-        stops = tuple(stops)
-        if stops and not can_decode:
-            raise ValueError(
-                "stop strings need the model's tokenizer; this server has none (serve a "
-                "Hugging Face model directory, or use stop_token_ids)"
-            )
-    skip = raw.get("skip_special_tokens", True)
-    if not isinstance(skip, bool):
-        raise ValueError(f"skip_special_tokens must be true or false, got {skip!r}")
-    return stops, skip
+    sampling = validate(_Sampling, raw, root="sampling_params", sep=" ")
+    return sampling.text_options(can_decode=can_decode)
 
 
 def _prompt(raw: Any, *, vocab_size: int, max_seq_len: int, where: str) -> list[int]:
-    if not isinstance(raw, list) or not raw:
-        raise ValueError(f"{where} must be a non-empty list of token ids")
-    if not all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
-        raise ValueError(f"{where} must hold integers only")
-    if min(raw) < 0 or max(raw) >= vocab_size:
+    ids = validate(_TOKENS, raw, root=where, sep=" ")
+    if min(ids) < 0 or max(ids) >= vocab_size:
         raise ValueError(f"{where}: token ids must be in [0, {vocab_size})")
-    if len(raw) >= max_seq_len:
+    if len(ids) >= max_seq_len:
         raise PromptTooLongError(
-            f"{where}: prompt of {len(raw)} tokens leaves no room within max_seq_len={max_seq_len}"
+            f"{where}: prompt of {len(ids)} tokens leaves no room within max_seq_len={max_seq_len}"
         )
-    return raw
+    return ids
 
 
 def _per_prompt(raw: Any, n: int, name: str) -> list[Any]:
@@ -180,35 +195,32 @@ def parse_generate(
         raise ValueError(
             f"input_ids holds {total} tokens; this server takes at most {max_tokens} per request"
         )
-    sampling = _per_prompt(body.get("sampling_params"), n, "sampling_params")
     rids = body.get("rid")
     if batched and isinstance(rids, str):
         rids = [f"{rids}-{i}" for i in range(n)]
-    rids = _per_prompt(rids, n, "rid")
-    sessions = _per_prompt(body.get("session_id"), n, "session_id")
-    logprob_flags = _per_prompt(body.get("return_logprob", False), n, "return_logprob")
-    if not all(isinstance(flag, bool) for flag in logprob_flags):
-        raise ValueError(f"return_logprob must be true or false, got {body['return_logprob']!r}")
+    per_prompt = {
+        "sampling_params": _per_prompt(body.get("sampling_params"), n, "sampling_params"),
+        "rid": _per_prompt(rids, n, "rid"),
+        "session_id": _per_prompt(body.get("session_id"), n, "session_id"),
+        "return_logprob": _per_prompt(body.get("return_logprob", False), n, "return_logprob"),
+    }
     out = []
     for i in range(n):
         where = f"input_ids[{i}]" if batched else "input_ids"
-        rid, session = rids[i], sessions[i]
-        if rid is not None and not isinstance(rid, str):
-            raise ValueError(f"rid must be a string, got {rid!r}")
-        if session is not None and not isinstance(session, str):
-            raise ValueError(f"session_id must be a string, got {session!r}")
-        stops, skip_special = parse_text_options(sampling[i], can_decode=can_decode)
+        opts = validate(_Options, {k: v[i] for k, v in per_prompt.items()}, sep=" ")
+        sampling = opts.sampling_params or _Sampling()
+        stops, skip_special = sampling.text_options(can_decode=can_decode)
         out.append(
             GenerateRequest(
                 input_ids=_prompt(
                     prompts[i], vocab_size=vocab_size, max_seq_len=max_seq_len, where=where
                 ),
-                sampling=parse_sampling_params(
-                    sampling[i], max_seq_len=max_seq_len, vocab_size=vocab_size, eos_ids=eos_ids
+                sampling=sampling.params(
+                    max_seq_len=max_seq_len, vocab_size=vocab_size, eos_ids=eos_ids
                 ),
-                rid=rid if rid is not None else new_rid(),
-                session_id=session,
-                return_logprob=logprob_flags[i],
+                rid=opts.rid if opts.rid is not None else new_rid(),
+                session_id=opts.session_id,
+                return_logprob=opts.return_logprob,
                 stop=stops,
                 skip_special_tokens=skip_special,
             )
@@ -218,15 +230,4 @@ def parse_generate(
 
 def parse_version(raw: Any, *, default: int) -> int:
     """A weight version: an integer or a string of one (SGLang sends strings)."""
-    if raw is None:
-        return default
-    if isinstance(raw, bool):
-        raise ValueError(f"weight_version must be an integer, got {raw!r}")
-    if isinstance(raw, int):
-        return raw
-    if isinstance(raw, str):
-        try:
-            return int(raw.strip())
-        except ValueError:
-            pass
-    raise ValueError(f"weight_version must be an integer, got {raw!r}")
+    return default if raw is None else validate(_VERSION, raw, root="weight_version", sep=" ")

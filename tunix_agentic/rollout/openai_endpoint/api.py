@@ -149,6 +149,11 @@ TOKEN_HEADER = "X-Episode-Token"
 _EPISODE_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,200}")
 
 
+def completion_head(model: str) -> dict[str, Any]:
+    """A completion's ``id``, ``created`` and (the default) ``model``."""
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model}
+
+
 class ClientGone(Exception):
     """The client closed its connection while its reply was being sent."""
 
@@ -364,7 +369,7 @@ class ChatCompletions:
     async def handle_chat(self, request: web.Request) -> web.StreamResponse:
         headers: dict[str, str] = {}
         sent: list[web.StreamResponse] = []
-        head = self._head()
+        head = completion_head(self.config.model_name)
         live: list[tuple[LiveStream, LiveChunks]] = []
 
         def show_live(chat: ChatRequest) -> LiveStream | None:
@@ -411,9 +416,8 @@ class ChatCompletions:
     def live_stream(
         self, chat: ChatRequest, write: Callable[[str], Awaitable[None]]
     ) -> LiveStream | None:
-        """What shows ``chat``'s content through ``write`` while the engine samples it
-        (:mod:`.live`): for one choice without logprobs (None otherwise: framed once the
-        call is recorded)."""
+        """What shows ``chat``'s content through ``write`` while it is sampled (:mod:`.live`):
+        one choice without logprobs (None otherwise: framed once the call is recorded)."""
         if chat.n != 1 or chat.logprobs:
             return None
         holds = [*chat.stop, TOOL_CALL_MARKER] if chat.parse_tools else list(chat.stop)
@@ -555,16 +559,8 @@ class ChatCompletions:
             [None if c is None else c.matched for c in cut],
         )
 
-    def _head(self) -> dict[str, Any]:
-        """A completion's ``id``, ``created`` and (the default) ``model``."""
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "created": int(time.time()),
-            "model": self.config.model_name,
-        }
-
     def _answer(self, served: ServedCall, head: dict[str, Any] | None = None) -> Answer:
-        head = head or self._head()
+        head = head or completion_head(self.config.model_name)
         return Answer(
             head={**head, "model": served.chat.model or head["model"]},
             prompt_tokens=len(served.prompt.ids),

@@ -44,69 +44,24 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
-from typing import Any, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 from aiohttp import web
+from pydantic import BeforeValidator, Discriminator, Field, Tag, model_validator
 
 from tunix_agentic.rollout.openai_endpoint.schema import (
     ChatRequest,
+    JSONObjectText,
     RequestError,
     parse_chat_request,
 )
-from tunix_agentic.serving.http import JSONDepthError, json_error, load_json
+from tunix_agentic.serving.http import json_error
+from tunix_agentic.serving.validation import NonEmpty, Strict, inert, invalid, validate
 
 _STATELESS = (
     "this endpoint keeps no responses: send store=false and the whole conversation in input"
 )
-# Fields a client may send with a value that changes nothing here, and why others are refused.
-_INERT: dict[str, tuple[tuple[Any, ...], str]] = {
-    "store": ((None, False), _STATELESS),
-    "previous_response_id": ((None,), _STATELESS),
-    "conversation": ((None,), _STATELESS),
-    "background": ((None, False), "background responses are not supported"),
-    "include": ((None, []), "no extra output data is supported (send include=[])"),
-    "top_logprobs": ((None, 0), "logprobs are not returned here (GET /v1/episodes/{id})"),
-    "max_tool_calls": ((None,), "is not supported"),
-    "prompt": ((None,), "stored prompts are not supported"),
-    "truncation": ((None, "disabled"), "only 'disabled' is supported"),
-    "stream_options": ((None, {}), "is not supported"),
-    "context_management": ((None, []), "is not supported"),
-}
-_IGNORED = {
-    "model",
-    "user",
-    "metadata",
-    "parallel_tool_calls",
-    "service_tier",
-    "prompt_cache_key",
-    "prompt_cache_retention",
-    "safety_identifier",
-}
-_KNOWN = {
-    "input",
-    "instructions",
-    "tools",
-    "tool_choice",
-    "temperature",
-    "top_p",
-    "top_k",
-    "seed",
-    "max_output_tokens",
-    "stream",
-    "text",
-    "reasoning",
-    *_INERT,
-    *_IGNORED,
-}
-_ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
-_TOOL_KEYS = {"type", "name", "description", "parameters", "strict"}
-# Keys an output item carries when a client sends it back as input (ignored here).
-_ITEM_EXTRAS = {"id", "status", "phase"}
 _MAX_PIECES = 4096  # a longer reply streams its text as one delta (decoding is quadratic)
-
-
-def _fail(where: str, message: str) -> RequestError:
-    return RequestError(f"{where}: {message}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,157 +76,183 @@ class ResponsesRequest:
     echo: dict[str, Any]
 
 
-def _text_parts(raw: Any, where: str, kinds: Collection[str]) -> str:
-    if isinstance(raw, str):
-        return raw
-    if not isinstance(raw, list):
-        raise _fail(where, f"must be a string or a list of parts, got {type(raw).__name__}")
-    texts = []
-    for j, part in enumerate(raw):
-        kind = part.get("type") if isinstance(part, Mapping) else None
-        if kind not in kinds:
-            raise _fail(
-                f"{where}[{j}].type", f"must be one of {', '.join(kinds)}, got {kind!r:.50}"
-            )
-        if not isinstance(part.get("text"), str):
-            raise _fail(f"{where}[{j}].text", "must be a string")
-        texts.append(part["text"])
-    return "".join(texts)
+class _Part(Strict, extra="ignore"):
+    type: Literal["input_text", "output_text"]
+    text: str
 
 
-def _unknown_keys(item: Mapping[str, Any], allowed: Collection[str], where: str, what: str):
-    unknown = sorted(set(item) - set(allowed) - _ITEM_EXTRAS)
-    if unknown:
-        raise _fail(f"{where}.{unknown[0]}", f"is not a field of a {what} item")
+Text = str | list[_Part]
 
 
-def _message_item(item: Mapping[str, Any], where: str) -> dict[str, Any]:
-    _unknown_keys(item, {"type", "role", "content"}, where, "message")
-    role = _ROLES.get(item.get("role"))  # type: ignore[arg-type]
-    if role is None:
-        raise _fail(
-            f"{where}.role", f"must be one of {', '.join(_ROLES)}, got {item.get('role')!r:.50}"
-        )
-    kinds = ("output_text",) if role == "assistant" else ("input_text",)
-    return {"role": role, "content": _text_parts(item.get("content"), f"{where}.content", kinds)}
+def _joined(text: Text) -> str:
+    return text if isinstance(text, str) else "".join(p.text for p in text)
 
 
-def _call_item(item: Mapping[str, Any], where: str) -> dict[str, Any]:
-    _unknown_keys(item, {"type", "call_id", "name", "arguments"}, where, "function_call")
-    for key in ("call_id", "name"):
-        if not isinstance(item.get(key), str) or not item[key]:
-            raise _fail(f"{where}.{key}", "must be a non-empty string")
-    args = item.get("arguments")
-    try:
-        parsed = load_json(args, f"{where}.arguments") if isinstance(args, str) else None
-    except JSONDepthError as exc:
-        raise RequestError(str(exc)) from None
-    except ValueError:
-        parsed = None
-    if not isinstance(parsed, dict):
-        raise _fail(f"{where}.arguments", "must be a string holding a JSON object")
-    fn = {"name": item["name"], "arguments": args}
-    return {"id": item["call_id"], "type": "function", "function": fn}
+class _Item(Strict):
+    # What an output item carries when a client sends it back as input (ignored here).
+    id: Any = None
+    status: Any = None
+    phase: Any = None
 
 
-def _output_item(item: Mapping[str, Any], where: str) -> dict[str, Any]:
-    _unknown_keys(item, {"type", "call_id", "output"}, where, "function_call_output")
-    if not isinstance(item.get("call_id"), str) or not item["call_id"]:
-        raise _fail(f"{where}.call_id", "must be a non-empty string")
-    output = _text_parts(item.get("output"), f"{where}.output", ("input_text", "output_text"))
-    return {"role": "tool", "tool_call_id": item["call_id"], "content": output}
+class _MessageItem(_Item):
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: Text
+
+    @model_validator(mode="after")
+    def _parts(self) -> _MessageItem:
+        kind = "output_text" if self.role == "assistant" else "input_text"
+        for j, part in enumerate(self.content if isinstance(self.content, list) else ()):
+            if part.type != kind:
+                where = ("content", j, "type")
+                raise invalid(f"must be {kind!r} in a message of role {self.role}", where)
+        return self
+
+
+class _CallItem(_Item):
+    type: Literal["function_call"]
+    call_id: NonEmpty
+    name: NonEmpty
+    arguments: JSONObjectText
+
+
+class _OutputItem(_Item):
+    type: Literal["function_call_output"]
+    call_id: NonEmpty
+    output: Text
+
+
+def _item_type(item: Any) -> Any:
+    # ``message`` when absent; a value that is no object is refused as a message.
+    return item.get("type", "message") if isinstance(item, dict) else "message"
+
+
+_InputItem = Annotated[
+    Annotated[_MessageItem, Tag("message")]
+    | Annotated[_CallItem, Tag("function_call")]
+    | Annotated[_OutputItem, Tag("function_call_output")],
+    Discriminator(
+        _item_type,
+        custom_error_type="invalid",
+        custom_error_message="must be 'message', 'function_call' or 'function_call_output'",
+        custom_error_context={"at": "type"},
+    ),
+]
+
+
+def _user_says(value: Any) -> Any:
+    return [{"role": "user", "content": value}] if isinstance(value, str) else value
+
+
+class _Conversation(Strict):
+    # (a body may hold thousands of items: the first bad one is enough)
+    input: Annotated[
+        list[_InputItem], Field(min_length=1, fail_fast=True), BeforeValidator(_user_says)
+    ]
+    instructions: str | None = None
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The chat messages that ``instructions`` and ``input`` mean (the module doc)."""
+        messages = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        for item in self.input:
+            if isinstance(item, _MessageItem):
+                role = "system" if item.role == "developer" else item.role
+                messages.append({"role": role, "content": _joined(item.content)})
+            elif isinstance(item, _OutputItem):
+                output = _joined(item.output)
+                messages.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
+            else:
+                fn = {"name": item.name, "arguments": item.arguments}
+                call = {"id": item.call_id, "type": "function", "function": fn}
+                if messages and messages[-1]["role"] == "assistant":  # the same reply's calls
+                    messages[-1].setdefault("tool_calls", []).append(call)
+                else:
+                    messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        return messages
+
+
+class _Tool(Strict):
+    type: Literal["function"]  # (a flat function tool)
+    name: NonEmpty
+    description: Any = None
+    parameters: dict[str, Any] | None = None
+    strict: Any = None
+
+    def chat(self) -> dict[str, Any]:
+        fn = {"name": self.name, "parameters": self.parameters or {}}
+        if self.description:
+            fn["description"] = self.description
+        return {"type": "function", "function": fn}
+
+
+class _NamedTool(Strict, extra="ignore"):
+    type: Literal["function"]
+    name: str
+
+
+class _PlainText(Strict):
+    type: Literal["text"]
+
+
+class _TextOptions(Strict):
+    format: _PlainText | None = None
+    verbosity: Literal["medium"] | None = None
+
+
+class _Responses(_Conversation):
+    """A ``/v1/responses`` body, its nulls dropped (null is "not given")."""
+
+    tools: Annotated[list[_Tool], Field(fail_fast=True)] = []
+    tool_choice: Literal["none", "auto", "required"] | _NamedTool | None = None
+    max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+    stream: bool = False
+    text: _TextOptions | None = None
+    reasoning: dict[str, None] | None = None  # the served models have no settings
+    # Checked by the chat request they become.
+    temperature: Any = None
+    top_p: Any = None
+    top_k: Any = None
+    seed: Any = None
+    # Accepted with a value that changes nothing here; another is refused saying why.
+    store: inert(False, why=_STATELESS) = None
+    previous_response_id: inert(why=_STATELESS) = None
+    conversation: inert(why=_STATELESS) = None
+    background: inert(False, why="background responses are not supported") = None
+    include: inert([], why="no extra output data is supported (send include=[])") = None
+    top_logprobs: inert(0, why="logprobs are not returned here (GET /v1/episodes/{id})") = None
+    max_tool_calls: inert(why="is not supported") = None
+    prompt: inert(why="stored prompts are not supported") = None
+    truncation: inert("disabled", why="only 'disabled' is supported") = None
+    stream_options: inert({}, why="is not supported") = None
+    context_management: inert([], why="is not supported") = None
+    # Echoed or ignored.
+    model: Any = None
+    user: Any = None
+    metadata: Any = None
+    parallel_tool_calls: Any = None
+    service_tier: Any = None
+    prompt_cache_key: Any = None
+    prompt_cache_retention: Any = None
+    safety_identifier: Any = None
+
+    @model_validator(mode="after")
+    def _named_tool(self) -> _Responses:
+        names = [t.name for t in self.tools]
+        if isinstance(self.tool_choice, _NamedTool) and self.tool_choice.name not in names:
+            name = self.tool_choice.name
+            raise invalid(f"{name!r:.50} is not in tools ({names})", ("tool_choice", "name"))
+        return self
+
+
+def _given(body: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if v is not None}
 
 
 def input_messages(raw: Any, instructions: Any) -> list[dict[str, Any]]:
     """The chat messages that ``instructions`` and ``input`` mean (see the module doc)."""
-    messages: list[dict[str, Any]] = []
-    if instructions is not None:
-        if not isinstance(instructions, str):
-            raise _fail("instructions", "must be a string")
-        if instructions:
-            messages.append({"role": "system", "content": instructions})
-    if isinstance(raw, str):
-        return [*messages, {"role": "user", "content": raw}]
-    if not isinstance(raw, list) or not raw:
-        raise _fail("input", "must be a string or a non-empty list of items")
-    for i, item in enumerate(raw):
-        where = f"input[{i}]"
-        if not isinstance(item, Mapping):
-            raise _fail(where, f"must be an object, got {type(item).__name__}")
-        kind = item.get("type", "message")
-        if kind == "message":
-            messages.append(_message_item(item, where))
-        elif kind == "function_call":
-            call = _call_item(item, where)
-            if messages and messages[-1]["role"] == "assistant":  # the same reply's calls
-                messages[-1].setdefault("tool_calls", []).append(call)
-            else:
-                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        elif kind == "function_call_output":
-            messages.append(_output_item(item, where))
-        else:
-            raise _fail(
-                f"{where}.type",
-                f"{kind!r:.50} items are not supported (message, function_call, "
-                "function_call_output)",
-            )
-    return messages
-
-
-def _chat_tools(raw: Any) -> list[dict[str, Any]]:
-    if raw is None:
-        return []
-    if not isinstance(raw, list):
-        raise _fail("tools", f"must be a list, got {type(raw).__name__}")
-    tools = []
-    for j, tool in enumerate(raw):
-        where = f"tools[{j}]"
-        if not isinstance(tool, Mapping) or tool.get("type") != "function":
-            kind = tool.get("type") if isinstance(tool, Mapping) else None
-            raise _fail(f"{where}.type", f"only 'function' tools are supported, got {kind!r:.50}")
-        unknown = sorted(set(tool) - _TOOL_KEYS)
-        if unknown:
-            raise _fail(f"{where}.{unknown[0]}", "is not a supported field of a function tool")
-        if not isinstance(tool.get("name"), str) or not tool["name"]:
-            raise _fail(f"{where}.name", "must be a non-empty string")
-        fn = {"name": tool["name"], "parameters": tool.get("parameters") or {}}
-        if not isinstance(fn["parameters"], Mapping):
-            raise _fail(f"{where}.parameters", "must be a JSON schema object")
-        if tool.get("description"):
-            fn["description"] = tool["description"]
-        tools.append({"type": "function", "function": fn})
-    return tools
-
-
-def _chat_tool_choice(raw: Any, tools: list[dict[str, Any]]) -> Any:
-    if raw is None or raw in ("none", "auto", "required"):
-        return raw
-    if isinstance(raw, Mapping) and raw.get("type") == "function":
-        names = [t["function"]["name"] for t in tools]
-        if raw.get("name") not in names:
-            raise _fail("tool_choice.name", f"{raw.get('name')!r:.50} is not in tools ({names})")
-        return {"type": "function", "function": {"name": raw["name"]}}
-    raise _fail(
-        "tool_choice", "must be 'none', 'auto', 'required' or {'type': 'function', 'name': ...}"
-    )
-
-
-def _check_inert(body: Mapping[str, Any]) -> None:
-    for key, (allowed, why) in _INERT.items():
-        if key in body and body[key] not in allowed:
-            raise _fail(key, why)
-    text = body.get("text")
-    if text is not None:
-        fmt = text.get("format") if isinstance(text, Mapping) else None
-        if not isinstance(text, Mapping) or set(text) - {"format", "verbosity"}:
-            raise _fail("text", "only {'format': {'type': 'text'}} is supported")
-        if fmt not in (None, {"type": "text"}) or text.get("verbosity") not in (None, "medium"):
-            raise _fail("text.format", "only plain text output is supported")
-    reasoning = body.get("reasoning")
-    if reasoning is not None and (
-        not isinstance(reasoning, Mapping) or any(v is not None for v in reasoning.values())
-    ):
-        raise _fail("reasoning", "reasoning settings are not supported (the model has none)")
+    body = _given({"input": raw, "instructions": instructions})
+    return validate(_Conversation, body, error=RequestError).messages()
 
 
 def parse_responses_request(body: Any, *, max_messages: int) -> ResponsesRequest:
@@ -279,27 +260,19 @@ def parse_responses_request(body: Any, *, max_messages: int) -> ResponsesRequest
     field (``input[2].call_id``); the translated chat request is checked as a chat one."""
     if not isinstance(body, Mapping):
         raise RequestError(f"the body must be a JSON object, got {type(body).__name__}")
-    unknown = sorted(set(body) - _KNOWN)
-    if unknown:
-        raise _fail(unknown[0], "is not a supported field of /v1/responses")
-    _check_inert(body)
-    if body.get("stream") not in (None, False, True):
-        raise _fail("stream", "must be a boolean")
-    messages = input_messages(body.get("input"), body.get("instructions"))
-    tools = _chat_tools(body.get("tools"))
-    max_tokens = body.get("max_output_tokens")
-    if max_tokens is not None and (
-        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
-    ):
-        raise _fail("max_output_tokens", f"must be an integer >= 1, got {max_tokens!r:.50}")
-    chat_body: dict[str, Any] = {
-        "messages": messages,
-        "tools": tools or None,
-        "tool_choice": _chat_tool_choice(body.get("tool_choice"), tools),
-        "max_tokens": max_tokens,
-        **{k: body.get(k) for k in ("model", "temperature", "top_p", "top_k", "seed")},
-    }
-    chat_body = {k: v for k, v in chat_body.items() if v is not None}
+    m = validate(_Responses, _given(body), error=RequestError)
+    choice = m.tool_choice
+    if isinstance(choice, _NamedTool):
+        choice = {"type": "function", "function": {"name": choice.name}}
+    chat_body = _given(
+        {
+            "messages": m.messages(),
+            "tools": [t.chat() for t in m.tools] or None,
+            "tool_choice": choice,
+            "max_tokens": m.max_output_tokens,
+            **{k: getattr(m, k) for k in ("model", "temperature", "top_p", "top_k", "seed")},
+        }
+    )
     chat = parse_chat_request(chat_body, max_n=1, max_messages=max_messages)
     echo = {
         "model": body.get("model"),
@@ -309,13 +282,11 @@ def parse_responses_request(body: Any, *, max_messages: int) -> ResponsesRequest
         "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
         "temperature": body.get("temperature"),
         "top_p": body.get("top_p"),
-        "max_output_tokens": max_tokens,
+        "max_output_tokens": m.max_output_tokens,
         "metadata": body.get("metadata") or {},
         "user": body.get("user"),
     }
-    return ResponsesRequest(
-        chat=chat, given=frozenset(chat_body), stream=body.get("stream") is True, echo=echo
-    )
+    return ResponsesRequest(chat=chat, given=frozenset(chat_body), stream=m.stream, echo=echo)
 
 
 # ----------------------------------------------------------------------------- answers

@@ -1,11 +1,12 @@
-"""The OpenAI chat-completions request, checked field by field (host-side, no JAX).
+"""The OpenAI chat-completions request, checked by pydantic models (host-side, no JAX).
 
 :func:`parse_chat_request` turns a request body into a :class:`ChatRequest` or raises
-:class:`RequestError` naming the field (``messages[2].tool_calls[0].function.arguments``)
-and the HTTP status to answer. Messages come out normalised for the chat template:
-``content`` a string (text parts joined, ``None`` -> ``""``), the ``developer`` role as
-``system``, assistant ``tool_calls`` in OpenAI's shape with ``arguments`` a JSON string,
-``reasoning_content`` kept for templates that read it.
+:class:`RequestError` naming the field (``messages[2].tool_calls[0].function.arguments``;
+:mod:`~tunix_agentic.serving.validation` words it) and the HTTP status to answer. Messages
+come out normalised for the chat template: ``content`` a string (text parts joined,
+``None`` -> ``""``), the ``developer`` role as ``system``, assistant ``tool_calls`` in
+OpenAI's shape with ``arguments`` a JSON string, ``reasoning_content`` kept for templates
+that read it.
 
 Enforced by constrained decoding (:meth:`ChatRequest.constraint`: a grammar the engine
 applies token by token): ``tool_choice`` "required" (at least one call to an offered
@@ -24,57 +25,27 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
 from tunix_agentic.inference.constraint import Constraint
+from tunix_agentic.inference.params import SEED_MAX, SEED_MIN
 from tunix_agentic.serving.http import JSONDepthError, load_json
+from tunix_agentic.serving.validation import NonEmpty, Strict, inert, invalid, validate
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
 ToolChoice = Literal["none", "auto", "required"]
 MAX_STOPS = 4
-REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 # The Qwen3 tool-call form (tool_parser.format_tool_call), as a grammar's fixed pieces.
 _CALL_BEGIN = '<tool_call>\n{"name": "'
 _CALL_ARGUMENTS = '", "arguments": '
 _CALL_END = "}\n</tool_call>"
-
-# Fields a client may send only with a value that changes nothing here, and why another
-# value is refused.
-_INERT: dict[str, tuple[tuple[Any, ...], str]] = {
-    "frequency_penalty": ((None, 0), "only 0 is supported: the engine samples without penalties"),
-    "presence_penalty": ((None, 0), "only 0 is supported: the engine samples without penalties"),
-    "logit_bias": ((None, {}), "is not supported: the engine samples without biases"),
-    "top_logprobs": (
-        (None, 0),
-        "only 0 is supported: the engine returns the sampled token's logprob, not the most "
-        "likely alternatives (send logprobs=true alone)",
-    ),
-}
-_IGNORED = {"model", "user", "parallel_tool_calls", "metadata", "store", "service_tier"}
-_KNOWN = {
-    "messages",
-    "tools",
-    "tool_choice",
-    "temperature",
-    "top_p",
-    "top_k",
-    "max_tokens",
-    "max_completion_tokens",
-    "n",
-    "seed",
-    "stream",
-    "stream_options",
-    "stop",
-    "logprobs",
-    "reasoning_effort",
-    "response_format",
-    *_INERT,
-    *_IGNORED,
-}
-# Message keys the official client may echo back from a reply (dropped when empty).
-_ECHOED = {"refusal", "annotations", "audio", "function_call"}
+_NO_PENALTIES = "only 0 is supported: the engine samples without penalties"
+_ONE_LOGPROB = (
+    "only 0 is supported: the engine returns the sampled token's logprob, not the most likely "
+    "alternatives (send logprobs=true alone)"
+)
 
 
 class RequestError(ValueError):
@@ -150,143 +121,188 @@ def _fail(where: str, message: str) -> RequestError:
     return RequestError(f"{where}: {message}")
 
 
-def _number(body: Mapping[str, Any], key: str, default: float, lo: float, hi: float) -> float:
-    value = body.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise _fail(key, f"must be a finite number, got {value!r:.50}")
-    if not lo <= value <= hi:
-        raise _fail(key, f"must be in [{lo:g}, {hi:g}], got {value}")
-    return float(value)
-
-
-def _integer(body: Mapping[str, Any], key: str, lo: int, hi: int) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(key, f"must be an integer, got {value!r:.50}")
-    if not lo <= value <= hi:
-        raise _fail(key, f"must be in [{lo}, {hi}], got {value}")
+def _json_object(value: Any) -> Any:
+    try:
+        parsed = load_json(value, "the string") if isinstance(value, str) else None
+    except JSONDepthError as exc:
+        raise invalid(str(exc)) from None
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise invalid("must be a string holding a JSON object")
     return value
 
 
-def _content(raw: Any, where: str, *, nullable: bool) -> str:
-    if raw is None and nullable:
-        return ""
-    if isinstance(raw, str):
-        return raw
-    if isinstance(raw, list):
-        texts = []
-        for j, part in enumerate(raw):
-            if not isinstance(part, Mapping) or part.get("type") != "text":
-                raise _fail(f"{where}[{j}]", "only parts of type 'text' are supported")
-            if not isinstance(part.get("text"), str):
-                raise _fail(f"{where}[{j}].text", "must be a string")
-            texts.append(part["text"])
-        return "".join(texts)
-    kinds = "a string or a list of text parts" + (" or null" if nullable else "")
-    raise _fail(where, f"must be {kinds}, got {type(raw).__name__}")
+# Tool-call arguments: a string holding a JSON object.
+JSONObjectText = Annotated[Any, AfterValidator(_json_object)]
+# Message keys the official client may echo back from a reply: accepted when empty.
+_Echoed = inert(None, False, 0, "", [], {}, why="is not supported")
 
 
-def _tool_calls(raw: Any, where: str) -> list[dict[str, Any]]:
-    if not isinstance(raw, list):
-        raise _fail(where, f"must be a list, got {type(raw).__name__}")
-    calls = []
-    for j, call in enumerate(raw):
-        at = f"{where}[{j}]"
-        if not isinstance(call, Mapping):
-            raise _fail(at, "must be an object")
-        if call.get("type", "function") != "function":
-            raise _fail(f"{at}.type", f"must be 'function', got {call.get('type')!r:.50}")
-        fn = call.get("function")
-        if not isinstance(fn, Mapping):
-            raise _fail(f"{at}.function", "must be an object with 'name' and 'arguments'")
-        name = fn.get("name")
-        if not isinstance(name, str) or not name:
-            raise _fail(f"{at}.function.name", "must be a non-empty string")
-        args = fn.get("arguments", "{}")
-        try:
-            parsed = load_json(args, f"{at}.function.arguments") if isinstance(args, str) else None
-        except JSONDepthError as exc:
-            raise RequestError(str(exc)) from None
-        except ValueError:
-            parsed = None
-        if not isinstance(parsed, dict):
-            raise _fail(f"{at}.function.arguments", "must be a string holding a JSON object")
-        call_id = call.get("id")
-        if call_id is not None and not isinstance(call_id, str):
-            raise _fail(f"{at}.id", "must be a string")
-        calls.append(
-            {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
-        )
-    return calls
+class _TextPart(Strict, extra="ignore"):
+    type: Literal["text"]
+    text: str
 
 
-def _message(raw: Any, i: int) -> dict[str, Any]:
-    where = f"messages[{i}]"
-    if not isinstance(raw, Mapping):
-        raise _fail(where, f"must be an object, got {type(raw).__name__}")
-    role = raw.get("role")
-    if role not in ROLES:
-        raise _fail(f"{where}.role", f"must be one of {', '.join(ROLES)}, got {role!r:.50}")
-    out: dict[str, Any] = {"role": "system" if role == "developer" else role}
-    out["content"] = _content(raw.get("content"), f"{where}.content", nullable=role == "assistant")
-    for key, value in raw.items():
-        where_key = f"{where}.{key}"
-        if key in ("role", "content"):
-            continue
-        if key in _ECHOED:
-            if value:
-                raise _fail(where_key, "is not supported")
-        elif key == "tool_calls" and role == "assistant":
-            if value:
-                out["tool_calls"] = _tool_calls(value, where_key)
-        elif key in ("name", "reasoning_content") or (key == "tool_call_id" and role == "tool"):
-            if value is not None and not isinstance(value, str):
-                raise _fail(where_key, "must be a string")
-            if value is not None:
-                out[key] = value
-        else:
-            raise _fail(where_key, f"is not a field of a {role} message")
-    return out
+class _Function(Strict, extra="ignore"):
+    name: NonEmpty
+    arguments: JSONObjectText = "{}"
 
 
-def _tools(raw: Any) -> tuple[dict[str, Any], ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise _fail("tools", f"must be a list, got {type(raw).__name__}")
-    for j, tool in enumerate(raw):
-        at = f"tools[{j}]"
-        if not isinstance(tool, Mapping) or tool.get("type") != "function":
-            raise _fail(f"{at}.type", "must be 'function'")
-        fn = tool.get("function")
-        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise _fail(f"{at}.function.name", "must be a non-empty string")
-        if not isinstance(fn.get("parameters", {}), Mapping):
-            raise _fail(f"{at}.function.parameters", "must be a JSON schema object")
-    return tuple(dict(t) for t in raw)
+class _ToolCall(Strict, extra="ignore"):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: _Function
 
 
-def _tool_choice(raw: Any, tools: tuple[dict[str, Any], ...]) -> tuple[ToolChoice, str | None]:
-    """``(choice, forced tool name)``; a named function is ``("required", name)``."""
-    if raw is None:
-        return "auto", None
-    if raw in ("none", "auto"):
-        return raw, None
-    if raw == "required":
-        if not tools:
-            raise _fail("tool_choice", "'required' needs tools")
-        return "required", None
-    if isinstance(raw, Mapping) and raw.get("type") == "function":
-        name = (raw.get("function") or {}).get("name")
-        known = [t["function"]["name"] for t in tools]
-        if name not in known:
-            raise _fail("tool_choice.function.name", f"{name!r:.50} is not in tools ({known})")
-        return "required", name
-    raise _fail("tool_choice", "must be 'none', 'auto', 'required' or {'type': 'function', ...}")
+class _Message(Strict):
+    """One chat message (``tool_calls``: an assistant's; ``tool_call_id``: a tool's)."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[_TextPart] | None = None  # null: an assistant's only
+    name: str | None = None
+    reasoning_content: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[_ToolCall] | None = None
+    refusal: _Echoed = None
+    annotations: _Echoed = None
+    audio: _Echoed = None
+    function_call: _Echoed = None
+
+    @model_validator(mode="after")
+    def _by_role(self) -> _Message:
+        if self.content is None and self.role != "assistant":
+            raise invalid("must be a string or a list of text parts, got None", "content")
+        for key, role in (("tool_calls", "assistant"), ("tool_call_id", "tool")):
+            if key in self.model_fields_set and self.role != role:
+                raise invalid(f"is not a field of a {self.role} message", key)
+        return self
+
+    def chat(self) -> dict[str, Any]:
+        """The message as the chat template takes it (see the module docstring)."""
+        content = self.content or ""
+        out: dict[str, Any] = {
+            "role": "system" if self.role == "developer" else self.role,
+            "content": content if isinstance(content, str) else "".join(p.text for p in content),
+        }
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": dict(c.function)}
+                for c in self.tool_calls
+            ]
+        for key in ("name", "reasoning_content", "tool_call_id"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
+
+
+class _ToolFunction(Strict, extra="ignore"):
+    name: NonEmpty
+    parameters: dict[str, Any] = {}
+
+
+class _Tool(Strict, extra="ignore"):
+    type: Literal["function"]
+    function: _ToolFunction
+
+
+class _Named(Strict, extra="ignore"):
+    name: str
+
+
+class _NamedChoice(Strict, extra="ignore"):
+    type: Literal["function"]
+    function: _Named
+
+
+class _JSONSchema(Strict, extra="ignore"):  # name, description, strict: not enforced
+    schema_: dict[str, Any] = Field({}, alias="schema")
+
+
+class _ResponseFormat(Strict, extra="ignore"):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: _JSONSchema | None = None
+
+    @model_validator(mode="after")
+    def _spec(self) -> _ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise invalid("is required", "json_schema")
+        return self
+
+    def constraint(self) -> Constraint | None:
+        """``text``: None; ``json_object`` or ``json_schema``: the grammar of its JSON."""
+        if self.type == "json_object":
+            return Constraint.json_object()
+        if self.json_schema is None:
+            return None
+        return Constraint("json_schema", json.dumps(self.json_schema.schema_ or {"type": "object"}))
+
+
+class _StreamOptions(Strict):  # include_usage is read with or without streaming
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = None
+
+
+Tokens = Annotated[int, Field(ge=1, le=2**31 - 1)]
+
+
+class _Chat(Strict):
+    """A chat-completions body, its nulls dropped (null is "not given")."""
+
+    messages: Annotated[list[_Message], Field(min_length=1)]
+    tools: Annotated[list[_Tool], Field(fail_fast=True)] = []  # a body may hold thousands
+    tool_choice: ToolChoice | _NamedChoice = "auto"
+    temperature: Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)] = 1.0
+    top_p: Annotated[float, Field(ge=1e-9, le=1, allow_inf_nan=False)] = 1.0
+    top_k: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
+    max_tokens: Tokens | None = None
+    max_completion_tokens: Tokens | None = None
+    n: Annotated[int, Field(ge=1)] = 1
+    seed: Annotated[int, Field(ge=SEED_MIN)] | None = None
+    model: str | None = None
+    stream: bool = False
+    stream_options: _StreamOptions = _StreamOptions()
+    stop: str | Annotated[list[NonEmpty], Field(max_length=MAX_STOPS)] = ()
+    logprobs: bool = False
+    # Checked and then ignored: see the module docstring.
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    response_format: _ResponseFormat | None = None
+    frequency_penalty: inert(0, why=_NO_PENALTIES) = None
+    presence_penalty: inert(0, why=_NO_PENALTIES) = None
+    logit_bias: inert({}, why="is not supported: the engine samples without biases") = None
+    top_logprobs: inert(0, why=_ONE_LOGPROB) = None
+    # Accepted and ignored.
+    user: Any = None
+    parallel_tool_calls: Any = None
+    metadata: Any = None
+    store: Any = None
+    service_tier: Any = None
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _few_enough(cls, messages: Any, info: ValidationInfo) -> Any:
+        """Counted before they are checked (``info.context``: the server's limits)."""
+        limit = info.context["max_messages"]
+        if isinstance(messages, list) and len(messages) > limit:
+            raise invalid(f"holds {len(messages)} messages, over the limit of {limit}")
+        return messages
+
+    @model_validator(mode="after")
+    def _limits(self, info: ValidationInfo) -> _Chat:
+        """The server's limits, and a tool choice the tools allow."""
+        max_n = info.context["max_n"]
+        if self.n > max_n:
+            raise invalid(f"must be in [1, {max_n}], got {self.n}", "n")
+        if self.seed is not None and self.seed > SEED_MAX - max_n:  # choice i seeds seed + i
+            raise invalid(f"must be <= {SEED_MAX - max_n}, got {self.seed}", "seed")
+        names = [t.function.name for t in self.tools]
+        choice = self.tool_choice
+        if isinstance(choice, _NamedChoice) and choice.function.name not in names:
+            where = ("tool_choice", "function", "name")
+            raise invalid(f"{choice.function.name!r:.50} is not in tools ({names})", where)
+        if choice == "required" and not names:
+            raise invalid("'required' needs tools", "tool_choice")
+        return self
 
 
 def _arguments_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
@@ -319,112 +335,33 @@ def _forced_calls(tools: list[dict[str, Any]], name: str | None) -> dict[str, An
     return {"type": "structural_tag", "format": {**triggered, "at_least_one": True}}
 
 
-def _response_format(raw: Any) -> Constraint | None:
-    """OpenAI's ``response_format``: ``text`` (None), ``json_object`` or ``json_schema``
-    (``{"json_schema": {"name": ..., "schema": {...}}}``)."""
-    if raw is None:
-        return None
-    kind = raw.get("type") if isinstance(raw, Mapping) else None
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return Constraint.json_object()
-    if kind != "json_schema":
-        raise _fail("response_format.type", "must be 'text', 'json_object' or 'json_schema'")
-    spec = raw.get("json_schema")
-    if not isinstance(spec, Mapping) or not isinstance(spec.get("schema", {}), Mapping):
-        raise _fail("response_format.json_schema.schema", "must be a JSON schema object")
-    return Constraint("json_schema", json.dumps(spec.get("schema") or {"type": "object"}))
-
-
-def _inert(body: Mapping[str, Any]) -> None:
-    for key, (allowed, why) in _INERT.items():
-        value = body.get(key)
-        # (a bool is refused even where it equals an allowed 0)
-        if key in body and (isinstance(value, bool) or value not in allowed):
-            raise _fail(key, f"{why}, got {value!r:.50}")
-
-
-def _flag(body: Mapping[str, Any], key: str) -> bool:
-    value = body.get(key)
-    if value is not None and not isinstance(value, bool):
-        raise _fail(key, f"must be a boolean, got {value!r:.50}")
-    return bool(value)
-
-
-def _stream_options(raw: Any) -> bool:
-    """``include_usage`` of ``stream_options`` (accepted with or without streaming)."""
-    if raw is None:
-        return False
-    if not isinstance(raw, Mapping):
-        raise _fail("stream_options", f"must be an object, got {type(raw).__name__}")
-    unknown = sorted(set(raw) - {"include_usage", "include_obfuscation"})
-    if unknown:
-        raise _fail(f"stream_options.{unknown[0]}", "is not supported")
-    for key in ("include_usage", "include_obfuscation"):
-        if raw.get(key) is not None and not isinstance(raw[key], bool):
-            raise _fail(f"stream_options.{key}", "must be a boolean")
-    return bool(raw.get("include_usage"))
-
-
-def _stop(raw: Any) -> tuple[str, ...]:
-    if raw is None or raw == "":
-        return ()
-    stops = [raw] if isinstance(raw, str) else raw
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise _fail("stop", "must be a string or a list of non-empty strings")
-    if len(stops) > MAX_STOPS:
-        raise _fail("stop", f"holds {len(stops)} strings, at most {MAX_STOPS} are supported")
-    return tuple(dict.fromkeys(stops))
-
-
-def _reasoning_effort(raw: Any) -> None:
-    """Checked and then ignored: see the module docstring."""
-    if raw is not None and raw not in REASONING_EFFORTS:
-        raise _fail("reasoning_effort", f"must be one of {', '.join(REASONING_EFFORTS)}")
-
-
 def parse_chat_request(body: Any, *, max_n: int, max_messages: int) -> ChatRequest:
     """A :class:`ChatRequest` from a JSON body, or :class:`RequestError` naming the field
     (what is accepted and refused: the module docstring)."""
     if not isinstance(body, Mapping):
         raise RequestError(f"the body must be a JSON object, got {type(body).__name__}")
-    unknown = sorted(set(body) - _KNOWN)
-    if unknown:
-        raise _fail(unknown[0], "is not a supported field of /v1/chat/completions")
-    _inert(body)
-    _reasoning_effort(body.get("reasoning_effort"))
-    raw = body.get("messages")
-    if not isinstance(raw, list) or not raw:
-        raise _fail("messages", "must be a non-empty list of messages")
-    if len(raw) > max_messages:
-        raise _fail("messages", f"holds {len(raw)} messages, over the limit of {max_messages}")
-    messages = tuple(_message(m, i) for i, m in enumerate(raw))
-    tools = _tools(body.get("tools"))
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise _fail("model", "must be a string")
-    max_tokens = _integer(body, "max_completion_tokens", 1, 2**31 - 1)
-    if max_tokens is None:
-        max_tokens = _integer(body, "max_tokens", 1, 2**31 - 1)
-    tool_choice, forced = _tool_choice(body.get("tool_choice"), tools)
+    given = {k: v for k, v in body.items() if v is not None}
+    limits = {"max_n": max_n, "max_messages": max_messages}
+    m = validate(_Chat, given, error=RequestError, context=limits)
+    named = m.tool_choice if isinstance(m.tool_choice, _NamedChoice) else None
+    stops = [m.stop] if isinstance(m.stop, str) else m.stop
     return ChatRequest(
-        messages=messages,
-        tools=tools,
-        tool_choice=tool_choice,
-        forced_tool=forced,
-        response_format=_response_format(body.get("response_format")),
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=_number(body, "top_p", 1.0, 1e-9, 1.0),
-        top_k=_integer(body, "top_k", 0, 2**31 - 1) or 0,
-        max_tokens=max_tokens,
-        n=_integer(body, "n", 1, max_n) or 1,
-        seed=_integer(body, "seed", -(2**63), 2**63 - 1 - max_n),
-        model=model,
-        stream=_flag(body, "stream"),
-        include_usage=_stream_options(body.get("stream_options")),
-        stop=_stop(body.get("stop")),
-        logprobs=_flag(body, "logprobs"),
+        messages=tuple(message.chat() for message in m.messages),
+        tools=tuple(dict(t) for t in given.get("tools", ())),
+        tool_choice="required" if named else m.tool_choice,  # type: ignore[arg-type]
+        forced_tool=named.function.name if named else None,
+        response_format=m.response_format.constraint() if m.response_format else None,
+        temperature=m.temperature,
+        top_p=m.top_p,
+        top_k=m.top_k,
+        max_tokens=m.max_completion_tokens or m.max_tokens,
+        n=m.n,
+        seed=m.seed,
+        model=m.model,
+        stream=m.stream,
+        include_usage=bool(m.stream_options.include_usage),
+        stop=tuple(dict.fromkeys(s for s in stops if s)),
+        logprobs=m.logprobs,
     )
 
 

@@ -13,13 +13,16 @@ import dataclasses
 import math
 import sys
 from collections.abc import Mapping
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import AfterValidator, Field
 
 from tunix_agentic.envs.base import SPLITS, Task
 from tunix_agentic.envs.remote import task_from_json as remote_task_from_json
 from tunix_agentic.envs.remote import task_to_json as remote_task_to_json
 from tunix_agentic.rollout.episode import Group
 from tunix_agentic.serving.client import LOGPROB_TOLERANCE
+from tunix_agentic.serving.validation import Strict, invalid, validate
 from tunix_agentic.trajectory import Step, Trajectory
 
 __all__ = [
@@ -45,83 +48,72 @@ STATUSES: tuple[str, ...] = get_args(GroupStatus)
 FINAL_STATUSES = frozenset({"done", "cancelled", "failed", "lost"})
 
 
-# ------------------------------------------------------------------ checks
-def _obj(raw: Any, where: str) -> Mapping[str, Any]:
-    if not isinstance(raw, Mapping):
-        raise ValueError(f"{where} must be a JSON object, got {type(raw).__name__}")
-    return raw
+# ------------------------------------------------------------------ models
+# The JSON each *_from_json reads, checked by pydantic (tunix_agentic.serving.validation).
+# A group holds thousands of ids: stop at the first bad one.
+Ids = Annotated[list[int], Field(fail_fast=True)]
+Count = Annotated[int, Field(ge=0)]
 
 
-def _int(raw: Any, where: str, *, lo: int | None = None, hi: int | None = None) -> int:
-    if isinstance(raw, bool) or not isinstance(raw, int):
-        raise ValueError(f"{where} must be an integer, got {raw!r:.80}")
-    if lo is not None and raw < lo:
-        raise ValueError(f"{where} must be >= {lo}, got {raw}")
-    if hi is not None and raw > hi:
-        raise ValueError(f"{where} must be <= {hi}, got {raw}")
-    return raw
-
-
-def _float(raw: Any, where: str) -> float:
-    if isinstance(raw, bool) or not isinstance(raw, int | float):
-        raise ValueError(f"{where} must be a number, got {raw!r:.80}")
-    return float(raw)
-
-
-def _bool(raw: Any, where: str) -> bool:
-    if not isinstance(raw, bool):
-        raise ValueError(f"{where} must be true or false, got {raw!r:.80}")
-    return raw
-
-
-def _str(raw: Any, where: str) -> str:
-    if not isinstance(raw, str):
-        raise ValueError(f"{where} must be a string, got {raw!r:.80}")
-    return raw
-
-
-def _ints(raw: Any, where: str) -> list[int]:
-    if not isinstance(raw, list):
-        raise ValueError(f"{where} must be a list of integers")
-    # One pass without a call per element in the usual case (a group holds thousands);
-    # the slow path names the first bad element.
-    if all(type(x) is int for x in raw):
-        return list(raw)
-    return [_int(x, f"{where}[{i}]") for i, x in enumerate(raw)]
-
-
-def _floats(raw: Any, where: str) -> list[float]:
-    if not isinstance(raw, list):
-        raise ValueError(f"{where} must be a list of numbers")
-    if all(type(x) is float for x in raw):
-        return list(raw)
-    return [_float(x, f"{where}[{i}]") for i, x in enumerate(raw)]
-
-
-def _logprobs(raw: Any, where: str) -> list[float]:
-    """Sampler logprobs: numbers, finite and <= 0 (up to ``LOGPROB_TOLERANCE`` of float
-    noise); a node that sends others is refused, naming the first."""
-    values = _floats(raw, where)
-    if not all(-math.inf < x <= LOGPROB_TOLERANCE for x in values):
-        i = next(i for i, x in enumerate(values) if not -math.inf < x <= LOGPROB_TOLERANCE)
-        raise ValueError(f"{where}[{i}] must be a finite logprob <= 0, got {values[i]!r}")
+def _logprobs(values: list[float]) -> list[float]:
+    """Sampler logprobs are finite and <= 0 (up to ``LOGPROB_TOLERANCE`` of float noise):
+    a node that sends others is refused, naming the first."""
+    for i, x in enumerate(values):
+        if not -math.inf < x <= LOGPROB_TOLERANCE:
+            raise invalid(f"must be a finite logprob <= 0, got {x!r}", i)
     return values
 
 
-def _times(raw: Any, where: str) -> dict[str, float]:
-    return {_str(k, f"{where} key"): _float(v, f"{where}.{k}") for k, v in _obj(raw, where).items()}
+class _Task(Strict):
+    task_id: str
+    prompt: str
+    answer: Any = None
+    data: dict[str, Any] = {}
+    task_name: str = "default"
 
 
-def _unknown(obj: Mapping[str, Any], known: set[str], where: str) -> None:
-    extra = sorted(set(obj) - known)
-    if extra:
-        raise ValueError(f"{where}.{extra[0]} is not a known field (known: {sorted(known)})")
+class _Step(Strict):
+    context_len: Count
+    action_ids: Ids
+    logprobs: Annotated[list[float], AfterValidator(_logprobs)]
+    versions: Ids
+    finish_reason: str
+    observation_ids: Ids = []
+    reward: float = 0.0
+    done: bool = False
+    action_text: str = ""
+    tool_calls: list[Any] = []
+    timings: dict[str, float] = {}
+    context_ids: Ids | None = None
+    constrained: bool = False
 
 
-def _need(obj: Mapping[str, Any], key: str, where: str) -> Any:
-    if key not in obj:
-        raise ValueError(f"{where}.{key} is required")
-    return obj[key]
+class _Trajectory(Strict):
+    task_id: str
+    episode_id: str
+    task_name: str = "default"
+    group_id: str = ""
+    prompt_len: Count = 0
+    token_ids: Ids = []
+    steps: list[_Step] = []
+    reward: float = 0.0
+    status: str = "ok"
+    error: str | None = None
+    timings: dict[str, float] = {}
+    info: dict[str, Any] = {}
+
+    def build(self) -> Trajectory:
+        return Trajectory(**{**dict(self), "steps": [Step(**dict(s)) for s in self.steps]})
+
+
+class _Group(Strict):
+    group_id: str
+    index: int
+    task: Any
+    admitted_version: int
+    trajectories: list[_Trajectory] = []
+    dropped: list[_Trajectory] = []
+    lost: Count = 0
 
 
 # ------------------------------------------------------------------- tasks
@@ -139,19 +131,11 @@ def task_from_json(
     (a server passes its environments' task classes); None: any dataclass of a module
     already imported (for answers from a trusted node). A plain ``{task_id, prompt,
     answer?, data?, task_name?}`` object is an :class:`~tunix_agentic.envs.base.Task`."""
-    obj = _obj(obj, where)
-    if "type" not in obj:
-        _unknown(obj, {"task_id", "prompt", "answer", "data", "task_name"}, where)
-        return Task(
-            task_id=_str(_need(obj, "task_id", where), f"{where}.task_id"),
-            prompt=_str(_need(obj, "prompt", where), f"{where}.prompt"),
-            answer=obj.get("answer"),
-            data=dict(_obj(obj.get("data", {}), f"{where}.data")),
-            task_name=_str(obj.get("task_name", "default"), f"{where}.task_name"),
-        )
+    if not isinstance(obj, Mapping) or "type" not in obj:
+        return Task(**dict(validate(_Task, obj, root=where, sep=" ")))
     if types is None:
-        name = _str(obj["type"], f"{where}.type")
-        module, _, qualname = name.partition(":")
+        name = obj["type"]
+        module, _, qualname = str(name).partition(":")
         cls = getattr(sys.modules.get(module), qualname, None)
         if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
             raise ValueError(f"{where}.type: no dataclass {name!r} among the imported modules")
@@ -181,37 +165,6 @@ def _step_to_json(step: Step) -> dict[str, Any]:
     }
 
 
-_STEP_FIELDS = {f.name for f in dataclasses.fields(Step)}
-_TRAJ_FIELDS = {f.name for f in dataclasses.fields(Trajectory)}
-
-
-def _step_from_json(obj: Any, where: str) -> Step:
-    obj = _obj(obj, where)
-    _unknown(obj, _STEP_FIELDS, where)
-    done = obj.get("done", False)
-    if not isinstance(done, bool):
-        raise ValueError(f"{where}.done must be a boolean")
-    calls = obj.get("tool_calls", [])
-    if not isinstance(calls, list):
-        raise ValueError(f"{where}.tool_calls must be a list")
-    context = obj.get("context_ids")
-    return Step(
-        context_len=_int(_need(obj, "context_len", where), f"{where}.context_len", lo=0),
-        action_ids=_ints(_need(obj, "action_ids", where), f"{where}.action_ids"),
-        logprobs=_logprobs(_need(obj, "logprobs", where), f"{where}.logprobs"),
-        versions=_ints(_need(obj, "versions", where), f"{where}.versions"),
-        finish_reason=_str(_need(obj, "finish_reason", where), f"{where}.finish_reason"),
-        observation_ids=_ints(obj.get("observation_ids", []), f"{where}.observation_ids"),
-        reward=_float(obj.get("reward", 0.0), f"{where}.reward"),
-        done=done,
-        action_text=_str(obj.get("action_text", ""), f"{where}.action_text"),
-        tool_calls=list(calls),
-        timings=_times(obj.get("timings", {}), f"{where}.timings"),
-        context_ids=None if context is None else _ints(context, f"{where}.context_ids"),
-        constrained=_bool(obj.get("constrained", False), f"{where}.constrained"),
-    )
-
-
 def trajectory_to_json(t: Trajectory) -> dict[str, Any]:
     """Every field of ``t``, its steps included, as JSON-able values (exact round trip)."""
     return {
@@ -231,26 +184,7 @@ def trajectory_to_json(t: Trajectory) -> dict[str, Any]:
 
 
 def trajectory_from_json(obj: Any, where: str = "trajectory") -> Trajectory:
-    obj = _obj(obj, where)
-    _unknown(obj, _TRAJ_FIELDS, where)
-    steps = obj.get("steps", [])
-    if not isinstance(steps, list):
-        raise ValueError(f"{where}.steps must be a list")
-    error = obj.get("error")
-    return Trajectory(
-        task_id=_str(_need(obj, "task_id", where), f"{where}.task_id"),
-        episode_id=_str(_need(obj, "episode_id", where), f"{where}.episode_id"),
-        task_name=_str(obj.get("task_name", "default"), f"{where}.task_name"),
-        group_id=_str(obj.get("group_id", ""), f"{where}.group_id"),
-        prompt_len=_int(obj.get("prompt_len", 0), f"{where}.prompt_len", lo=0),
-        token_ids=_ints(obj.get("token_ids", []), f"{where}.token_ids"),
-        steps=[_step_from_json(s, f"{where}.steps[{i}]") for i, s in enumerate(steps)],
-        reward=_float(obj.get("reward", 0.0), f"{where}.reward"),
-        status=_str(obj.get("status", "ok"), f"{where}.status"),
-        error=None if error is None else _str(error, f"{where}.error"),
-        timings=_times(obj.get("timings", {}), f"{where}.timings"),
-        info=dict(_obj(obj.get("info", {}), f"{where}.info")),
-    )
+    return validate(_Trajectory, obj, root=where, sep=" ").build()
 
 
 # ------------------------------------------------------------------ groups
@@ -268,33 +202,21 @@ def group_to_json(g: Group) -> dict[str, Any]:
 
 
 def group_from_json(obj: Any, where: str = "group") -> Group:
-    obj = _obj(obj, where)
-    _unknown(
-        obj,
-        {"group_id", "index", "task", "admitted_version", "trajectories", "dropped", "lost"},
-        where,
-    )
-    trajs, dropped = obj.get("trajectories", []), obj.get("dropped", [])
-    for key, value in (("trajectories", trajs), ("dropped", dropped)):
-        if not isinstance(value, list):
-            raise ValueError(f"{where}.{key} must be a list")
+    g = validate(_Group, obj, root=where, sep=" ")
     return Group(
-        group_id=_str(_need(obj, "group_id", where), f"{where}.group_id"),
-        index=_int(_need(obj, "index", where), f"{where}.index"),
-        task=task_from_json(_need(obj, "task", where), f"{where}.task"),
-        admitted_version=_int(_need(obj, "admitted_version", where), f"{where}.admitted_version"),
-        trajectories=[
-            trajectory_from_json(t, f"{where}.trajectories[{i}]") for i, t in enumerate(trajs)
-        ],
-        dropped=[trajectory_from_json(t, f"{where}.dropped[{i}]") for i, t in enumerate(dropped)],
-        lost=_int(obj.get("lost", 0), f"{where}.lost", lo=0),
+        group_id=g.group_id,
+        index=g.index,
+        task=task_from_json(g.task, f"{where}.task"),
+        admitted_version=g.admitted_version,
+        trajectories=[t.build() for t in g.trajectories],
+        dropped=[t.build() for t in g.dropped],
+        lost=g.lost,
     )
 
 
 # ---------------------------------------------------------------- requests
 MAX_GROUP_ID_CHARS = 200
 MAX_NUM_SAMPLES = 1024
-_SEED_MAX = 2**64 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,16 +229,7 @@ class TaskRef:
 
     @classmethod
     def from_json(cls, raw: Any, where: str = "task_ref") -> TaskRef:
-        obj = _obj(raw, where)
-        _unknown(obj, {"source", "split", "index"}, where)
-        split = _str(obj.get("split", "train"), f"{where}.split")
-        if split not in SPLITS:
-            raise ValueError(f"{where}.split must be one of {SPLITS}, got {split!r}")
-        return cls(
-            source=_str(_need(obj, "source", where), f"{where}.source"),
-            split=split,
-            index=_int(_need(obj, "index", where), f"{where}.index", lo=0),
-        )
+        return cls(**dict(validate(_TaskRef, raw, root=where, sep=" ")))
 
     def to_json(self) -> dict[str, Any]:
         return {"source": self.source, "split": self.split, "index": self.index}
@@ -344,18 +257,7 @@ class SamplingSpec:
 
     @classmethod
     def from_json(cls, raw: Any, where: str = "sampling") -> SamplingSpec:
-        obj = _obj(raw, where)
-        _unknown(obj, {"temperature", "top_p", "top_k", "max_tokens"}, where)
-
-        def opt(key, conv):
-            return None if obj.get(key) is None else conv(obj[key], f"{where}.{key}")
-
-        return cls(
-            temperature=opt("temperature", _float),
-            top_p=opt("top_p", _float),
-            top_k=opt("top_k", _int),
-            max_tokens=opt("max_tokens", _int),
-        )
+        return cls(**dict(validate(_SamplingSpec, raw, root=where, sep=" ")))
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
@@ -372,35 +274,11 @@ class SeedSpec:
 
     @classmethod
     def from_json(cls, raw: Any, where: str = "seed") -> SeedSpec:
-        obj = _obj(raw, where)
-        _unknown(obj, {"run_seed", "stream", "index"}, where)
-        return cls(
-            **{
-                k: _int(obj.get(k, 0), f"{where}.{k}", lo=0, hi=_SEED_MAX)
-                for k in ("run_seed", "stream", "index")
-            }
-        )
+        return cls(**dict(validate(_SeedSpec, raw, root=where, sep=" ")))
 
     def to_json(self) -> dict[str, int]:
         return dataclasses.asdict(self)
 
-
-_REQUEST_FIELDS = {
-    "group_id",
-    "env",
-    "env_kwargs",
-    "task",
-    "task_ref",
-    "num_samples",
-    "sampling",
-    "max_turns",
-    "policy_version",
-    "priority",
-    "timeout_s",
-    "min_usable",
-    "seed",
-    "agent",
-}
 
 # Who runs a group's episodes: the node's own agent loop; outside agents that claim them
 # (``POST /v1/episodes/claim``) and call the node's OpenAI-compatible endpoint; or outside
@@ -408,6 +286,45 @@ _REQUEST_FIELDS = {
 # reward and a task id (the node groups those by task id).
 AgentKind = Literal["builtin", "external", "own_tasks"]
 AGENT_KINDS: tuple[str, ...] = get_args(AgentKind)
+
+
+class _TaskRef(Strict):
+    source: str
+    split: Literal[SPLITS] = "train"  # type: ignore[valid-type]
+    index: Count
+
+
+class _SamplingSpec(Strict):  # ranges: SamplingSpec's own
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    max_tokens: int | None = None
+
+
+Seed = Annotated[int, Field(ge=0, le=2**64 - 1)]
+
+
+class _SeedSpec(Strict):
+    run_seed: Seed = 0
+    stream: Seed = 0
+    index: Seed = 0
+
+
+class _Request(Strict):  # the rest: GroupRequest's own checks
+    group_id: str
+    num_samples: int
+    policy_version: int = 0
+    task: Any = None
+    task_ref: _TaskRef | None = None
+    env: str | None = None
+    env_kwargs: dict[str, Any] | None = None
+    sampling: _SamplingSpec | None = None
+    max_turns: int | None = None
+    priority: Annotated[int, Field(ge=-(2**31), le=2**31)] = 0
+    timeout_s: float | None = None
+    min_usable: int | None = None
+    seed: _SeedSpec | None = None
+    agent: str = "builtin"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -474,32 +391,23 @@ class GroupRequest:
         """A validated request; ``ValueError`` naming the field otherwise. ``task`` may also
         be given as a ``{source, split, index}`` reference (the same as ``task_ref``);
         ``task_types``: see :func:`task_from_json`."""
-        obj = _obj(raw, "request body")
-        _unknown(obj, _REQUEST_FIELDS, "request")
-        task, ref = obj.get("task"), obj.get("task_ref")
+        m = validate(_Request, raw, root="request", sep=" ")
+        task, ref = m.task, m.task_ref and TaskRef(**dict(m.task_ref))
         if isinstance(task, Mapping) and "source" in task and "prompt" not in task:
             if ref is not None:
                 raise ValueError("task: give exactly one of task and task_ref")
-            task, ref = None, task
-        env = obj.get("env")
-        kwargs = obj.get("env_kwargs") or {}
-        timeout = obj.get("timeout_s")
-        turns, usable = obj.get("max_turns"), obj.get("min_usable")
+            task, ref = None, TaskRef.from_json(task, "request.task")
+        if task is not None:
+            task = task_from_json(task, "request.task", types=task_types)
         return cls(
-            group_id=_str(_need(obj, "group_id", "request"), "group_id"),
-            num_samples=_int(_need(obj, "num_samples", "request"), "num_samples"),
-            policy_version=_int(obj.get("policy_version", 0), "policy_version"),
-            task=None if task is None else task_from_json(task, types=task_types),
-            task_ref=None if ref is None else TaskRef.from_json(ref),
-            env=None if env is None else _str(env, "env"),
-            env_kwargs=dict(_obj(kwargs, "env_kwargs")),
-            sampling=SamplingSpec.from_json(obj.get("sampling") or {}),
-            max_turns=None if turns is None else _int(turns, "max_turns"),
-            priority=_int(obj.get("priority", 0), "priority", lo=-(2**31), hi=2**31),
-            timeout_s=None if timeout is None else _float(timeout, "timeout_s"),
-            min_usable=None if usable is None else _int(usable, "min_usable"),
-            seed=SeedSpec.from_json(obj.get("seed") or {}),
-            agent=_str(obj.get("agent", "builtin"), "agent"),
+            **{
+                **dict(m),
+                "task": task,
+                "task_ref": ref,
+                "env_kwargs": m.env_kwargs or {},
+                "sampling": SamplingSpec(**dict(m.sampling or {})),
+                "seed": SeedSpec(**dict(m.seed or {})),
+            }
         )
 
     def to_json(self) -> dict[str, Any]:
