@@ -85,6 +85,7 @@ def test_small_run_compiles_fits_and_writes_the_schema(tmp_path, capsys):
             "bytes_per_chip",
             "flops",
             "bytes_accessed",
+            "hbm_bytes",
             "roofline_s",
             "kernels",
             "fits",
@@ -92,6 +93,9 @@ def test_small_run_compiles_fits_and_writes_the_schema(tmp_path, capsys):
         sizes = p["bytes_per_chip"]
         assert sizes["total"] <= sizes["arguments"] + sizes["outputs"] + sizes["temp"]
         assert p["chips"] == 1 and p["roofline_s"] > 0
+        # HBM traffic apart from XLA's count: for the programs bound by memory.
+        by_memory = p["name"].startswith("engine.decode[") or p["name"] == "weight_sync"
+        assert (p["hbm_bytes"] is not None) == by_memory, p["name"]
     train = report["programs"][0]
     assert train["flops"] > 0 and train["bytes_per_chip"]["arguments"] > 0
     assert "waste" in capsys.readouterr().out
@@ -175,10 +179,11 @@ def test_shipped_tpu_recipe_compiles_and_fits(recipe, tmp_path, capsys):
 
 def test_the_decode_step_reads_the_kv_pages_without_copying_them():
     """Qwen3-0.6B's recipe on one v5e chip (paged KV, JAX's ragged paged attention): the
-    compiled decode step moves at most 3x the least a step must (the weights once, the live
-    KV once; XLA's cost analysis). It moved 6.4x while the pages were interleaved into the
+    compiled decode step moves from HBM at most 1.3x the least a step must (the weights
+    once, the live KV once). It moved 6.4x while the pages were interleaved into the
     kernel's layout on every call and the new token was scattered into them; kept in the
-    kernel's layout and written by update slices, 2.2x (jax 0.10.2, libtpu 0.0.42.1)."""
+    kernel's layout and written by update slices, 1.0x (2.2x as XLA's cost analysis counts
+    the weights' prefetches into VMEM; jax 0.10.2, libtpu 0.0.42.1)."""
     from tunix_agentic.aot.compile import run_programs
     from tunix_agentic.config import load_config, resolve_model
 
@@ -192,7 +197,8 @@ def test_the_decode_step_reads_the_kv_pages_without_copying_them():
     (decode,) = report.programs
     assert "tpu_custom_call" in decode.kernels
     assert decode.minimum_kind == "bytes"
-    assert decode.waste < 3.0, f"{decode.name}: {decode.waste:.2f}x the least it must move"
+    assert decode.hbm_bytes is not None and decode.hbm_bytes < decode.bytes_accessed
+    assert decode.waste < 1.3, f"{decode.name}: {decode.waste:.2f}x the least it must move"
 
 
 def test_the_table_marks_a_refused_learner():

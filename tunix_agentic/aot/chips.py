@@ -8,6 +8,14 @@ vendors' product pages (checked 2026-12-04):
 - TPU v5p: 459 TFLOP/s, 2,765 GB/s, 95 GiB (cloud.google.com/tpu/docs/v5p)
 - TPU v6e (Trillium): 918 TFLOP/s, 1,640 GB/s, 32 GiB (cloud.google.com/tpu/docs/v6e)
 - H200 SXM: 989 TFLOP/s dense bf16, 4.8 TB/s, 141 GB (nvidia.com/en-us/data-center/h200)
+
+``vmem_assignment``: the libtpu compiler option that turns off memory-space assignment
+into the chip's VMEM (found in libtpu 0.0.42.1: with it false, the compiled program holds
+no buffer in memory space 1). XLA's cost analysis counts a prefetch into VMEM as bytes
+accessed on both sides, and the reads from VMEM after it, so a program that streams its
+weights through VMEM reads as moving them several times; compiled without that
+assignment, its bytes accessed are what it moves from HBM
+(:func:`~tunix_agentic.aot.compile.run_programs`).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ class Chip:
     flops: float
     hbm_bw: float
     hbm: int
+    vmem_assignment: str | None = None
 
     def roofline_s(self, flops: float, bytes_accessed: float) -> float:
         """The time at the chip's peak: compute or memory, whichever is longer."""
@@ -33,8 +42,8 @@ class Chip:
 
 CHIPS: dict[str, Chip] = {
     "v4": Chip("TPU v4", 275e12, 1228e9, 32 * GiB),
-    "v5e": Chip("TPU v5e", 197e12, 819e9, 16 * GiB),
-    "v5p": Chip("TPU v5p", 459e12, 2765e9, 95 * GiB),
-    "v6e": Chip("TPU v6e", 918e12, 1640e9, 32 * GiB),
+    "v5e": Chip("TPU v5e", 197e12, 819e9, 16 * GiB, "xla_vf_vmem_memory_space_assignment"),
+    "v5p": Chip("TPU v5p", 459e12, 2765e9, 95 * GiB, "xla_vf_vmem_memory_space_assignment"),
+    "v6e": Chip("TPU v6e", 918e12, 1640e9, 32 * GiB, "xla_gf_vmem_memory_space_assignment"),
     "h200": Chip("H200", 989e12, 4.8e12, 141 * 10**9),
 }

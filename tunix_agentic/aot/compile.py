@@ -40,9 +40,13 @@ HELP = {
 class ProgramReport:
     """One compiled program: bytes per chip (``arguments``, ``outputs``, ``temp``,
     ``total``: outputs aliased to donated arguments counted once), per-chip ``flops`` and
-    ``bytes_accessed`` (a loop body scaled by its trips), ``roofline_s``, the custom-call
-    ``kernels``, ``resident_elsewhere`` (bytes per chip other components keep on the same
-    chips), the waste ratio against ``minimum`` and the CPU seconds the compile took."""
+    ``bytes_accessed`` (a loop body scaled by its trips, as XLA's cost analysis counts
+    them), ``hbm_bytes`` (a program bound by memory: the bytes it moves from HBM, from the
+    same program compiled without VMEM assignment, which that count takes for traffic:
+    :mod:`~tunix_agentic.aot.chips`), ``roofline_s`` (on ``hbm_bytes`` where measured), the
+    custom-call ``kernels``, ``resident_elsewhere`` (bytes per chip other components keep on
+    the same chips), the waste ratio against ``minimum`` and the CPU seconds the compiles
+    took."""
 
     name: str
     component: str
@@ -62,10 +66,16 @@ class ProgramReport:
     minimum_what: str
     compile_s: float
     note: str = ""
+    hbm_bytes: float | None = None
+
+    @property
+    def moved(self) -> float:
+        """Bytes moved from HBM: ``hbm_bytes`` where measured, else ``bytes_accessed``."""
+        return self.bytes_accessed if self.hbm_bytes is None else self.hbm_bytes
 
     @property
     def waste(self) -> float:
-        done = self.flops if self.minimum_kind == "flops" else self.bytes_accessed
+        done = self.flops if self.minimum_kind == "flops" else self.moved
         return done / self.minimum if self.minimum else float("nan")
 
     def to_json(self) -> dict[str, Any]:
@@ -80,6 +90,7 @@ class ProgramReport:
             },
             "flops": self.flops,
             "bytes_accessed": self.bytes_accessed,
+            "hbm_bytes": self.hbm_bytes,
             "roofline_s": self.roofline_s,
             "kernels": list(self.kernels),
             "fits": self.fits,
@@ -120,20 +131,24 @@ class AotReport:
             lines.append(
                 f"{p.name:46} {p.chips:5d} {gib(p.arguments)} {gib(p.outputs)} {gib(p.temp)} "
                 f"{gib(p.total)} {gib(p.resident_elsewhere)} {'yes' if p.fits else 'NO':>4} "
-                f"{p.flops / 1e9:9.1f} {p.bytes_accessed / 1e9:7.2f} {p.roofline_s * 1e3:8.2f}ms  "
+                f"{p.flops / 1e9:9.1f} {p.moved / 1e9:7.2f} {p.roofline_s * 1e3:8.2f}ms  "
                 f"{kernels}"
             )
         lines.append(
             "bytes in GiB per chip; +other: what the run's other component keeps on "
-            "the same chips; figures per chip"
+            "the same chips; figures per chip; GB acc: XLA's bytes accessed (from HBM, "
+            "VMEM prefetches not counted, for a program bound by memory)"
         )
         lines.append("waste (what XLA will do / the least the program must do):")
         for p in self.programs:
             unit = "FLOPs" if p.minimum_kind == "flops" else "bytes"
             least = p.minimum / (1e9 if p.minimum_kind == "flops" else 1e9)
+            counted = ""
+            if p.hbm_bytes is not None and p.minimum:
+                counted = f"; {p.bytes_accessed / p.minimum:.2f}x with VMEM prefetches counted"
             lines.append(
                 f"  {p.name:46} {p.waste:5.2f}x {unit} (least {least:.1f} G{'FLOP' if unit == 'FLOPs' else 'B'}: "
-                f"{p.minimum_what})" + (f"; {p.note}" if p.note else "")
+                f"{p.minimum_what})" + (f"; {p.note}" if p.note else "") + counted
             )
         return "\n".join(lines)
 
@@ -192,10 +207,18 @@ def _argument_bytes(args: Any) -> int:
     return total
 
 
+def _cost(exe: Any) -> dict[str, Any]:
+    cost = exe.cost_analysis() or {}
+    if isinstance(cost, list):  # older JAX: one dict per computation
+        cost = cost[0] if cost else {}
+    return cost
+
+
 def _compile(p: Program, chip: Chip, log) -> tuple[dict[str, Any], float]:
     t = time.process_time()
     try:
-        exe = p.fn.lower(*p.args).compile()
+        lowered = p.fn.lower(*p.args)
+        exe = lowered.compile()
     except jax.errors.JaxRuntimeError as exc:
         m = _OUT_OF_HBM.search(str(exc))
         if "RESOURCE_EXHAUSTED" not in str(exc) or m is None:
@@ -215,11 +238,14 @@ def _compile(p: Program, chip: Chip, log) -> tuple[dict[str, Any], float]:
             "refused": True,
         }
         return info, seconds
-    seconds = time.process_time() - t
     mem = exe.memory_analysis()
-    cost = exe.cost_analysis() or {}
-    if isinstance(cost, list):  # older JAX: one dict per computation
-        cost = cost[0] if cost else {}
+    cost = _cost(exe)
+    hbm_bytes = None
+    if p.minimum.kind == "bytes" and chip.vmem_assignment:
+        # The same program without VMEM assignment: its bytes accessed are HBM traffic.
+        plain = lowered.compile(compiler_options={chip.vmem_assignment: False})
+        hbm_bytes = float(_cost(plain).get("bytes accessed", 0.0)) * p.trips
+    seconds = time.process_time() - t
     kernels = tuple(sorted(set(_CUSTOM_CALL.findall(exe.as_text() or ""))))
     args, outs = mem.argument_size_in_bytes, mem.output_size_in_bytes
     temp, alias = mem.temp_size_in_bytes, mem.alias_size_in_bytes
@@ -230,6 +256,7 @@ def _compile(p: Program, chip: Chip, log) -> tuple[dict[str, Any], float]:
         "total": args + outs - alias + temp,
         "flops": float(cost.get("flops", 0.0)) * p.trips,
         "bytes_accessed": float(cost.get("bytes accessed", 0.0)) * p.trips,
+        "hbm_bytes": hbm_bytes,
         "kernels": kernels,
     }
     if log is not None:
@@ -264,7 +291,11 @@ def _with_residents(compiled, programs: list[Program], chip: Chip) -> list[Progr
                 total=info["total"],
                 flops=info["flops"],
                 bytes_accessed=info["bytes_accessed"],
-                roofline_s=chip.roofline_s(info["flops"], info["bytes_accessed"]),
+                hbm_bytes=info.get("hbm_bytes"),
+                roofline_s=chip.roofline_s(
+                    info["flops"],
+                    info["bytes_accessed"] if info.get("hbm_bytes") is None else info["hbm_bytes"],
+                ),
                 kernels=info["kernels"],
                 resident_elsewhere=elsewhere,
                 fits=not info.get("refused") and info["total"] + elsewhere <= chip.hbm,
