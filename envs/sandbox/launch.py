@@ -149,11 +149,14 @@ def _limits(config: SandboxConfig, nproc: int) -> list[tuple[int, tuple[int, int
 
 
 def _hidden_dirs() -> tuple[str, ...]:
-    """This package's directories (``tunix_agentic`` and its ``envs``, which may live apart
-    in an editable install), resolved: what no sandbox may read."""
+    """This package's directories (``tunix_agentic`` and its ``envs``, which live apart in
+    an editable install), resolved: what no sandbox may read. Only the outermost: in a
+    regular install ``envs`` lies inside ``tunix_agentic``, and bwrap cannot make a mount
+    point inside the read-only tmpfs that already hides it."""
     here = Path(__file__).resolve()
     package = Path(sys.modules["tunix_agentic"].__file__ or here).resolve().parent
-    return tuple(dict.fromkeys((str(package), str(here.parents[1]))))
+    dirs = dict.fromkeys((str(package), str(here.parents[1])))
+    return tuple(d for d in dirs if not any(o != d and _under(d, o) for o in dirs))
 
 
 def _bwrap_prefix(
