@@ -196,6 +196,25 @@ def grpo_batch(
     return batch.replace(advantages=adv, truncated=flags)
 
 
+def finite_groups(groups: Sequence, advantage_fn) -> tuple[list, int]:
+    """The groups whose float32 rewards, and group-level advantages, are all finite, and how
+    many were left out. A reward past float32's range (``1e308`` is ``inf`` there) makes its
+    group's advantages NaN, and one NaN row poisons the whole update: such a group is never
+    trained on. (A batch-level estimator's advantages are checked with the batch.)"""
+    kept = []
+    with np.errstate(all="ignore"):  # an overflow here is what is being looked for
+        for group in groups:
+            rewards = np.asarray(group.rewards, np.float64).astype(np.float32)
+            if not np.all(np.isfinite(rewards)):
+                continue
+            if not isinstance(advantage_fn, BatchAdvantage) and not np.all(
+                np.isfinite(advantage_fn(rewards))
+            ):
+                continue
+            kept.append(group)
+    return kept, len(groups) - len(kept)
+
+
 def _advantages(
     groups: Sequence, group_rewards: list[np.ndarray], advantage_fn
 ) -> list[np.ndarray]:

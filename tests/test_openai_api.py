@@ -454,6 +454,11 @@ async def test_episodes_are_bounded_and_closed_once(serve, tool_user):
         status, out = await post("/v1/chat/completions", body, "bad id!")
         assert status == 400 and "X-Episode-Id" in out["error"]["message"]
         assert (await post("/v1/episodes/a/reward", {"reward": "1"}))[0] == 400
+        # A reward float32 cannot hold (or past rollout.reward_limit) would make the
+        # group's advantages NaN: refused, naming the range; the episode stays open.
+        status, out = await post("/v1/episodes/a/reward", {"reward": 1e308})
+        assert status == 400 and "[-1e+06, 1e+06]" in out["error"]["message"]
+        assert (await post("/v1/episodes/a/reward", {"reward": -2e6}))[0] == 400
         assert (await post("/v1/episodes/a/reward", {"reward": 1, "x": 1}))[0] == 400
         assert (await post("/v1/episodes/zz/reward", {"reward": 1}))[0] == 404
         assert (await post("/v1/episodes/a/reward", {"reward": 1}))[0] == 200

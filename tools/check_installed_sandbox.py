@@ -47,7 +47,10 @@ async def main() -> int:
     finally:
         await env.close()
     if shown != demo[1]["content"] or answered.reward != 1.0:
-        print(f"math_python episode failed: tool said {shown!r}, reward {answered.reward}", file=sys.stderr)
+        print(
+            f"math_python episode failed: tool said {shown!r}, reward {answered.reward}",
+            file=sys.stderr,
+        )
         return 1
     print(f"sandbox and math_python episode ran from {package} (bwrap; reward {answered.reward})")
     return 0

@@ -12,13 +12,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import time
 from typing import Any
+
+import numpy as np
 
 from tunix_agentic.checkpoint import Checkpointer
 from tunix_agentic.config import RunConfig
 from tunix_agentic.inference.base import InferenceEngine
-from tunix_agentic.learners.batching import grpo_batch
+from tunix_agentic.learners.batching import finite_groups, grpo_batch
 from tunix_agentic.learners.grpo import GRPOLearner
 from tunix_agentic.metrics.recorder import MetricsRecorder
 from tunix_agentic.metrics.trace import Timeline
@@ -27,6 +30,10 @@ from tunix_agentic.rollout.orchestrator import RolloutOrchestrator
 from tunix_agentic.rollout.transcripts import TranscriptLog
 
 _log = logging.getLogger(__name__)
+
+
+class NonFiniteLoss(RuntimeError):
+    """A train step's loss or gradient norm was NaN or infinite; the run cannot go on."""
 
 
 class GRPOSteps:
@@ -38,6 +45,27 @@ class GRPOSteps:
         self.started = 0
 
     def train_on(self, groups: list[Group]) -> dict[str, float]:
+        """One step on ``groups``; a group with a non-finite reward or advantage is left
+        out and counted (``learner/nonfinite_groups``), and with none left no step runs.
+        A step whose loss or gradient norm is not finite raises :class:`NonFiniteLoss`
+        (the learner's state is then spoilt: the run stops, its last checkpoint kept)."""
+        groups, dropped = finite_groups(groups, self.learner.advantage_fn)
+        if dropped:
+            _log.warning("%d group(s) with a non-finite reward or advantage left out", dropped)
+        out = self._step(groups) if groups else None
+        if out is None:  # nothing finite to train on: no update this step
+            _log.warning("no group left to train on: this step makes no update")
+            left_out = dropped + len(groups)  # (a batch-level estimator's NaN: all of them)
+            return {"learner/nonfinite_groups": float(left_out), "learner/skipped_steps": 1.0}
+        if not all(math.isfinite(out.get(k, 0.0)) for k in ("loss", "grad_norm")):
+            raise NonFiniteLoss(
+                f"the loss of train step {self.started} is not finite (loss {out.get('loss')}, "
+                f"grad_norm {out.get('grad_norm')}): the run stops; its newest checkpoint is "
+                "of the last step whose loss was finite (check the rewards, learning rate and clip settings)"
+            )
+        return {**out, "learner/nonfinite_groups": float(dropped)}
+
+    def _step(self, groups: list[Group]) -> dict[str, float] | None:
         rollout, lcfg = self.cfg.rollout, self.cfg.learner
         rows = rollout.groups_per_batch * rollout.group_size
         multiple = self.learner.row_multiple()
@@ -54,6 +82,8 @@ class GRPOSteps:
             overlong_max_len=lcfg.overlong_max_len,
             overlong_cache_len=lcfg.overlong_cache_len,
         )
+        if not np.all(np.isfinite(batch.advantages)):  # a batch-level estimator's
+            return None
         self.started += 1
         return self.learner.train_step(batch, pad_id=self.pad_id)
 

@@ -462,6 +462,7 @@ def _profile_steps(text: str):
 
 def _train(args: argparse.Namespace) -> int:
     from tunix_agentic.config import ConfigError
+    from tunix_agentic.run_context import NonFiniteLoss
     from tunix_agentic.trainer import RunInterrupted, train
 
     try:
@@ -481,6 +482,9 @@ def _train(args: argparse.Namespace) -> int:
     except RunInterrupted as exc:
         print(exc, file=sys.stderr)
         return exc.exit_code
+    except NonFiniteLoss as exc:
+        print(f"tunix-agentic: error: {exc}", file=sys.stderr)
+        return 1
     print(result.summary())
     return 0
 

@@ -234,6 +234,10 @@ class RolloutConfig:
     # Groups whose environments are created and reset ahead of admission (a warm pool of
     # sandboxes; continuous production only). 0: INIT starts when the group is admitted.
     prefetch_groups: int = 0
+    # Every reward (an environment's evaluate(), an agent's on a node's OpenAI endpoint) must be
+    # a finite number in [-reward_limit, reward_limit]; one outside is the episode's error
+    # (env_error) or a 400, never a learner input (1e308 overflows float32's advantages to NaN).
+    reward_limit: float = 1e6
     seed: int = 0
     # Rollout nodes (``tunix-agentic serve-rollout``); empty urls: in this process.
     service: ServiceConfig = ServiceConfig()
@@ -269,6 +273,13 @@ class RolloutConfig:
             raise ValueError(
                 f"rollout.infra_backoff_max_s ({self.infra_backoff_max_s}) must be >= "
                 f"rollout.infra_backoff_s ({self.infra_backoff_s})"
+            )
+        limit = self.reward_limit
+        if isinstance(limit, bool) or not (
+            isinstance(limit, int | float) and math.isfinite(limit) and 0 < limit <= 1e18
+        ):
+            raise ValueError(
+                f"rollout.reward_limit must be a number in (0, 1e18] (float32 squares it), got {limit!r}"
             )
         if self.prefetch_groups < 0:
             raise ValueError(f"rollout.prefetch_groups must be >= 0, got {self.prefetch_groups}")

@@ -40,6 +40,7 @@ from tunix_agentic.rollout.group import (
     RunnerHooks,
 )
 from tunix_agentic.rollout.outages import HealthProbe, OutageGate, backoff_delay
+from tunix_agentic.rollout.rewards import RewardError, checked_reward
 from tunix_agentic.trajectory import EpisodeStage, Trajectory, timeout_status
 
 # The records a group runner hands back live in :mod:`tunix_agentic.rollout.group`; they
@@ -326,7 +327,10 @@ class EpisodeRunner:
                         async with deadline:
                             score = getattr(env, "evaluate_trajectory", None)  # duck-typed envs
                             reward = await (score(traj) if score is not None else env.evaluate())
-                        traj.reward = float(reward)
+                        traj.reward = checked_reward(reward, env, self.config.reward_limit)
+                    except RewardError as exc:
+                        traj.status, traj.error = "env_error", f"EVAL: {exc}"
+                        self.metrics.count("rollout/bad_rewards")
                     except Exception as exc:
                         traj.status, traj.error = "env_error", f"EVAL: {type(exc).__name__}: {exc}"
                         if deadline.expired():

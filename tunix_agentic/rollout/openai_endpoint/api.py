@@ -88,7 +88,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import math
 import re
 import time
 import uuid
@@ -141,6 +140,7 @@ from tunix_agentic.rollout.openai_endpoint.schema import (
     message_key,
     parse_chat_request,
 )
+from tunix_agentic.rollout.rewards import RewardError, check_reward
 from tunix_agentic.serving.http import json_error, load_json
 from tunix_agentic.serving.stops import ModelText, cut_at_stop_string
 
@@ -179,12 +179,15 @@ class OpenAIConfig:
     max_body_bytes: int = 8 << 20
     parser: str = "qwen3"
     episodes: EpisodeLimits = EpisodeLimits()
+    reward_limit: float = 1e6  # rewards outside [-limit, limit] are a 400 (rollout.reward_limit)
 
     def __post_init__(self):
         for name in ("default_max_tokens", "max_n", "max_messages", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"openai.{name} must be >= 1, got {getattr(self, name)}")
         get_parser(self.parser)
+        if not (isinstance(self.reward_limit, int | float) and 0 < self.reward_limit <= 1e18):
+            raise ValueError(f"openai.reward_limit must be in (0, 1e18], got {self.reward_limit!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -580,11 +583,13 @@ class ChatCompletions:
             unknown = sorted(set(body) - {"reward", "task_id", "info"})
             if unknown:
                 raise RequestError(f"{unknown[0]}: is not a field of a reward")
-            reward = body.get("reward")
-            if isinstance(reward, bool) or not isinstance(reward, int | float):
-                raise RequestError(f"reward: must be a number, got {reward!r:.50}")
-            if not math.isfinite(reward):
-                raise RequestError(f"reward: must be finite, got {reward}")
+            try:  # a JSON number only (no strings), finite and within rollout.reward_limit
+                reward = body.get("reward")
+                if not isinstance(reward, int | float):
+                    raise RewardError(f"reward must be a number, got {reward!r:.50}")
+                reward = check_reward(reward, self.config.reward_limit, "reward")
+            except RewardError as exc:
+                raise RequestError(f"reward: {str(exc).removeprefix('reward ')}") from None
             task_id = body.get("task_id")
             if task_id is not None and (not isinstance(task_id, str) or not task_id):
                 raise RequestError("task_id: must be a non-empty string")

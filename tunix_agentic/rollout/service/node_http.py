@@ -383,7 +383,9 @@ def _mount_openai(app: web.Application, node: RolloutNode, lease_s: float) -> No
         chat_format=node.setup.template,
         version_of=lambda: node.policy_version,
         config=OpenAIConfig(
-            parser=node.setup.agent.parser, default_max_tokens=node.setup.agent.max_new_tokens
+            parser=node.setup.agent.parser,
+            default_max_tokens=node.setup.agent.max_new_tokens,
+            reward_limit=node.setup.rollout.reward_limit,
         ),
     )
     node.external = EpisodeOffers(node.openai.store, lease_s=lease_s)
