@@ -362,6 +362,41 @@ async def test_warmup_compiles_every_shape_ahead_of_the_requests(model, make_eng
         assert out.token_ids == greedy_reference(model, prompt, len(out.token_ids))
 
 
+async def test_a_warmed_engine_compiles_nothing_whatever_the_requests(model, make_engine):
+    """``EngineConfig(warmup=True)`` warms the engine as it is built (in the background);
+    once warm, repeated calls, prefix-cache hits, session continuations, a decode that
+    crosses window buckets, and sampled requests beside greedy ones compile nothing."""
+    cfg = EngineConfig(
+        max_slots=2, max_seq_len=128, decode_steps=4, min_prefill_len=32, warmup=True
+    )
+    engine = make_engine(model, cfg)
+    warmed = await asyncio.to_thread(engine.start_warmup().result)  # the one begun at build
+    assert warmed["shapes"] == 3 * 2 + len(cfg.window_buckets())
+    counted = dict(engine.compiles)
+    compiled: list[str] = []
+
+    def listener(event, seconds, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(event)
+
+    prompt = [(7 * i) % 60 + 1 for i in range(40)]
+    sampled = SamplingParams(temperature=1.0, top_k=5, top_p=0.9, max_new_tokens=9, seed=3)
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        for _ in range(2):  # the same shapes again, then the same prompts (prefix hits)
+            await asyncio.gather(engine.generate(prompt, GREEDY), engine.generate(prompt, sampled))
+        assert engine.stats["cached_tokens"] > 0
+        first = await engine.generate(prompt[:20], GREEDY, session_id="s")
+        turn = [*prompt[:20], *first.token_ids, 5, 6, 7]
+        again = await engine.generate(turn, GREEDY, session_id="s")  # a session continues
+        long = await engine.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=60))
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert again.cached_tokens >= 20 and len(long.token_ids) == 60  # 40 -> 100: windows 64, 96, 128
+    assert compiled == [] and dict(engine.compiles) == counted
+    assert long.token_ids == greedy_reference(model, prompt, 60, width=128)
+
+
 async def test_the_engine_keeps_its_own_copy_of_the_parameters(make_engine):
     """A donating train step on the model the engine was built from deletes the model's
     buffers; the engine must still generate (device_put to the same place does not copy)."""

@@ -521,12 +521,13 @@ async def _settle(fut: asyncio.Future) -> None:
     await asyncio.gather(fut, return_exceptions=True)
 
 
-def _warm_up(engines: list[JaxEngine], enabled: bool) -> dict[str, float] | None:
-    """Compile every engine's shapes ahead of the first request (``engine.warmup: false``
-    leaves each to compile when first met)."""
-    if not enabled:
+def _warm_up(engines: list[JaxEngine], enabled: bool | None) -> dict[str, float] | None:
+    """Compile every engine's shapes ahead of the first request, waiting for the warm-up
+    each engine began when built (``engine.warmup: true``) or beginning it (unset);
+    ``engine.warmup: false`` leaves each shape to compile when first met."""
+    if enabled is False:
         return None
-    done = [engine.warmup() for engine in engines]
+    done = [engine.start_warmup().result() for engine in engines]
     return {"shapes": sum(d["shapes"] for d in done), "seconds": sum(d["seconds"] for d in done)}
 
 

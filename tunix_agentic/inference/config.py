@@ -26,9 +26,11 @@ class EngineConfig:
     # Queue the next decode chunk before collecting the last one, so host work overlaps the
     # device's (a chunk queued ahead whose requests all ended stops on device at once).
     overlap: bool = True
-    # Trainer: compile every prefill shape and the decode chunk on a second thread at start
-    # (beside the SFT warm start) instead of when each shape is first met mid-rollout.
-    warmup: bool = True
+    # Compile every prefill shape and the decode chunk on a background thread as the engine
+    # starts (JaxEngine.start_warmup), instead of when each shape is first met mid-rollout.
+    # true: every engine built with it (a JaxEngine, serve-engine, eval, the trainer's); false:
+    # none; unset (None): the trainer's engines warm up (beside the SFT warm start), no other.
+    warmup: bool | None = None
     seed: int = 0
     # Devices the engine serves from (tunix_agentic.sharding); the default is one device.
     mesh: MeshConfig = MeshConfig()
@@ -48,6 +50,8 @@ class EngineConfig:
         for name in ("max_slots", "max_seq_len", "decode_steps", "min_prefill_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"engine.{name} must be >= 1, got {getattr(self, name)}")
+        if self.warmup is not None and not isinstance(self.warmup, bool):
+            raise ValueError(f"engine.warmup must be true, false or unset, got {self.warmup!r}")
         for name in ("session_reuse", "prefix_cache", "reuse_kv_across_versions", "overlap"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(

@@ -63,7 +63,9 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import itertools
+import threading
 import time
 import weakref
 import zlib
@@ -193,6 +195,10 @@ class JaxEngine:
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
             (params, cache, self._scheduler.state),
         )
+        self._warming: concurrent.futures.Future | None = None
+        self._warm_stop = threading.Event()  # close(): no more shapes compiled
+        if config.warmup:  # (None: whoever builds the engine decides; see EngineConfig)
+            self.start_warmup()
 
     # ------------------------------------------------------------- public API
     def warmup(self) -> dict[str, float]:
@@ -211,6 +217,8 @@ class JaxEngine:
         shape = {} if paged is None else paged.batch_shape
         for length in cfg.length_buckets():
             for rows in cfg.row_buckets():
+                if self._warm_stop.is_set():  # closed meanwhile: leave the rest
+                    return {"shapes": n, "seconds": time.perf_counter() - t}
                 batch = PrefillBatch.host(
                     rows,
                     length,
@@ -223,6 +231,8 @@ class JaxEngine:
                 n += 1
         s = cfg.max_slots
         for window in cfg.window_buckets():
+            if self._warm_stop.is_set():
+                break
             with sched.compiles.counting("decode"):
                 sched.decode_jit.lower(
                     *self._device_specs,
@@ -233,6 +243,25 @@ class JaxEngine:
                 ).compile()
             n += 1
         return {"shapes": n, "seconds": time.perf_counter() - t}
+
+    def start_warmup(self) -> concurrent.futures.Future:
+        """Run :meth:`warmup` on a background thread (once per engine; ``EngineConfig.warmup:
+        true`` starts it as the engine is built). Requests may be submitted meanwhile: a
+        shape not compiled yet compiles when first met, as without warm-up. The future
+        resolves with warmup's result; :meth:`close` stops it between two shapes."""
+        with _WARM_LOCK:
+            if self._warming is None:
+                fut: concurrent.futures.Future = concurrent.futures.Future()
+
+                def run() -> None:
+                    try:
+                        fut.set_result(self.warmup())
+                    except BaseException as exc:  # the caller of result() sees it
+                        fut.set_exception(exc)
+
+                threading.Thread(target=run, name="engine-warmup", daemon=True).start()
+                self._warming = fut
+        return self._warming
 
     async def generate(
         self,
@@ -427,6 +456,13 @@ class JaxEngine:
         self._closed = True
         self._scheduler.send(Close())
         await asyncio.to_thread(self._scheduler.join, 30)
+        await asyncio.to_thread(self._stop_warmup, 60)
+
+    def _stop_warmup(self, timeout: float) -> None:
+        """Stop a background warm-up after the shape it is compiling (waits up to timeout)."""
+        self._warm_stop.set()
+        if self._warming is not None:
+            concurrent.futures.wait([self._warming], timeout)
 
     # ---------------------------------------------------------- hand-over
     def _stage(self, req: Request) -> None:
@@ -456,9 +492,15 @@ class JaxEngine:
         return EngineError(f"engine is closed{failed}")
 
 
+_WARM_LOCK = threading.Lock()
+
+
 def _stop_at_exit(ref: weakref.ref) -> None:
     engine = ref()
-    if engine is not None and engine._scheduler.running:
+    if engine is None:
+        return
+    if engine._scheduler.running:
         engine._closed = True
         engine._scheduler.send(Close())
         engine._scheduler.join(10)
+    engine._stop_warmup(30)  # no compile thread left mid-call at interpreter exit
