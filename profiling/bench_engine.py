@@ -8,6 +8,11 @@ of this machine's measured f32 matmul peak, and prefill tokens of a 5-turn
 episode with and without per-session KV reuse.
 
     python -m profiling.bench_engine            # ENGINE_BATCHES=1,16,64 ENGINE_REPEATS=5
+    python -m profiling.bench_engine --floor [--models peers,50m,smollm2] [--json FILE]
+
+``--floor``: ours beside the bare jitted loop over the same model and prompts, the ratio,
+the roofline and the compiles in timed calls, for each model and batch
+(:mod:`profiling.engine_floor`); ``--json`` writes one row per model and batch.
 
 ``ENGINE_DECODE_WINDOW`` sets ``engine.decode_window`` (``bucketed``, the default, or
 ``full``); ``ab`` measures both on one model for each batch, interleaved repeat by repeat
@@ -60,23 +65,34 @@ def prompts(n: int, seed: int = 0) -> list[list[int]]:
 async def timed_calls(
     engine: JaxEngine, batch: int, *, sequential: bool = False
 ) -> tuple[float, float]:
-    ps = prompts(batch)
+    """Generated tokens/s (median over the ``REPEATS`` timed calls that compiled nothing)
+    and the first call's seconds. The engine is warmed up first; every call sends fresh
+    prompts, so no call reuses a prefix an earlier one cached; a call that compiled is
+    printed and left out."""
+    await asyncio.to_thread(engine.start_warmup().result)
+    call = 0
 
-    async def once():
+    async def once() -> tuple[float, int]:
+        nonlocal call
+        call += 1
+        ps = prompts(batch, seed=call)
+        before = sum(engine.compiles.values())
+        t = time.perf_counter()
         if sequential:
             for p in ps:
                 await engine.generate(p, GREEDY)
         else:
             await asyncio.gather(*(engine.generate(p, GREEDY) for p in ps))
+        return time.perf_counter() - t, sum(engine.compiles.values()) - before
 
-    t = time.perf_counter()
-    await once()  # warm-up, includes compilation
-    first = time.perf_counter() - t
+    first, _ = await once()  # untimed: the first dispatch of each program
     times = []
     for _ in range(REPEATS):
-        t = time.perf_counter()
-        await once()
-        times.append(time.perf_counter() - t)
+        seconds, compiled = await once()
+        if compiled:
+            print(f"  B={batch} call {call}: {compiled} compile(s), left out of the figure")
+        else:
+            times.append(seconds)
     return batch * NEW / statistics.median(times), first
 
 
@@ -95,20 +111,25 @@ async def window_ab(model: Transformer, batch: int) -> None:
         )
         for mode in ("bucketed", "full")
     }
-    ps = prompts(batch)
 
-    async def once(engine: JaxEngine) -> float:
+    async def once(engine: JaxEngine, seed: int) -> float:
+        ps = prompts(batch, seed=seed)  # fresh prompts: no prefix-cache hit
+        before = sum(engine.compiles.values())
         t = time.perf_counter()
         await asyncio.gather(*(engine.generate(p, GREEDY) for p in ps))
-        return batch * NEW / (time.perf_counter() - t)
+        seconds = time.perf_counter() - t
+        if sum(engine.compiles.values()) != before:
+            raise RuntimeError(f"a timed call compiled (B={batch}): the warm-up missed a shape")
+        return batch * NEW / seconds
 
     for engine in engines.values():
-        await once(engine)  # compiles
+        await asyncio.to_thread(engine.warmup)
+        await once(engine, 0)
     tps: dict[str, list[float]] = {"bucketed": [], "full": []}
     for i in range(REPEATS):
         order = ("bucketed", "full") if i % 2 == 0 else ("full", "bucketed")
         for mode in order:
-            tps[mode].append(await once(engines[mode]))
+            tps[mode].append(await once(engines[mode], 1 + i))
     ratios = [b / f for b, f in zip(tps["bucketed"], tps["full"], strict=True)]
     windows = engines["bucketed"].config.window_buckets()
     print(
@@ -167,6 +188,7 @@ async def main() -> None:
                 max_seq_len=PROMPT + NEW,
                 decode_steps=DECODE_STEPS,
                 decode_window=DECODE_WINDOW,
+                warmup=True,
             ),
         )
         tps, first = await timed_calls(engine, batch)
@@ -174,11 +196,14 @@ async def main() -> None:
         frac = tps * flops_per_token / (peak * 1e9)
         print(
             f"RESULT engine[{SAMPLING_MODE}] B={batch} P={PROMPT} N={NEW}: {tps:,.0f} gen tok/s (median of {REPEATS}), "
-            f"first call {first:.2f}s, {100 * frac:.1f}% of matmul peak"
+            f"first call after warm-up {first:.2f}s, {100 * frac:.1f}% of matmul peak"
         )
         await engine.close()
     engine = JaxEngine(
-        model, EngineConfig(max_slots=16, max_seq_len=PROMPT + NEW, decode_steps=DECODE_STEPS)
+        model,
+        EngineConfig(
+            max_slots=16, max_seq_len=PROMPT + NEW, decode_steps=DECODE_STEPS, warmup=True
+        ),
     )
     seq_tps, _ = await timed_calls(engine, 16, sequential=True)
     await engine.close()
@@ -192,5 +217,38 @@ async def main() -> None:
     )
 
 
+def cli(argv: list[str] | None = None) -> None:
+    import argparse
+
+    from tunix_agentic.compare.floor import MachinePeak, measure_bandwidth
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--floor", action="store_true", help="ours beside the bare jitted loop")
+    p.add_argument("--models", default="peers,50m", help="peers, 50m, smollm2 (comma-separated)")
+    p.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    p.add_argument("--repeats", type=int, default=REPEATS, help="timed calls a side")
+    p.add_argument("--json", default=None, help="write one row per model and batch here")
+    args = p.parse_args(argv)
+    if not args.floor:
+        if args.json:
+            p.error("--json goes with --floor")
+        asyncio.run(main())
+        return
+    from profiling.engine_floor import run_floor
+
+    peak = MachinePeak(
+        matmul_peak_gflops() * 1e9, measure_bandwidth(), source="XLA matmul, NumPy read"
+    )
+    asyncio.run(
+        run_floor(
+            args.models.split(","),
+            [int(b) for b in args.batches.split(",")],
+            args.repeats,
+            peak,
+            args.json,
+        )
+    )
+
+
 if __name__ == "__main__":
-    asyncio.run(main())
+    cli()

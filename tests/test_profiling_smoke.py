@@ -125,6 +125,30 @@ print(f"RESULT {side} B=16: {value:,} gen tok/s" if value else "Traceback: crash
 """
 
 
+def test_bench_engine_floor_writes_a_row_per_model_and_batch(bench, tmp_path, capsys):
+    """``--floor --json``: ours beside the bare loop; the same greedy tokens on both sides,
+    no compile in a timed call (the engine was warmed up), and the row's fields."""
+    out = tmp_path / "floor.json"
+    bench("bench_engine").cli(
+        ["--floor", "--models", "peers", "--batches", "1"] + ["--repeats", "1", "--json", str(out)]
+    )
+    rows = json.loads(out.read_text())
+    assert [(r["model"], r["batch"]) for r in rows] == [("peers", 1)]
+    row = rows[0]
+    assert set(row) >= {
+        "model",
+        "batch",
+        "ours_tok_s",
+        "floor_tok_s",
+        "ratio",
+        "roofline_tok_s",
+        "compiles_in_timed_calls",
+    }
+    assert row["compiles_in_timed_calls"] == 0 and row["ours_tok_s"] > 0 and row["ratio"] > 0
+    printed = capsys.readouterr().out
+    assert "greedy tokens equal to the floor's on 1/1 rows" in printed and "RESULT floor" in printed
+
+
 def test_pairs_interleave_and_summarise(bench, tmp_path, capsys):
     # Real fresh processes for each side, as the peers' scripts run; their figures are fixed.
     mod = bench("pairs")

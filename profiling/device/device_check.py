@@ -159,7 +159,9 @@ def _failed(what: str, exc: Exception) -> dict[str, str]:
 
 
 async def engine_rate(model, batch: int, args: argparse.Namespace) -> dict[str, float]:
-    """Our engine's generated tokens/s at ``batch`` (median of the repeats) and first call."""
+    """Our engine's generated tokens/s at ``batch``: warmed up first (every shape compiled,
+    as a run's engine is), fresh prompts in every call (no prefix-cache hit), each call's
+    compiles counted; the median over the timed calls that compiled nothing."""
     import numpy as np
 
     from tunix_agentic.inference import EngineConfig, JaxEngine, SamplingParams
@@ -171,25 +173,41 @@ async def engine_rate(model, batch: int, args: argparse.Namespace) -> dict[str, 
             max_seq_len=args.prompt + args.new,
             decode_steps=8 if args.cpu else 16,
             min_prefill_len=min(16, args.prompt),
-            warmup=False,
+            warmup=True,
         ),
     )
     try:
+        t = time.perf_counter()
+        warmed = await asyncio.to_thread(engine.start_warmup().result)
+        warm_s = time.perf_counter() - t
         rng = np.random.default_rng(batch)
         vocab = model.cfg.vocab_size
-        prompts = [rng.integers(10, vocab, args.prompt).tolist() for _ in range(batch)]
         greedy = SamplingParams(temperature=0.0, max_new_tokens=args.new)
 
-        async def once() -> float:
+        async def once() -> tuple[float, int]:
+            prompts = [rng.integers(10, vocab, args.prompt).tolist() for _ in range(batch)]
+            before = sum(engine.compiles.values())
             t = time.perf_counter()
             await asyncio.gather(*(engine.generate(p, greedy) for p in prompts))
-            return time.perf_counter() - t
+            return time.perf_counter() - t, sum(engine.compiles.values()) - before
 
-        first = await once()
-        times = [await once() for _ in range(args.repeats)]
+        first, first_compiles = await once()
+        calls = [await once() for _ in range(args.repeats)]
     finally:
         await engine.close()
-    return {"tok_per_s": batch * args.new / statistics.median(times), "first_call_s": first}
+    clean = [s for s, n in calls if n == 0]
+    compiled = sum(n for _, n in calls)
+    if compiled:
+        print(f"    engine B={batch}: {compiled} compile(s) in timed calls, those calls left out")
+    rate = batch * args.new / statistics.median(clean) if clean else float("nan")
+    return {
+        "tok_per_s": rate,
+        "first_call_s": first,
+        "first_call_compiles": first_compiles,
+        "compiles_in_timed_calls": compiled,
+        "warmup_s": warm_s,
+        "warmup_shapes": warmed["shapes"],
+    }
 
 
 def hf_generate_rate(hf_model, batch: int, args: argparse.Namespace, device) -> dict[str, float]:
@@ -273,7 +291,10 @@ def decode_section(args, budget: Budget, work: Path, report: dict) -> None:
                 figures.setdefault(label, {})[batch] = {**r, "attention": m.cfg.attention}
                 print(
                     f"RESULT decode {name} {label} B={batch}: {r['tok_per_s']:,.1f} tok/s "
-                    f"(first call {r['first_call_s']:.1f}s, attention {m.cfg.attention})",
+                    f"(warm-up {r['warmup_shapes']} shapes {r['warmup_s']:.1f}s; compiles in "
+                    f"timed calls {r['compiles_in_timed_calls']}, first call "
+                    f"{r['first_call_s']:.2f}s with {r['first_call_compiles']}; attention "
+                    f"{m.cfg.attention})",
                     flush=True,
                 )
         del models  # the einsum model stays for transformers' copy of its weights
@@ -357,6 +378,7 @@ def grpo_section(args, budget: Budget, work: Path, report: dict) -> None:
             results[label] = _failed(f"grpo {label} build", exc)
     for _ in range(2):  # interleaved: step k of every path, then step k+1
         for label, learner in list(learners.items()):
+            before = sum(learner.compiles.counts.values())
             t = time.perf_counter()
             try:
                 metrics = learner.train_step(batch)  # returns floats: waits for the device
@@ -367,9 +389,13 @@ def grpo_section(args, budget: Budget, work: Path, report: dict) -> None:
                 del learners[label]
                 continue
             times[label].append(time.perf_counter() - t)
-            results[label] = {"loss": float(metrics["loss"])}
+            compiled = sum(learner.compiles.counts.values()) - before
+            results[label] = {"loss": float(metrics["loss"]), "compiles": compiled}
     for label, learner in learners.items():
         first, second = times[label]
+        if results[label]["compiles"]:  # the timed second step compiled: no figure
+            print(f"    grpo {label}: the second step compiled; its time is left out")
+            second = float("nan")
         results[label] = {
             "attention": learner.policy_model().cfg.attention,
             "first_step_s": first,
@@ -379,7 +405,8 @@ def grpo_section(args, budget: Budget, work: Path, report: dict) -> None:
         print(
             f"RESULT grpo qwen3_0.6b_gpu learner {label}: {rows} rows x {length} tokens "
             f"(micro_batch_rows {learner_cfg.micro_batch_rows}): first step {first:.1f}s "
-            f"(compiles included), second {1000 * second:.1f} ms, "
+            f"(compiles included), second {1000 * second:.1f} ms "
+            f"({results[label]['compiles']} compiles in it), "
             f"loss {results[label]['loss']:.4f}",
             flush=True,
         )
