@@ -95,16 +95,29 @@ def loss_fn(
     params: Params,
     base: Params | None,
     mb: dict[str, jax.Array],
-    old: jax.Array,
+    old: jax.Array | None,
     adv: jax.Array,
     ref: jax.Array | None,
     behaviour: jax.Array | None,
 ) -> tuple[jax.Array, tuple[dict[str, jax.Array], jax.Array]]:
     """The policy loss of one micro-batch ``mb`` (ids, mask, whole-batch weights) and its
-    metrics, with the learner's logprobs (no gradient) as the last output."""
+    metrics, with the learner's logprobs (no gradient) as the last output.
+
+    ``old`` None: the ratio's denominator is the learner's own pre-update policy (the
+    decoupled objective, ``GRPOConfig.uses_proximal``), which is this very forward's
+    logprobs, stopped: one update per batch leaves no other policy to recompute. With
+    ``kl_penalty: reward`` the advantages are penalised here, where those logprobs are."""
     cfg = spec.config
     full = policy_params(params, base, cfg.lora)
     lp, logp = forward(spec.graphdef, full, mb["ids"], cfg.temperature, remat=cfg.remat)
+    if old is None:
+        old = jax.lax.stop_gradient(lp)
+    extra = {}
+    if ref is not None and cfg.kl_penalty == "reward":
+        seq_kl = sequence_kl(old, ref, mb["mask"], cfg.kl_estimator)
+        adv = kl_penalized_advantages(adv, seq_kl, cfg.kl_coef)
+        # The advantage subtracted, averaged over the batch's rows with tokens.
+        extra["kl_penalty_mean"] = jnp.sum(cfg.kl_coef * seq_kl * mb["row_w"])
     entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
     if not cfg.entropy_coef:
         entropy = jax.lax.stop_gradient(entropy)
@@ -121,7 +134,7 @@ def loss_fn(
         entropy=entropy,
     )
     aux.setdefault("entropy", jnp.sum(jax.lax.stop_gradient(entropy) * mb["metric_w"]))
-    return loss, (aux, jax.lax.stop_gradient(lp))
+    return loss, ({**aux, **extra}, jax.lax.stop_gradient(lp))
 
 
 def micro_step(
@@ -134,28 +147,18 @@ def micro_step(
 ) -> tuple[Params, tuple[dict[str, jax.Array], jax.Array]]:
     """Add one micro-batch's gradients to ``grads_acc``; its summed metrics and logprobs."""
     cfg = spec.config
-    ids, m = mb["ids"], mb["mask"]
     ref = None
     if ref_params is not None:
-        ref = jax.lax.stop_gradient(logprobs(spec, ref_params, ids))
+        ref = jax.lax.stop_gradient(logprobs(spec, ref_params, mb["ids"]))
     old, behaviour = mb["sampler"], None
-    if cfg.uses_proximal:  # the sampler's logprobs weigh; the ratio is to our own
-        behaviour = old
-        full = policy_params(params, base, cfg.lora)
-        old = jax.lax.stop_gradient(logprobs(spec, full, ids))
-    adv = mb["adv"]
-    extra = {}
-    if ref is not None and cfg.kl_penalty == "reward":
-        seq_kl = sequence_kl(old, ref, m, cfg.kl_estimator)
-        adv = kl_penalized_advantages(adv, seq_kl, cfg.kl_coef)
-        # The advantage subtracted, averaged over the batch's rows with tokens.
-        extra["kl_penalty_mean"] = jnp.sum(cfg.kl_coef * seq_kl * mb["row_w"])
+    if cfg.uses_proximal:  # the sampler's logprobs weigh; the ratio is to our own (loss_fn)
+        behaviour, old = old, None
     grad_fn = jax.value_and_grad(
-        lambda p: loss_fn(spec, p, base, mb, old, adv, ref, behaviour), has_aux=True
+        lambda p: loss_fn(spec, p, base, mb, old, mb["adv"], ref, behaviour), has_aux=True
     )
     (loss, (aux, lp)), grads = grad_fn(params)
     grads_acc = jax.tree.map(lambda a, g: a + g.astype(a.dtype), grads_acc, grads)
-    return grads_acc, ({"loss": loss, **aux, **extra}, lp)
+    return grads_acc, ({"loss": loss, **aux}, lp)
 
 
 def train_step(
