@@ -5,6 +5,16 @@ modules that use them (state, lora, losses, batching) re-export them."""
 from __future__ import annotations
 
 import dataclasses
+import math
+
+
+def check_finite(cfg: object, section: str) -> None:
+    """ValueError naming the first float field of ``cfg`` that is NaN or infinite (a
+    range check alone lets NaN through: every comparison with it is false)."""
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{section}.{f.name} must be a finite number, got {value}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +35,7 @@ class OptimizerConfig:
     master_dtype: str = ""
 
     def __post_init__(self):
+        check_finite(self, "optimizer")
         if not self.learning_rate > 0:
             raise ValueError(f"optimizer.learning_rate must be > 0, got {self.learning_rate}")
         if self.weight_decay < 0:
@@ -118,6 +129,7 @@ class PolicyLossConfig:
     off_policy_high: float = 2.0
 
     def __post_init__(self):
+        check_finite(self, "learner")
         for field, known in (
             ("loss_type", POLICY_LOSS_TYPES),
             ("kl_estimator", KL_ESTIMATORS),

@@ -13,6 +13,7 @@ from tunix_agentic.learners.configs import (
     LoRAConfig,
     OptimizerConfig,
     PolicyLossConfig,
+    check_finite,
     check_overlong,
 )
 from tunix_agentic.mesh_config import MeshConfig
@@ -75,6 +76,7 @@ class GRPOConfig:
     lora: LoRAConfig = LoRAConfig()
 
     def __post_init__(self):
+        check_finite(self, "learner")
         try:
             get_advantage_fn(self.advantage)
         except ValueError as exc:

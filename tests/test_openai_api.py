@@ -406,6 +406,14 @@ BAD = [
         "tool_choice: 'required' needs tools",
     ),
     ({"messages": [{"role": "user", "content": "x"}], "best_of": 2}, 400, "best_of"),
+    (  # a quote or a newline in a tool's name would break the call grammar and the prompt
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": [{"type": "function", "function": {"name": 'say"hi\n'}}],
+        },
+        400,
+        "tools[0].function.name",
+    ),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "x"}]}, 400, "tools[0]"),
     (
         {"messages": [{"role": "user", "content": "x"}], "tool_choice": "sometimes"},

@@ -112,8 +112,29 @@ def test_multi_task_cross_policy_run(tmp_path):
         ("rl.stepz=3", "rl.stepz"),
         ("rollout.group_size=0", "group_size"),
         ("agent.temperature=abc", "agent.temperature"),
+        # NaN passes every range check: each float is checked finite by name.
+        ("learner.optimizer.learning_rate=inf", "optimizer.learning_rate"),
+        ("learner.clip_high=nan", "learner.clip_high"),
+        ("learner.kl_coef=nan", "learner.kl_coef"),
+        ("model.rope_theta=nan", "model.rope_theta"),
+        ("model.rope_theta=-5", "model.rope_theta"),
+        ("model.norm_eps=-1", "model.norm_eps"),
+        ("model.norm_eps=nan", "model.norm_eps"),
+        ("rollout.reward_limit=nan", "rollout.reward_limit"),
     ],
-    ids=["unknown_key", "bad_value", "bad_type"],
+    ids=[
+        "unknown_key",
+        "bad_value",
+        "bad_type",
+        "lr_inf",
+        "clip_high_nan",
+        "kl_coef_nan",
+        "rope_theta_nan",
+        "rope_theta_negative",
+        "norm_eps_negative",
+        "norm_eps_nan",
+        "reward_limit_nan",
+    ],
 )
 def test_cli_reports_config_errors_by_name(override, key, capsys):
     assert main(["train", "--config", CONFIG, override]) == 2

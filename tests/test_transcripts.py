@@ -106,6 +106,20 @@ def test_show_prints_a_steps_episodes_and_names_the_steps_it_has(tmp_path, capsy
     assert "no transcripts of held-out evaluations" in capsys.readouterr().err
 
 
+def test_show_prints_control_characters_as_escapes_not_as_commands(tmp_path, capsys):
+    """The model's text, a tool's output and a task id may hold terminal escapes (a window
+    title, the clipboard by OSC 52, clearing the screen): shown as ``\\xNN``."""
+    traj = _traj(0, 1.0)
+    traj.task_id = "t\x1b]0;owned\x07"
+    traj.steps[-1].action_text = "\x1b]52;c;aGk=\x07<answer>5</answer>\x1b[2J\x9b\x7f"
+    TranscriptLog(tmp_path, TEMPLATE, "qwen3").write_step(1, [Group("g0", 0, None, 0, [traj])])
+    assert main(["show", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert not any(c in out for c in "\x1b\x07\x9b\x7f")
+    assert "\\x1b]52;c;aGk=\\x07<answer>5</answer>\\x1b[2J\\x9b\\x7f" in out
+    assert "t\\x1b]0;owned\\x07" in out
+
+
 def test_success_rate_and_mean_reward_are_told_apart():
     """A shaped reward: the success rate counts episodes above 0, the mean reward averages."""
     trajs = [_traj(0, 0.5), _traj(1, 0.0), _traj(2, 1.0), _traj(3, 0.1)]

@@ -92,12 +92,13 @@ def eval_command(args: argparse.Namespace) -> int:
         print(f"tunix-agentic eval: error: {exc}", file=sys.stderr)
         return 2
     if args.show:
-        from tunix_agentic.rollout.transcripts import format_episode
+        from tunix_agentic.rollout.transcripts import format_episode, terminal_safe
 
         shown = result.transcripts[: args.show]
         print(f"{len(shown)} held-out episodes of checkpoint {result.step}\n")
         for record in shown:
-            print(format_episode({"kind": "heldout", "step": result.step, **record}) + "\n")
+            text = format_episode({"kind": "heldout", "step": result.step, **record})
+            print(terminal_safe(text) + "\n")
     print(json.dumps(result.to_json(), indent=2))
     return 0
 

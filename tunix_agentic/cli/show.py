@@ -18,6 +18,7 @@ from tunix_agentic.rollout.transcripts import (
     DIRNAME,
     format_episode,
     read_records,
+    terminal_safe,
     transcript_steps,
 )
 
@@ -96,5 +97,6 @@ def show_command(args: argparse.Namespace) -> int:
     where = "held-out evaluation at step" if args.heldout else "RL step"
     print(f"{len(records)} episodes kept of {where} {step}\n")
     limit = None if args.full else 2000
-    print("\n\n".join(format_episode(r, limit=limit) for r in records))
+    # What the model, tools and clients wrote, with their control characters shown, not run.
+    print(terminal_safe("\n\n".join(format_episode(r, limit=limit) for r in records)))
     return 0

@@ -4,6 +4,7 @@ run config loads where JAX is not wanted (rollout nodes)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 ATTENTION_IMPLS = ("einsum", "dot_product", "auto", "cudnn", "pallas")
 
@@ -67,6 +68,10 @@ class ModelConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"model.{name} must be positive, got {getattr(self, name)}")
+        for name in ("rope_theta", "norm_eps"):  # NaN passes any comparison: say finite
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ValueError(f"model.{name} must be a finite number > 0, got {value}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"model.num_heads ({self.num_heads}) must be a multiple of "

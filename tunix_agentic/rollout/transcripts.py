@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -257,6 +258,16 @@ def _indent(text: str, limit: int | None) -> str:
     if limit is not None and len(text) > limit:
         text = text[:limit] + f" [... {len(text) - limit} more characters]"
     return "\n".join("    " + line for line in (text.strip("\n").splitlines() or [""]))
+
+
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with every control character but newline and tab (C0, DEL, C1) shown as
+    ``\\xNN``: what the model, a tool or a client wrote must not move the cursor, set a
+    window title or reach the clipboard (OSC 52) of whoever reads it in a terminal."""
+    return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def format_episode(record: dict[str, Any], *, limit: int | None = 2000) -> str:

@@ -53,6 +53,7 @@ from tunix_agentic.rollout.openai_endpoint.schema import (
     ChatRequest,
     JSONObjectText,
     RequestError,
+    ToolName,
     parse_chat_request,
 )
 from tunix_agentic.serving.http import json_error
@@ -174,7 +175,7 @@ class _Conversation(Strict):
 
 class _Tool(Strict):
     type: Literal["function"]  # (a flat function tool)
-    name: NonEmpty
+    name: ToolName
     description: Any = None
     parameters: dict[str, Any] | None = None
     strict: Any = None

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -196,8 +197,22 @@ class _Message(Strict):
         return out
 
 
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _tool_name(value: str) -> str:
+    # The name goes into the tool-call grammar and the prompt as it is: a quote or a newline
+    # in it would break both (a forced call then yields no call).
+    if not _TOOL_NAME.fullmatch(value):
+        raise invalid(f"must be 1-64 letters, digits, '_' or '-' (as OpenAI's), got {value!r:.80}")
+    return value
+
+
+ToolName = Annotated[str, AfterValidator(_tool_name)]
+
+
 class _ToolFunction(Strict, extra="ignore"):
-    name: NonEmpty
+    name: ToolName
     parameters: dict[str, Any] = {}
 
 
