@@ -154,6 +154,7 @@ async def measure(
         return np.asarray(jax.block_until_ready(floor(jnp.asarray(ids))))
 
     call = 0
+    spent: dict[str, float] = {}  # where ours' clean calls' time went (summed)
     ids = fresh_prompts(cfg.vocab_size, batch, call)
     same = sum(a == b.tolist() for a, b in zip(await ours(ids), bare(ids), strict=True))
     times: dict[str, list[float]] = {"ours": [], "floor": []}
@@ -162,7 +163,7 @@ async def measure(
         for side in ("ours", "floor") if r % 2 == 0 else ("floor", "ours"):
             call += 1
             ids = fresh_prompts(cfg.vocab_size, batch, call)
-            before = tally.count
+            before, stats = tally.count, {**engine.stats, **engine.clock()}
             t = time.perf_counter()
             if side == "ours":
                 await ours(ids)
@@ -173,13 +174,18 @@ async def measure(
             compiled += n
             if n:
                 print(f"  {name} B={batch} {side} call {call}: {n} compile(s), left out")
-            else:
-                times[side].append(seconds)
+                continue
+            times[side].append(seconds)
+            if side == "ours":
+                after = {**engine.stats, **engine.clock()}
+                for key in SPENT:
+                    spent[key] = spent.get(key, 0.0) + after[key] - stats[key]
     await engine.close()
     shape = ModelShape.from_config(cfg, count_params(model))
     roof = decode_floor(shape, peak, rows=batch, prompt=PEER_PROMPT, new=new)
     ours_s, floor_s = statistics.median(times["ours"]), statistics.median(times["floor"])
     print(f"  {name} B={batch}: greedy tokens equal to the floor's on {same}/{batch} rows")
+    print("  " + where_it_went(name, batch, spent, len(times["ours"])))
     return FloorRow(
         model=name,
         batch=batch,
@@ -189,6 +195,28 @@ async def measure(
         roofline_tok_s=batch * new / roof.total_s,
         compiles_in_timed_calls=compiled,
         calls_kept=min(len(times["ours"]), len(times["floor"])),
+    )
+
+
+# The engine's counters a timed call is split by (JaxEngine.stats, differences of two readings).
+SPENT = ("prefill_calls", "decode_chunks", "decode_steps", "busy_s", "sched_gap_s", "idle_s")
+
+
+def where_it_went(name: str, batch: int, spent: dict[str, float], calls: int) -> str:
+    """One line: per clean call of ours, device calls (prefill + decode chunks), decode
+    steps, the engine clock's busy / host-gap / idle split, and the busy time per decode
+    step (prefill included: an upper bound). Host-device bytes are not counted here."""
+    if not calls:
+        return f"{name} B={batch}: no clean call of ours to split"
+    per = {k: v / calls for k, v in spent.items()}
+    wall = per["busy_s"] + per["sched_gap_s"] + per["idle_s"]
+    steps = max(per["decode_steps"], 1.0)
+    return (
+        f"{name} B={batch} ours per call: {per['prefill_calls']:.1f} prefill + "
+        f"{per['decode_chunks']:.1f} decode device calls, {per['decode_steps']:.0f} decode "
+        f"steps; busy {1e3 * per['busy_s']:.1f} ms, host gap {1e3 * per['sched_gap_s']:.1f} "
+        f"ms, idle {1e3 * per['idle_s']:.1f} ms (of {1e3 * wall:.1f}); busy per decode step "
+        f"<= {1e3 * per['busy_s'] / steps:.2f} ms"
     )
 
 

@@ -31,7 +31,8 @@ each caller's loop in one batch per scheduler iteration.
 This module is the facade and its config; the rooms behind it are
 :mod:`.device_step` (the pure jitted prefill and decode over typed state),
 :mod:`.slots` (the slot table), :mod:`.scheduler` (the thread, which owns all
-mutable state) and :mod:`.clock` (busy / host-gap / idle accounting).
+mutable state), :mod:`.clock` (busy / host-gap / idle accounting) and :mod:`.warmup`
+(every shape compiled ahead of the requests).
 
 Sessions: a request may carry ``session_id``. When that request ends, its slot
 is *parked* with its cache; if the session's next prompt extends what is
@@ -65,7 +66,6 @@ import asyncio
 import atexit
 import concurrent.futures
 import itertools
-import threading
 import time
 import weakref
 import zlib
@@ -86,7 +86,7 @@ from tunix_agentic.inference.base import (
 )
 from tunix_agentic.inference.config import EngineConfig
 from tunix_agentic.inference.constraint import GrammarBook
-from tunix_agentic.inference.device_step import PrefillBatch, RowSampling, StepConfig
+from tunix_agentic.inference.device_step import StepConfig
 from tunix_agentic.inference.params import SamplingParams
 from tunix_agentic.inference.scheduler import (
     Abort,
@@ -98,6 +98,7 @@ from tunix_agentic.inference.scheduler import (
     Weights,
     commit,
 )
+from tunix_agentic.inference.warmup import Warmup
 from tunix_agentic.models.transformer import (
     ModelConfig,
     Transformer,
@@ -195,73 +196,28 @@ class JaxEngine:
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
             (params, cache, self._scheduler.state),
         )
-        self._warming: concurrent.futures.Future | None = None
-        self._warm_stop = threading.Event()  # close(): no more shapes compiled
+        self._warmup = Warmup(config, self._scheduler, self._device_specs)
         if config.warmup:  # (None: whoever builds the engine decides; see EngineConfig)
-            self.start_warmup()
+            self._warmup.start()
 
     # ------------------------------------------------------------- public API
     def warmup(self) -> dict[str, float]:
         """Compile every prefill shape (row bucket x length bucket) and the decode chunk at
-        every window bucket (``EngineConfig.window_buckets``) now.
+        every window bucket (``EngineConfig.window_buckets``) now (:mod:`.warmup`).
 
         Ahead-of-time, from shapes alone: it reads no engine state, so it may run on
         another thread while the engine serves, or while the caller does other work (the
         trainer runs it beside the SFT warm start). A request whose shape was compiled
         here starts without a compile pause. Returns the shapes compiled and the seconds.
         """
-        t = time.perf_counter()
-        cfg, sched = self.config, self._scheduler
-        n = 0
-        paged = sched.paged
-        shape = {} if paged is None else paged.batch_shape
-        for length in cfg.length_buckets():
-            for rows in cfg.row_buckets():
-                if self._warm_stop.is_set():  # closed meanwhile: leave the rest
-                    return {"shapes": n, "seconds": time.perf_counter() - t}
-                batch = PrefillBatch.host(
-                    rows,
-                    length,
-                    num_slots=cfg.max_slots,
-                    max_seq_len=cfg.max_seq_len,
-                    **shape,
-                )
-                with sched.compiles.counting("prefill"):
-                    sched.prefill_jit.lower(*self._device_specs, batch).compile()
-                n += 1
-        s = cfg.max_slots
-        for window in cfg.window_buckets():
-            if self._warm_stop.is_set():
-                break
-            with sched.compiles.counting("decode"):
-                sched.decode_jit.lower(
-                    *self._device_specs,
-                    np.zeros(s, bool),
-                    RowSampling.host(s),
-                    np.zeros((s, shape.get("table_width", 0)), np.int32),
-                    window,
-                ).compile()
-            n += 1
-        return {"shapes": n, "seconds": time.perf_counter() - t}
+        return self._warmup.run()
 
     def start_warmup(self) -> concurrent.futures.Future:
         """Run :meth:`warmup` on a background thread (once per engine; ``EngineConfig.warmup:
         true`` starts it as the engine is built). Requests may be submitted meanwhile: a
         shape not compiled yet compiles when first met, as without warm-up. The future
         resolves with warmup's result; :meth:`close` stops it between two shapes."""
-        with _WARM_LOCK:
-            if self._warming is None:
-                fut: concurrent.futures.Future = concurrent.futures.Future()
-
-                def run() -> None:
-                    try:
-                        fut.set_result(self.warmup())
-                    except BaseException as exc:  # the caller of result() sees it
-                        fut.set_exception(exc)
-
-                threading.Thread(target=run, name="engine-warmup", daemon=True).start()
-                self._warming = fut
-        return self._warming
+        return self._warmup.start()
 
     async def generate(
         self,
@@ -456,13 +412,7 @@ class JaxEngine:
         self._closed = True
         self._scheduler.send(Close())
         await asyncio.to_thread(self._scheduler.join, 30)
-        await asyncio.to_thread(self._stop_warmup, 60)
-
-    def _stop_warmup(self, timeout: float) -> None:
-        """Stop a background warm-up after the shape it is compiling (waits up to timeout)."""
-        self._warm_stop.set()
-        if self._warming is not None:
-            concurrent.futures.wait([self._warming], timeout)
+        await asyncio.to_thread(self._warmup.stop, 60)  # after the shape under way
 
     # ---------------------------------------------------------- hand-over
     def _stage(self, req: Request) -> None:
@@ -492,9 +442,6 @@ class JaxEngine:
         return EngineError(f"engine is closed{failed}")
 
 
-_WARM_LOCK = threading.Lock()
-
-
 def _stop_at_exit(ref: weakref.ref) -> None:
     engine = ref()
     if engine is None:
@@ -503,4 +450,4 @@ def _stop_at_exit(ref: weakref.ref) -> None:
         engine._closed = True
         engine._scheduler.send(Close())
         engine._scheduler.join(10)
-    engine._stop_warmup(30)  # no compile thread left mid-call at interpreter exit
+    engine._warmup.stop(30)  # no compile thread left mid-call at interpreter exit

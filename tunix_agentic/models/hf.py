@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -49,19 +50,62 @@ class UnsupportedCheckpointError(ValueError):
 
 
 # ------------------------------------------------------------------ config
+_MISSING = object()
+
+
+def _int_field(hf: dict[str, Any], key: str, default: Any = _MISSING) -> int:
+    """``hf[key]`` as a whole number >= 1 (JSON's ``32.0`` too), else
+    :class:`UnsupportedCheckpointError` naming the field (``null`` takes ``default``)."""
+    value = hf.get(key)
+    if value is None:
+        if default is _MISSING:
+            raise UnsupportedCheckpointError(f"config.json: {key} is required (a whole number)")
+        return default
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not whole or value < 1:
+        raise UnsupportedCheckpointError(
+            f"config.json: {key}={value!r} must be a whole number >= 1"
+        )
+    return int(value)
+
+
+def _float_field(hf: dict[str, Any], key: str, default: float) -> float:
+    """``hf[key]`` (or ``default`` when absent or null) as a finite number > 0."""
+    value = hf.get(key)
+    if value is None:
+        return default
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (math.isfinite(value) and value > 0)
+    ):
+        raise UnsupportedCheckpointError(
+            f"config.json: {key}={value!r} must be a finite number > 0"
+        )
+    return float(value)
+
+
 def _rope(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     """``(theta, scaling)`` from either layout: transformers 5 ``rope_parameters`` or the
     older ``rope_theta`` + ``rope_scaling``."""
     params = hf.get("rope_parameters")
+    if params is not None and not isinstance(params, dict):
+        raise UnsupportedCheckpointError(
+            f"config.json: rope_parameters={params!r:.60} must be an object"
+        )
     if isinstance(params, dict):
-        theta = params.get("rope_theta", hf.get("rope_theta", 10_000.0))
+        theta = _float_field(params, "rope_theta", _float_field(hf, "rope_theta", 10_000.0))
         kind = params.get("rope_type", params.get("type", "default"))
-        return float(theta), (None if kind == "default" else params)
+        return theta, (None if kind == "default" else params)
     scaling = hf.get("rope_scaling")
+    if scaling is not None and not isinstance(scaling, dict):
+        raise UnsupportedCheckpointError(
+            f"config.json: rope_scaling={scaling!r:.60} must be an object or null"
+        )
     if scaling is not None:
         kind = scaling.get("rope_type", scaling.get("type", "default"))
         scaling = None if kind == "default" else scaling
-    return float(hf.get("rope_theta", 10_000.0)), scaling
+    return _float_field(hf, "rope_theta", 10_000.0), scaling
 
 
 def config_from_hf(hf: dict[str, Any], *, dtype: str | None = None) -> ModelConfig:
@@ -104,29 +148,38 @@ def config_from_hf(hf: dict[str, Any], *, dtype: str | None = None) -> ModelConf
             )
         rope.update(
             rope_scaling="llama3",
-            rope_scaling_factor=float(scaling["factor"]),
-            rope_low_freq_factor=float(scaling.get("low_freq_factor", 1.0)),
-            rope_high_freq_factor=float(scaling.get("high_freq_factor", 4.0)),
-            rope_original_max_len=int(scaling["original_max_position_embeddings"]),
+            rope_scaling_factor=_float_field(scaling, "factor", math.nan),
+            rope_low_freq_factor=_float_field(scaling, "low_freq_factor", 1.0),
+            rope_high_freq_factor=_float_field(scaling, "high_freq_factor", 4.0),
+            rope_original_max_len=_int_field(scaling, "original_max_position_embeddings"),
         )
     dtype = dtype or str(hf.get("dtype") or hf.get("torch_dtype") or "float32")
     if dtype not in _DTYPES:
         raise UnsupportedCheckpointError(f"dtype {dtype!r}: use one of {', '.join(_DTYPES)}")
-    heads = int(hf["num_attention_heads"])
-    return ModelConfig(
-        vocab_size=int(hf["vocab_size"]),
-        d_model=int(hf["hidden_size"]),
-        num_layers=int(hf["num_hidden_layers"]),
-        num_heads=heads,
-        num_kv_heads=int(hf.get("num_key_value_heads") or heads),
-        head_dim=int(hf.get("head_dim") or int(hf["hidden_size"]) // heads),
-        ffn_dim=int(hf["intermediate_size"]),
-        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        qk_norm=kind == "qwen3",
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        dtype=dtype,
-        **rope,
-    )
+    heads = _int_field(hf, "num_attention_heads")
+    hidden = _int_field(hf, "hidden_size")
+    tied = hf.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):
+        raise UnsupportedCheckpointError(
+            f"config.json: tie_word_embeddings={tied!r} must be true or false"
+        )
+    try:
+        return ModelConfig(
+            vocab_size=_int_field(hf, "vocab_size"),
+            d_model=hidden,
+            num_layers=_int_field(hf, "num_hidden_layers"),
+            num_heads=heads,
+            num_kv_heads=_int_field(hf, "num_key_value_heads", heads),
+            head_dim=_int_field(hf, "head_dim", hidden // heads),
+            ffn_dim=_int_field(hf, "intermediate_size"),
+            norm_eps=_float_field(hf, "rms_norm_eps", 1e-6),
+            qk_norm=kind == "qwen3",
+            tie_embeddings=tied,
+            dtype=dtype,
+            **rope,
+        )
+    except ValueError as exc:  # the shapes disagree (heads and kv heads, an odd head_dim)
+        raise UnsupportedCheckpointError(f"config.json: {exc}") from None
 
 
 def config_to_hf(cfg: ModelConfig, *, max_position_embeddings: int = 32_768) -> dict[str, Any]:

@@ -276,6 +276,31 @@ def recorded_call(
     )
 
 
+def reward_body(body: Any, limit: float) -> tuple[float, str | None, dict[str, Any]]:
+    """``POST /v1/episodes/{id}/reward``'s body checked: ``(reward, task_id, info)``; a
+    :class:`RequestError` naming the field otherwise. The reward is a JSON number (no
+    string), finite and within ``rollout.reward_limit`` (:mod:`tunix_agentic.rollout.rewards`)."""
+    if not isinstance(body, dict):
+        raise RequestError('the body must be a JSON object {"reward": r}')
+    unknown = sorted(set(body) - {"reward", "task_id", "info"})
+    if unknown:
+        raise RequestError(f"{unknown[0]}: is not a field of a reward")
+    try:
+        reward = body.get("reward")
+        if not isinstance(reward, int | float):
+            raise RewardError(f"reward must be a number, got {reward!r:.50}")
+        reward = check_reward(reward, limit, "reward")
+    except RewardError as exc:
+        raise RequestError(f"reward: {str(exc).removeprefix('reward ')}") from None
+    task_id = body.get("task_id")
+    if task_id is not None and (not isinstance(task_id, str) or not task_id):
+        raise RequestError("task_id: must be a non-empty string")
+    info = body.get("info") or {}
+    if not isinstance(info, dict):
+        raise RequestError("info: must be a JSON object")
+    return reward, task_id, info
+
+
 class ChatCompletions:
     """The endpoint over one engine and chat template (see the module docstring)."""
 
@@ -578,26 +603,9 @@ class ChatCompletions:
         try:
             token = episode_token(request, required=True)
             body = await self._body(request)
-            if not isinstance(body, dict):
-                raise RequestError('the body must be a JSON object {"reward": r}')
-            unknown = sorted(set(body) - {"reward", "task_id", "info"})
-            if unknown:
-                raise RequestError(f"{unknown[0]}: is not a field of a reward")
-            try:  # a JSON number only (no strings), finite and within rollout.reward_limit
-                reward = body.get("reward")
-                if not isinstance(reward, int | float):
-                    raise RewardError(f"reward must be a number, got {reward!r:.50}")
-                reward = check_reward(reward, self.config.reward_limit, "reward")
-            except RewardError as exc:
-                raise RequestError(f"reward: {str(exc).removeprefix('reward ')}") from None
-            task_id = body.get("task_id")
-            if task_id is not None and (not isinstance(task_id, str) or not task_id):
-                raise RequestError("task_id: must be a non-empty string")
-            info = body.get("info") or {}
-            if not isinstance(info, dict):
-                raise RequestError("info: must be a JSON object")
+            reward, task_id, info = reward_body(body, self.config.reward_limit)
             key = episode_key(eid, token)
-            episode = self.store.close(key, float(reward), task_id=task_id, info=info)
+            episode = self.store.close(key, reward, task_id=task_id, info=info)
         except RequestError as exc:
             return json_error(exc.status, str(exc), "invalid_request_error")
         return web.json_response(
