@@ -467,6 +467,9 @@ async def test_episodes_are_bounded_and_closed_once(serve, tool_user):
         status, out = await post("/v1/episodes/a/reward", {"reward": 1e308})
         assert status == 400 and "[-1e+06, 1e+06]" in out["error"]["message"]
         assert (await post("/v1/episodes/a/reward", {"reward": -2e6}))[0] == 400
+        # A reward's info is kept with the episode: bounded (16 KiB of JSON by default).
+        status, out = await post("/v1/episodes/a/reward", {"reward": 1, "info": {"x": "y" * 20000}})
+        assert status == 413 and "info: 20,008 bytes" in out["error"]["message"]
         assert (await post("/v1/episodes/a/reward", {"reward": 1, "x": 1}))[0] == 400
         assert (await post("/v1/episodes/zz/reward", {"reward": 1}))[0] == 404
         assert (await post("/v1/episodes/a/reward", {"reward": 1}))[0] == 200

@@ -35,6 +35,7 @@ import asyncio
 import collections
 import dataclasses
 import hashlib
+import json
 import re
 import secrets
 import time
@@ -59,9 +60,19 @@ class EpisodeLimits:
     idle_timeout_s: float = 900.0
     max_closed: int = 4096
     closed_ttl_s: float = 3600.0
+    # A reward's ``info``, as JSON: kept with the closed episode and sent with its group, so
+    # bounded (4,096 closed episodes hold at most 64 MiB of it).
+    max_info_bytes: int = 16 << 10
 
     def __post_init__(self):
-        for name in ("max_open", "max_open_per_client", "max_calls", "max_tokens", "max_closed"):
+        for name in (
+            "max_open",
+            "max_open_per_client",
+            "max_calls",
+            "max_tokens",
+            "max_closed",
+            "max_info_bytes",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"episodes.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("idle_timeout_s", "closed_ttl_s"):
@@ -302,6 +313,11 @@ class EpisodeStore:
                 "episode not known (or expired, or X-Episode-Token is not its token)", 404
             )
         eid = episode.episode_id
+        size = len(json.dumps(info, separators=(",", ":")))
+        if size > self.limits.max_info_bytes:
+            raise RequestError(
+                f"info: {size:,} bytes of JSON; at most {self.limits.max_info_bytes:,}", 413
+            )
         if episode.closed:
             if episode.info.get("withdrawn"):
                 raise RequestError(
