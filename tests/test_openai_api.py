@@ -153,8 +153,8 @@ async def serve():
     on a free port (stopped when the test ends)."""
     runners = []
 
-    async def start(engine, chat_format, **config):
-        app = web.Application(middlewares=[api_key_guard(lambda app: None)])
+    async def start(engine, chat_format, *, api_keys=None, **config):
+        app = web.Application(middlewares=[api_key_guard(lambda app: api_keys)])
         api = add_openai_routes(
             app,
             engine=engine,
@@ -560,11 +560,14 @@ async def test_another_client_can_neither_read_nor_close_nor_continue_an_episode
 
 async def test_failing_calls_open_no_episode_and_each_client_has_its_own_cap(serve, tool_user):
     """Item 3 of issue 32: 503s (no engine) leave nothing open, so they cannot fill the
-    open-episode cap; a client past its own cap gets a 429 naming it, others do not."""
+    open-episode cap; a client past its own cap gets a 429 naming it, others do not. A
+    client is its API key where the server has keys, else its address (issue 49 item 7:
+    a made-up Authorization header on a server without keys is no new client)."""
     limits = EpisodeLimits(max_open=3, max_open_per_client=1)
     _, down = await serve(EngineSet([]), BUILTIN, episodes=limits)
     engine, _ = tool_user
-    api, up = await serve(engine, BUILTIN, episodes=limits)
+    api, up = await serve(engine, BUILTIN, episodes=limits, api_keys=("one", "two"))
+    _, keyless = await serve(engine, BUILTIN, episodes=limits)
     body = {"messages": [{"role": "user", "content": TASK.prompt}], "max_tokens": 4}
     async with aiohttp.ClientSession() as http:
         for i in range(8):
@@ -582,6 +585,13 @@ async def test_failing_calls_open_no_episode_and_each_client_has_its_own_cap(ser
                 assert r.status == status
                 if status == 429:
                     assert "max_open_per_client" in (await r.json())["error"]["message"]
+        for headers, status in ((mine, 200), (theirs, 429)):  # one address: one client
+            async with http.post(
+                f"{keyless}/v1/chat/completions",
+                json=body,
+                headers={**headers, "X-Episode-Id": "y"},
+            ) as r:
+                assert r.status == status
     assert len(api.store.open) == 2
 
 

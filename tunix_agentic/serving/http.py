@@ -23,6 +23,9 @@ from aiohttp import web
 from tunix_agentic.serving.timeouts import ServerTimeouts, WatchedSite, connection_watch
 
 API_KEY_ENV = "TUNIX_AGENTIC_API_KEY"
+# Set on a request whose Authorization header :func:`api_key_guard` checked against the app's
+# keys: only then does the header say who the client is (anyone can send a made-up one).
+KEY_CHECKED = "tunix_agentic.api_key_checked"
 # Nesting a client's JSON may have (bodies, tool-call arguments): deeper is a 400 naming the
 # limit, never a RecursionError (a 500, which OpenAI clients retry) in a later step.
 MAX_JSON_DEPTH = 64
@@ -99,6 +102,7 @@ def api_key_guard(
                 if not sum(hmac.compare_digest(given, f"Bearer {k}".encode()) for k in keys):
                     message = "missing or wrong API key (send Authorization: Bearer KEY)"
                     return json_error(401, message, "Unauthorized")
+                request[KEY_CHECKED] = True  # the credential is one of the app's keys
             try:
                 body_s = request.app.get(TIMEOUTS, _DEFAULT_TIMEOUTS).body_s
                 try:

@@ -141,7 +141,7 @@ from tunix_agentic.rollout.openai_endpoint.schema import (
     parse_chat_request,
 )
 from tunix_agentic.rollout.rewards import RewardError, check_reward
-from tunix_agentic.serving.http import json_error, load_json
+from tunix_agentic.serving.http import KEY_CHECKED, json_error, load_json
 from tunix_agentic.serving.stops import ModelText, cut_at_stop_string
 
 EPISODE_HEADER = "X-Episode-Id"
@@ -221,10 +221,11 @@ def episode_token(request: web.Request, *, required: bool) -> str | None:
 
 
 def client_key(request: web.Request) -> str:
-    """Who the per-client episode cap counts against: the credential sent, else the
-    peer's address."""
+    """Who the per-client episode cap counts against: the API key the app checked, else
+    the peer's address. On an app without keys a header is no identity: a client sending
+    a new made-up ``Authorization`` on every call would otherwise count as many clients."""
     auth = request.headers.get("Authorization")
-    if auth:
+    if auth and request.get(KEY_CHECKED):
         return "key:" + hashlib.sha256(auth.encode()).hexdigest()[:32]
     return f"addr:{request.remote}"
 
