@@ -186,6 +186,9 @@ def test_report_of_a_real_run_writes_every_picture_and_the_verdict(tiny_run, cap
     text = (out / "report.md").read_text()
     found = verdict(extract_figures(load_run(tiny_run)))
     assert f"## Verdict: {found.kind}" in text and found.kind in printed
+    # The learning verdict first, as the docs give them; one label each.
+    assert printed.index("does it learn? ") < printed.index("what holds it back? ")
+    assert "learning: learning" not in printed
     assert found.kind != "no-data"
     for name in PICTURES:
         assert f"]({name}.png)" in text

@@ -58,6 +58,10 @@ def test_call_variants_parse(text, expected):
             "<tool_call>{not json}</tool_call>",
             "tool call is not valid JSON (Expecting property name enclosed in double quotes at column 2)",
         ),
+        (  # json says "starting at"; the message says "at column" once
+            '<tool_call>{"name": "x</tool_call>',
+            "tool call is not valid JSON (Unterminated string starting at column 10)",
+        ),
         (
             "<tool_call>[1, 2]</tool_call>",
             "tool call must be a JSON object with 'name' and 'arguments'",
@@ -91,6 +95,7 @@ def test_call_variants_parse(text, expected):
     ],
     ids=[
         "invalid_json",
+        "unterminated_string",
         "non_object",
         "missing_name",
         "empty_name",

@@ -51,7 +51,9 @@ def _parse_call(raw: str) -> tuple[ToolCall | None, str]:
     try:
         obj = json.loads(raw)
     except json.JSONDecodeError as exc:
-        return None, f"tool call is not valid JSON ({exc.msg} at column {exc.colno})"
+        # Some of json's messages end in "at" ("Unterminated string starting at"): one "at".
+        what = exc.msg.removesuffix(" at")
+        return None, f"tool call is not valid JSON ({what} at column {exc.colno})"
     if not isinstance(obj, dict):
         return None, "tool call must be a JSON object with 'name' and 'arguments'"
     name = obj.get("name")

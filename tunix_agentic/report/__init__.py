@@ -259,8 +259,9 @@ def _report_main(args: argparse.Namespace) -> int:
     except ReportError as exc:
         print(f"tunix-agentic: error: {exc}", file=sys.stderr)
         return 2
-    print(f"verdict: {done.verdict.text}")
-    print(f"learning: {done.learning.text}")
+    # The docs' order: does it learn, then what holds it back (each with its own label once).
+    print(f"does it learn? {done.learning.text}")
+    print(f"what holds it back? {done.verdict.text}")
     print(f"wrote {done.markdown} and {len(done.pictures)} pictures")
     for name, why in done.skipped.items():
         print(f"  {name}.png not drawn: {why}")
