@@ -35,6 +35,7 @@ from profiling.common import (
     PEER_DIMS,
     PEER_NEW,
     PEER_PROMPT,
+    clean_call_times,
     matmul_peak_gflops,
 )
 from tunix_agentic.inference import EngineConfig, JaxEngine, SamplingParams
@@ -67,32 +68,18 @@ async def timed_calls(
 ) -> tuple[float, float]:
     """Generated tokens/s (median over the ``REPEATS`` timed calls that compiled nothing)
     and the first call's seconds. The engine is warmed up first; every call sends fresh
-    prompts, so no call reuses a prefix an earlier one cached; a call that compiled is
-    printed and left out."""
+    prompts (:func:`~profiling.common.clean_call_times`)."""
     await asyncio.to_thread(engine.start_warmup().result)
-    call = 0
 
-    async def once() -> tuple[float, int]:
-        nonlocal call
-        call += 1
-        ps = prompts(batch, seed=call)
-        before = sum(engine.compiles.values())
-        t = time.perf_counter()
+    async def call(i: int) -> None:
+        ps = prompts(batch, seed=i)
         if sequential:
             for p in ps:
                 await engine.generate(p, GREEDY)
         else:
             await asyncio.gather(*(engine.generate(p, GREEDY) for p in ps))
-        return time.perf_counter() - t, sum(engine.compiles.values()) - before
 
-    first, _ = await once()  # untimed: the first dispatch of each program
-    times = []
-    for _ in range(REPEATS):
-        seconds, compiled = await once()
-        if compiled:
-            print(f"  B={batch} call {call}: {compiled} compile(s), left out of the figure")
-        else:
-            times.append(seconds)
+    times, first = await clean_call_times(engine, call, REPEATS, f"B={batch}")
     return batch * NEW / statistics.median(times), first
 
 

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from profiling.common import clean_call_times
 from tunix_agentic.inference import EngineConfig, JaxEngine, SamplingParams
 from tunix_agentic.inference.sampling import sample
 from tunix_agentic.models.transformer import ModelConfig, Transformer, count_params
@@ -70,28 +71,16 @@ async def generate_rate(
     """Tokens/s over the timed calls that compiled nothing, and the first call's seconds.
     The first call compiles the shapes this workload meets (a full warm-up would compile
     every bucket of a 28-layer model); every call sends fresh prompts, so the timed ones
-    meet the same shapes and no prefix an earlier call cached. A timed call that compiled
-    is printed and left out."""
+    meet the same shapes and no prefix an earlier call cached
+    (:func:`~profiling.common.clean_call_times`)."""
     rng = np.random.default_rng(batch)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=new)
 
-    async def once() -> tuple[float, int]:
+    async def call(i: int) -> None:
         prompts = [rng.integers(10, vocab, prompt).tolist() for _ in range(batch)]
-        before = sum(engine.compiles.values())
-        t = time.perf_counter()
         await asyncio.gather(*(engine.generate(p, greedy) for p in prompts))
-        return time.perf_counter() - t, sum(engine.compiles.values()) - before
 
-    first, _ = await once()
-    times = []
-    for _ in range(repeats):
-        seconds, compiled = await once()
-        if compiled:
-            print(f"  B={batch}: a timed call compiled {compiled} program(s), left out")
-        else:
-            times.append(seconds)
-    if not times:
-        raise RuntimeError(f"B={batch}: every timed call compiled; nothing to report")
+    times, first = await clean_call_times(engine, call, repeats, f"B={batch}")
     return batch * new / statistics.median(times), first
 
 

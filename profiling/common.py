@@ -14,7 +14,7 @@ import os
 import resource
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import jax
@@ -237,6 +237,33 @@ async def warm_engine(engine: JaxEngine) -> float:
     two = SamplingParams(temperature=0.0, max_new_tokens=2)
     await engine.generate([1, 2, 3], two)  # one decode chunk
     return time.perf_counter() - t
+
+
+async def clean_call_times(
+    engine: JaxEngine, call: Callable[[int], Awaitable[Any]], repeats: int, label: str
+) -> tuple[list[float], float]:
+    """``call(0)`` untimed, then ``call(1)`` .. ``call(repeats)`` timed, each call's compiles
+    counted (``engine.compiles``): a timed call that compiled is printed and left out.
+    Returns the clean calls' seconds and the first call's. ``call(i)`` should send fresh
+    prompts (seeded by ``i``), so no call reuses a prefix an earlier one cached."""
+
+    async def once(i: int) -> tuple[float, int]:
+        before = sum(engine.compiles.values())
+        t = time.perf_counter()
+        await call(i)
+        return time.perf_counter() - t, sum(engine.compiles.values()) - before
+
+    first, _ = await once(0)  # the first dispatch of each program
+    times = []
+    for i in range(1, repeats + 1):
+        seconds, compiled = await once(i)
+        if compiled:
+            print(f"  {label} call {i}: {compiled} compile(s), left out of the figure")
+        else:
+            times.append(seconds)
+    if not times:
+        raise RuntimeError(f"{label}: every timed call compiled; nothing to report")
+    return times, first
 
 
 def percentiles(values: Iterable[float], qs: tuple[int, ...] = (50, 95, 99)) -> dict[str, float]:
