@@ -69,10 +69,13 @@ def _int_field(hf: dict[str, Any], key: str, default: Any = _MISSING) -> int:
     return int(value)
 
 
-def _float_field(hf: dict[str, Any], key: str, default: float) -> float:
-    """``hf[key]`` (or ``default`` when absent or null) as a finite number > 0."""
+def _float_field(hf: dict[str, Any], key: str, default: Any = _MISSING) -> float:
+    """``hf[key]`` as a finite number > 0, else :class:`UnsupportedCheckpointError` naming
+    the field (``null`` or absent takes ``default``)."""
     value = hf.get(key)
     if value is None:
+        if default is _MISSING:
+            raise UnsupportedCheckpointError(f"config.json: {key} is required (a number > 0)")
         return default
     if (
         isinstance(value, bool)
@@ -148,7 +151,7 @@ def config_from_hf(hf: dict[str, Any], *, dtype: str | None = None) -> ModelConf
             )
         rope.update(
             rope_scaling="llama3",
-            rope_scaling_factor=_float_field(scaling, "factor", math.nan),
+            rope_scaling_factor=_float_field(scaling, "factor"),
             rope_low_freq_factor=_float_field(scaling, "low_freq_factor", 1.0),
             rope_high_freq_factor=_float_field(scaling, "high_freq_factor", 4.0),
             rope_original_max_len=_int_field(scaling, "original_max_position_embeddings"),

@@ -198,6 +198,15 @@ class RayConfig:
         return options
 
 
+def check_reward_limit(limit: object, key: str) -> None:
+    """ValueError naming ``key`` unless ``limit`` is a number in (0, 1e18]: a group's
+    rewards are squared in float32 (its standard deviation), which holds up to ~3e38."""
+    if isinstance(limit, bool) or not (
+        isinstance(limit, int | float) and math.isfinite(limit) and 0 < limit <= 1e18
+    ):
+        raise ValueError(f"{key} must be a number in (0, 1e18], got {limit!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
     """How episodes are grouped, paced, filtered and retried (see the orchestrator)."""
@@ -274,13 +283,7 @@ class RolloutConfig:
                 f"rollout.infra_backoff_max_s ({self.infra_backoff_max_s}) must be >= "
                 f"rollout.infra_backoff_s ({self.infra_backoff_s})"
             )
-        limit = self.reward_limit
-        if isinstance(limit, bool) or not (
-            isinstance(limit, int | float) and math.isfinite(limit) and 0 < limit <= 1e18
-        ):
-            raise ValueError(
-                f"rollout.reward_limit must be a number in (0, 1e18] (float32 squares it), got {limit!r}"
-            )
+        check_reward_limit(self.reward_limit, "rollout.reward_limit")
         if self.prefetch_groups < 0:
             raise ValueError(f"rollout.prefetch_groups must be >= 0, got {self.prefetch_groups}")
         if self.prefetch_groups and self.service.enabled:

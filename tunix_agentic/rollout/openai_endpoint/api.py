@@ -108,6 +108,7 @@ from tunix_agentic.inference.base import (
     TokenOutput,
 )
 from tunix_agentic.inference.params import SamplingParams
+from tunix_agentic.rollout.config import check_reward_limit
 from tunix_agentic.rollout.openai_endpoint.episodes import (
     TOKEN_PATTERN,
     Call,
@@ -186,8 +187,7 @@ class OpenAIConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"openai.{name} must be >= 1, got {getattr(self, name)}")
         get_parser(self.parser)
-        if not (isinstance(self.reward_limit, int | float) and 0 < self.reward_limit <= 1e18):
-            raise ValueError(f"openai.reward_limit must be in (0, 1e18], got {self.reward_limit!r}")
+        check_reward_limit(self.reward_limit, "openai.reward_limit")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,11 +286,8 @@ def reward_body(body: Any, limit: float) -> tuple[float, str | None, dict[str, A
     unknown = sorted(set(body) - {"reward", "task_id", "info"})
     if unknown:
         raise RequestError(f"{unknown[0]}: is not a field of a reward")
-    try:
-        reward = body.get("reward")
-        if not isinstance(reward, int | float):
-            raise RewardError(f"reward must be a number, got {reward!r:.50}")
-        reward = check_reward(reward, limit, "reward")
+    try:  # (JSON holds no numpy scalars: check_reward's other reals cannot come here)
+        reward = check_reward(body.get("reward"), limit, "reward")
     except RewardError as exc:
         raise RequestError(f"reward: {str(exc).removeprefix('reward ')}") from None
     task_id = body.get("task_id")
