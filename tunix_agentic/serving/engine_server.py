@@ -70,7 +70,7 @@ from tunix_agentic.serving.http import (
     url,
 )
 from tunix_agentic.serving.prom import EngineCollector, add_prometheus
-from tunix_agentic.serving.stops import ModelText, cut_at_stop_string, output_text
+from tunix_agentic.serving.stops import ModelText, cut_off_loop, output_text
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a batch of long prompts is far past aiohttp's 1 MiB default
 OFF_LOOP_BYTES = 256 * 1024  # bodies larger than this are parsed on a worker thread
@@ -191,7 +191,7 @@ async def _generate_one(
         request_id=req.rid,
         on_tokens=on_tokens,
     )
-    match = cut_at_stop_string(out, req.stop, model_text)
+    match = await cut_off_loop(out, req.stop, model_text)
     if match is not None:
         out = match.output
     matched = None if match is None else match.matched

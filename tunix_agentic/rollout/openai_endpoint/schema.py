@@ -98,7 +98,10 @@ class ChatRequest:
                 f"endpoint parses {parser!r}",
             )
         tools = [t for t in self.tools if self.forced_tool in (None, t["function"]["name"])]
-        return Constraint("structural_tag", json.dumps(_forced_calls(tools, self.forced_tool)))
+        try:  # the tools' parameter schemas are bounded as a response_format's are
+            return Constraint("structural_tag", json.dumps(_forced_calls(tools, self.forced_tool)))
+        except ValueError as exc:
+            raise _fail("tools", f"the forced call's grammar: {exc}") from None
 
     @property
     def parse_tools(self) -> bool:
@@ -250,7 +253,12 @@ class _ResponseFormat(Strict, extra="ignore"):
             return Constraint.json_object()
         if self.json_schema is None:
             return None
-        return Constraint("json_schema", json.dumps(self.json_schema.schema_ or {"type": "object"}))
+        try:
+            return Constraint(
+                "json_schema", json.dumps(self.json_schema.schema_ or {"type": "object"})
+            )
+        except ValueError as exc:  # past a bound of what a grammar compile may take
+            raise _fail("response_format.json_schema.schema", str(exc)) from None
 
 
 class _StreamOptions(Strict):  # include_usage is read with or without streaming
