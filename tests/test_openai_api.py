@@ -12,6 +12,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import aiohttp
@@ -406,6 +407,17 @@ BAD = [
         "tool_choice: 'required' needs tools",
     ),
     ({"messages": [{"role": "user", "content": "x"}], "best_of": 2}, 400, "best_of"),
+    (  # bounded before any compile: 1,200 properties took xgrammar 11-13 s, every client waiting
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"schema": {"properties": {f"p{i}": {} for i in range(1200)}}},
+            },
+        },
+        400,
+        "1200 properties, over the limit of 512",
+    ),
     (  # a quote or a newline in a tool's name would break the call grammar and the prompt
         {
             "messages": [{"role": "user", "content": "x"}],
@@ -439,6 +451,27 @@ async def test_a_bad_request_is_a_4xx_naming_the_field(serve, body, status, fiel
         async with http.post(f"{url}/v1/chat/completions", json=body) as resp:
             assert resp.status == status
             assert field in (await resp.json())["error"]["message"]
+
+
+async def test_a_large_conversation_is_rendered_off_the_event_loop(serve, tool_user, monkeypatch):
+    """A body past 256 KiB is rendered and tokenised in a worker thread (an 8 MB one held
+    the loop, and every other client, for seconds); small ones stay on the loop."""
+    engine, _ = tool_user
+    api, url = await serve(engine, BUILTIN)
+    threads, real = [], api.prompts.prompt
+
+    def prompt(chat, episode):
+        threads.append(threading.current_thread() is threading.main_thread())
+        return real(chat, episode)
+
+    monkeypatch.setattr(api.prompts, "prompt", prompt)
+    async with aiohttp.ClientSession() as http:
+        for content in ("x" * 300_000, "x"):
+            body = {"messages": [{"role": "user", "content": content}], "max_tokens": 1}
+            async with http.post(f"{url}/v1/chat/completions", json=body) as resp:
+                answer = await resp.json()
+        assert resp.status == 200, answer
+    assert threads == [False, True]  # the large one off the loop, the small one on it
 
 
 async def test_episodes_are_bounded_and_closed_once(serve, tool_user):

@@ -21,6 +21,7 @@ import pytest
 from tunix_agentic.envs.base import Task
 from tunix_agentic.rollout.client.node_client import GroupConflict, NodeClient
 from tunix_agentic.rollout.episode import Group
+from tunix_agentic.rollout.service.admin import local_token
 from tunix_agentic.rollout.service.wal import FinalRecord, GroupLog
 from tunix_agentic.rollout.service.wire import (
     GroupRequest,
@@ -319,10 +320,11 @@ async def test_long_poll_cursor_and_events(node_url):
         assert ids.index("poll-1") < ids.index("poll-2")
         assert (await node.done_since(page["cursor"]))["groups"] == []
         first = next(g for g in page["groups"] if g["group_id"] == "poll-1")
-        # Events resume after a cursor: from poll-1's, poll-2 comes next.
-        async with s.get(
-            f"{node_url}/v1/events", headers={"Last-Event-ID": str(first["cursor"])}
-        ) as r:
+        # Events resume after a cursor: from poll-1's, poll-2 comes next (the trainer's
+        # groups: read with the admin token the node left for its trainer).
+        headers = {"Last-Event-ID": str(first["cursor"])}
+        headers["Authorization"] = f"Bearer {local_token(node_url)}"
+        async with s.get(f"{node_url}/v1/events", headers=headers) as r:
             assert r.headers["Content-Type"].startswith("text/event-stream")
             event: dict[str, str] = {}
             async with asyncio.timeout(BOUND_S):

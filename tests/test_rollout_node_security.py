@@ -8,6 +8,7 @@ here on purpose: it is the attacker (it follows SGLang's ``/generate`` wire form
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import stat
@@ -20,7 +21,7 @@ from aiohttp import web
 from tunix_agentic.config import load_config
 from tunix_agentic.envs.base import Task
 from tunix_agentic.rollout.client.node_client import NodeClient
-from tunix_agentic.rollout.service.admin import RUNTIME_DIR_ENV, token_path
+from tunix_agentic.rollout.service.admin import RUNTIME_DIR_ENV, local_token, token_path
 from tunix_agentic.rollout.service.caps import NodeCaps
 from tunix_agentic.rollout.service.engines import EngineSet
 from tunix_agentic.rollout.service.node import RolloutNode, setup_from_config
@@ -74,6 +75,11 @@ async def _call(method, url, body=None, headers=None, data=None):
         async with http.request(method, url, json=body, data=data, headers=headers) as resp:
             answer = await resp.json(content_type=None) if resp.status != 204 else None
             return resp.status, answer, resp.headers
+
+
+def _operator(url: str) -> dict:
+    """The node's own trainer's headers: the admin token the node left on this machine."""
+    return {"Authorization": f"Bearer {local_token(url)}"}
 
 
 def _external(group_id: str, prompt: str = "Compute 1+1.") -> dict:
@@ -202,7 +208,7 @@ async def test_an_engine_reply_that_cannot_be_true_is_never_recorded(
 # ------------------------------------------------------ item 2: claims and their tokens
 async def test_a_claimed_member_is_its_claimant_s_alone(serve_node):
     node, url = await serve_node()
-    assert (await _call("POST", f"{url}/v1/groups", _external("ext")))[0] == 202
+    assert (await _call("POST", f"{url}/v1/groups", _external("ext"), _operator(url)))[0] == 202
     status, claim, _ = await _call("POST", f"{url}/v1/episodes/claim", {"wait_s": BOUND_S})
     assert status == 200 and claim["group_id"] == "ext"
     eid, token = claim["episode_id"], claim["episode_token"]
@@ -226,20 +232,20 @@ async def test_a_claimed_member_is_its_claimant_s_alone(serve_node):
 # ------------------------------------------------------------------- item 4: caps
 async def test_caps_answer_413_or_429_naming_the_cap(serve_node):
     node, url = await serve_node(caps=NodeCaps(max_queued=1, max_task_bytes=4096), max_groups=1)
-    groups = f"{url}/v1/groups"
-    status, answer, _ = await _call("POST", groups, _external("big", "x" * 5000))
+    groups, op = f"{url}/v1/groups", _operator(url)
+    status, answer, _ = await _call("POST", groups, _external("big", "x" * 5000), op)
     assert status == 413 and "--max-task-kb" in answer["error"]["message"]
-    assert (await _call("POST", groups, _external("runs")))[0] == 202
-    assert (await _call("POST", groups, _external("waits")))[0] == 202
-    status, answer, _ = await _call("POST", groups, _external("one-too-many"))
+    assert (await _call("POST", groups, _external("runs"), op))[0] == 202
+    assert (await _call("POST", groups, _external("waits"), op))[0] == 202
+    status, answer, _ = await _call("POST", groups, _external("one-too-many"), op)
     assert status == 429 and "--max-queued" in answer["error"]["message"]
     assert [node.groups[g].status for g in ("runs", "waits")] == ["running", "queued"]
     assert "big" not in node.groups and "one-too-many" not in node.groups
     node.caps = NodeCaps(max_log_bytes=1)  # the log now holds more than a byte
-    status, answer, _ = await _call("POST", groups, _external("past-the-log"))
+    status, answer, _ = await _call("POST", groups, _external("past-the-log"), op)
     assert status == 429 and "--max-log-mb" in answer["error"]["message"]
     # The same id and body again is not a new group: answered as before, under any cap.
-    assert (await _call("POST", groups, _external("waits")))[0] == 202
+    assert (await _call("POST", groups, _external("waits"), op))[0] == 202
 
 
 # ------------------------------------------------------------- item 7: deep JSON
@@ -259,3 +265,90 @@ async def test_deeply_nested_json_is_a_400_naming_the_limit(serve_node, where):
         path, data = "/v1/groups", json.dumps(body)
     status, answer, _ = await _call("POST", url + path, data=data)
     assert status == 400 and "the limit is 64 levels" in answer["error"]["message"], answer
+
+
+# ------------------------------------------- round 3, items 5 and 6: groups are their owner's
+async def test_a_client_can_neither_read_nor_take_the_trainer_s_groups(serve_node):
+    """The trainer (a NodeClient on this machine: the node's admin token) submits an
+    external group; another client on the same node sees none of it, cannot take its id,
+    cannot submit external or own_tasks groups, and reads only its own."""
+    node, url = await serve_node()
+    trainer_id = "run1-g0-v0-t0-9f2c4a"
+    async with NodeClient(url) as trainer:
+        assert await trainer.submit(GroupRequest.from_json(_external(trainer_id))) == "running"
+        assert await trainer.cancel(trainer_id) == "cancelled"  # final: listed from now on
+        assert [g["group_id"] for g in (await trainer.done_since(0))["groups"]] == [trainer_id]
+    groups = f"{url}/v1/groups"
+    # The other client lists nothing and cannot read it.
+    status, listed, _ = await _call("GET", f"{groups}?done_since=0")
+    assert status == 200 and listed["groups"] == [], listed
+    assert (await _call("GET", f"{groups}/{trainer_id}"))[0] == 404
+    # Its id, with the trainer's body or another, is not the client's to take.
+    for prompt in ("Compute 1+1.", "Compute 2+2."):
+        body = _external(trainer_id, prompt)
+        body["agent"] = "builtin"
+        status, answer, _ = await _call("POST", groups, body)
+        assert status == 409 and "taken" in answer["error"]["message"], answer
+    assert node.groups[trainer_id].status == "cancelled"
+    # Groups whose members any agent fills are the operator's to submit.
+    for agent in ("external", "own_tasks"):
+        body = _external(f"mine-{agent}")
+        body["agent"] = agent
+        status, answer, _ = await _call("POST", groups, body)
+        assert status == 403 and "admin key" in answer["error"]["message"], answer
+        assert f"mine-{agent}" not in node.groups
+    # A group of its own it reads, and so does the operator.
+    body = _external("mine")
+    body["agent"] = "builtin"
+    assert (await _call("POST", groups, body))[0] == 202
+    assert (await _call("GET", f"{groups}/mine"))[0] == 200
+    assert node.groups["mine"].owner == "addr:127.0.0.1"
+    async with NodeClient(url) as trainer:
+        assert (await trainer.get("mine"))["group_id"] == "mine"
+
+
+async def test_group_owners_survive_a_node_restart(setup, tmp_path, monkeypatch):
+    """The owner is logged with the group: after a restart the other client still reads
+    none of the trainer's groups."""
+    monkeypatch.setenv(RUNTIME_DIR_ENV, str(tmp_path / "run"))
+    state = tmp_path / "state"
+    for attempt in range(2):
+        node = RolloutNode(setup, EngineSet([]), state)
+        runner, port = await start_node_server(node)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            if attempt == 0:
+                assert (await _call("POST", f"{url}/v1/groups", _external("t"), _operator(url)))[
+                    0
+                ] == 202
+            else:  # the node restarted: the group was lost, still the operator's
+                assert node.groups["t"].status == "lost" and node.groups["t"].owner == "operator"
+                assert (await _call("GET", f"{url}/v1/groups/t"))[0] == 404
+                assert (await _call("GET", f"{url}/v1/groups/t", None, _operator(url)))[0] == 200
+        finally:
+            await runner.cleanup()
+            await node.close()
+
+
+# ------------------------------------------------- round 3, item 12: claims per client
+async def test_one_client_cannot_claim_every_member_and_sit_on_them(serve_node):
+    """A client holds at most --max-claims members; a claim with no call is withdrawn after
+    the first-call lease (not the whole lease) and offered again under a fresh id."""
+    node, url = await serve_node(caps=NodeCaps(max_claims_per_client=2), external_first_call_s=0.3)
+    body = GroupRequest(
+        "three", 3, task=Task(task_id="three", prompt="Compute 1+1."), agent="external"
+    ).to_json()
+    assert (await _call("POST", f"{url}/v1/groups", body, _operator(url)))[0] == 202
+    claim = f"{url}/v1/episodes/claim"
+    first = [(await _call("POST", claim, {"wait_s": BOUND_S}))[1]["episode_id"] for _ in range(2)]
+    status, answer, _ = await _call("POST", claim, {"wait_s": 0})
+    assert status == 429 and "--max-claims" in answer["error"]["message"], answer
+    assert node.external.counts()["offered"] == 1  # the third member is still there for others
+    # Neither claim made a call: both are withdrawn after 0.3 s (not the 300 s lease) and
+    # offered again, so the client may claim again, a fresh member.
+    async with asyncio.timeout(BOUND_S):
+        while node.external.counts()["expired"] < 2:
+            await asyncio.sleep(0.05)
+    status, again, _ = await _call("POST", claim, {"wait_s": BOUND_S})
+    assert status == 200 and again["episode_id"] not in first
+    assert node.groups["three"].status == "running"

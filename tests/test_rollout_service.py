@@ -196,6 +196,14 @@ async def test_groups_go_to_the_node_with_the_fewest_members_in_flight(tmp_path,
         assert again.trajectories[0].token_ids == groups[3].trajectories[0].token_ids
         assert restored.outcomes == [(groups[3].group_id, "restored")]
         assert groups[3].group_id.startswith(runner.run_id) and restored.run_id == runner.run_id
+        # Ids carry a tag of the run's secret key: the restored runner makes the same ones,
+        # a runner that knows the run id but not the key does not.
+        name = groups[4].group_id[len(runner.run_id) + 1 : -17]
+        assert restored.group_id(name) == groups[4].group_id
+        outsider = ServiceEpisodeRunner(urls, agent_config=cfg.agent, config=cfg.rollout)
+        outsider.run_id = runner.run_id
+        assert outsider.group_id(name) != groups[4].group_id
+        await outsider.close()
     finally:
         await runner.close()
         await server.cleanup()

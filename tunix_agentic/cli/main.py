@@ -15,7 +15,7 @@
 ``tunix-agentic serve-env --env NAME [--config PATH] [--sandbox-backend B] [--import MODULE ...]
 [--host H] [--port P] [--api-key KEY] [--header-timeout S] [--body-timeout S]``
 ``tunix-agentic serve-rollout [--config PATH] [--engine-url URL ...] [--state-dir DIR] [--repair-log]
-[--host H] [--port P] [--api-key KEY] [--admin-key KEY] [--max-queued N] [--max-task-kb KB]
+[--host H] [--port P] [--api-key KEY] [--admin-key KEY] [--max-queued N] [--max-task-kb KB] [--max-claims N]
 [--max-log-mb MB] [--header-timeout S] [--body-timeout S] [key.path=value ...]``
 
 Give the servers' API key in ``$TUNIX_AGENTIC_API_KEY``: ``--api-key`` works, but a
@@ -313,6 +313,14 @@ def _add_serve_rollout(sub) -> None:
         metavar="MB",
         help="the state dir's log; past it new groups answer 429 (default 16384; 0: no cap)",
     )
+    sr.add_argument(
+        "--max-claims",
+        type=int,
+        default=256,
+        metavar="N",
+        help="external members one client (API key, or address without keys) holds claimed "
+        "at once; more answer 429 (default 256)",
+    )
     _add_timeouts(sr)
     sr.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.run_workers=32")
     sr.set_defaults(handler=_serve_rollout)
@@ -428,6 +436,7 @@ def _serve_rollout(args: argparse.Namespace) -> int:
             max_queued=args.max_queued,
             max_task_bytes=args.max_task_kb << 10,
             max_log_bytes=args.max_log_mb << 20,
+            max_claims_per_client=args.max_claims,
         )
         config = args.config if args.config is not None else _default_config()
         run_config = load_config(config, list(args.overrides))

@@ -11,6 +11,7 @@ and serve until SIGINT or SIGTERM.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import ipaddress
 import json
@@ -129,6 +130,17 @@ def api_key_guard(
                 watch.request_finished()
 
     return guard
+
+
+def client_identity(request: web.Request) -> str:
+    """Who a request comes from, for per-client caps and ownership: the API key the app
+    checked (hashed), else the peer's address. On an app without keys a header is no
+    identity: a client sending a new made-up ``Authorization`` on every call would
+    otherwise count as many clients, or pass for another."""
+    auth = request.headers.get("Authorization")
+    if auth and request.get(KEY_CHECKED):
+        return "key:" + hashlib.sha256(auth.encode()).hexdigest()[:32]
+    return f"addr:{request.remote}"
 
 
 def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:

@@ -47,11 +47,13 @@ def _message(data: Any, text: str) -> str:
 class NodeClient:
     """Talks to the node at ``url`` (``http://host:port``).
 
-    ``api_key`` is sent as ``Authorization: Bearer KEY``; on the operator routes
-    (engines, policy, cancelling a group) the admin key is sent instead: ``admin_key``,
-    else ``$TUNIX_AGENTIC_ADMIN_KEY``, else, for a node on this machine, the token it left
-    for its own user (read at each such call: a restarted node makes a new one; see
-    :mod:`~tunix_agentic.rollout.service.admin`). ``session``: an
+    The admin key is sent as ``Authorization: Bearer KEY`` where one is known:
+    ``admin_key``, else ``$TUNIX_AGENTIC_ADMIN_KEY``, else, for a node on this machine, the
+    token it left for its own user (read at each call: a restarted node makes a new one;
+    see :mod:`~tunix_agentic.rollout.service.admin`). It makes this client the node's
+    operator: it may submit ``external`` / ``own_tasks`` groups and read every group, and
+    it opens the operator routes (engines, policy, cancelling a group). Without one,
+    ``api_key`` is sent; such a client reads the groups it submitted. ``session``: an
     ``aiohttp.ClientSession`` to share (not closed here); without one the client makes
     its own on first use and :meth:`close` closes it. ``request_timeout_s`` bounds every
     call but long polls, which get their ``wait_s`` on top.
@@ -102,16 +104,13 @@ class NodeClient:
         params: dict[str, Any] | None = None,
         timeout_s: float | None = None,
         ok: tuple[int, ...] = (200,),
-        operator: bool = False,
     ) -> Any:
-        """One call: the JSON answer, or the typed error of the status. ``operator``: an
-        admin route (the admin key is sent)."""
+        """One call: the JSON answer, or the typed error of the status (on an operator
+        route without an admin key, the node's 403 says how to get one)."""
         timeout = aiohttp.ClientTimeout(total=timeout_s or self.request_timeout_s)
-        headers = self._headers
-        if operator:
-            key = admin_key_for(self.url, self._admin_key)
-            # None to send: the API key, so the node's 403 says how to get one.
-            headers = {"Authorization": f"Bearer {key}"} if key else self._headers
+        key = admin_key_for(self.url, self._admin_key)
+        # None known: the API key, which reads this client's own groups.
+        headers = {"Authorization": f"Bearer {key}"} if key else self._headers
         try:
             async with self._client().request(
                 method,
@@ -179,7 +178,7 @@ class NodeClient:
 
     async def cancel(self, group_id: str) -> str:
         """``DELETE /v1/groups/{id}`` (idempotent): the group's status after it."""
-        data = await self._call("DELETE", f"/v1/groups/{group_id}", operator=True)
+        data = await self._call("DELETE", f"/v1/groups/{group_id}")
         return str(data["status"])
 
     async def done_since(self, cursor: int = 0, limit: int | None = None) -> dict[str, Any]:
@@ -199,7 +198,7 @@ class NodeClient:
         body: dict[str, Any] = {"version": version}
         if weights_path is not None:
             body["weights_path"] = weights_path
-        data = await self._call("POST", "/v1/policy", body, operator=True)
+        data = await self._call("POST", "/v1/policy", body)
         return int(data["version"])
 
     async def status(self) -> dict[str, Any]:
@@ -207,10 +206,10 @@ class NodeClient:
         return await self._call("GET", "/v1/status")
 
     async def add_engine(self, url: str) -> dict[str, Any]:
-        return await self._call("POST", "/v1/engines", {"url": url}, operator=True)
+        return await self._call("POST", "/v1/engines", {"url": url})
 
     async def remove_engine(self, url: str) -> dict[str, Any]:
-        return await self._call("DELETE", "/v1/engines", {"url": url}, operator=True)
+        return await self._call("DELETE", "/v1/engines", {"url": url})
 
     async def health(self, timeout_s: float = 5.0) -> bool:
         """``GET /health``: whether the node answers healthy (never raises)."""

@@ -24,9 +24,11 @@ Every group ends with exactly one outcome here: the first answer a
 statistics as in-process (``Group.dropped`` / ``Group.lost``, counted in
 ``stats["infra_failures"]``).
 
-Group ids are ``{run_id}-{g|sNg}{index}-v{version}-{task_id}``: a resubmission
-(failover, restart of the trainer within the run) has the same id and body, and
-another run on the same nodes never meets this run's groups. Production groups
+Group ids are ``{run_id}-{g|sNg}{index}-v{version}-{task_id}-{tag}``, ``tag`` an HMAC of
+the rest under the run's secret key (kept in its checkpoint): a resubmission (failover,
+restart of the trainer within the run, a resumed run) has the same id and body, another
+run on the same nodes never meets this run's groups, and nobody who sees one of its ids
+(an agent claiming a member) can foresee the next to take it first. Production groups
 this runner returned are kept until :meth:`checkpoint_state` no longer lists
 them, so a checkpoint carries the finished groups not yet trained on and a
 resumed run trains on them instead of generating them again.
@@ -37,8 +39,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import hashlib
+import hmac
 import logging
 import os
+import secrets
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -113,6 +118,7 @@ class ServiceEpisodeRunner:
         self.stats = {} if stats is None else stats
         self._fail = fail or (lambda exc: None)
         self.run_id = run_id or uuid.uuid4().hex[:12]
+        self.id_key: str | None = secrets.token_hex(16)  # the tags' key; None: no tags
         self.api_key = api_key or os.environ.get(API_KEY_ENV) or None
         self.engine_urls = list(engine_urls)
         self.own_engines = own_engines
@@ -247,6 +253,7 @@ class ServiceEpisodeRunner:
         kept = {i: g for i, g in self._restored.items() if i in pending} | self._finished
         return {
             "run_id": self.run_id,
+            "id_key": self.id_key,
             "finished": [group_to_json(g) for _, g in sorted(kept.items())],
         }
 
@@ -254,10 +261,15 @@ class ServiceEpisodeRunner:
         """Continue a run from :meth:`checkpoint_state` (before production starts): the same
         group ids, and its finished groups handed back when their index runs again."""
         self.run_id = str(state["run_id"])
+        self.id_key = state.get("id_key")  # None in an older checkpoint: its untagged ids
         self._restored = {}
         for obj in state.get("finished", []):
             group = group_from_json(obj)
             self._restored[group.index] = group
+
+    def group_id(self, name: str) -> str:
+        """The id of this run's group ``name`` (:func:`tagged_id`)."""
+        return tagged_id(self.run_id, name, self.id_key)
 
     # -------------------------------------------------------------- groups
     async def init_group(self, task: Any, size: int) -> list[InitResult]:
@@ -304,7 +316,7 @@ class ServiceEpisodeRunner:
         if kind == "own_tasks" and stream != PRODUCTION_STREAM:
             kind = "builtin"
         request = _request(
-            f"{self.run_id}-{prefix}{index}-v{version}-{task_id}",
+            self.group_id(f"{prefix}{index}-v{version}-{task_id}"),
             task,
             g,
             version,
@@ -438,6 +450,15 @@ async def _quietly(coro) -> None:
         await coro
     except Exception:  # best effort: the node may be gone
         pass
+
+
+def tagged_id(run_id: str, name: str, key: str | None) -> str:
+    """``{run_id}-{name}-{tag}``, ``tag`` an HMAC of the rest under ``key`` (None: no tag):
+    only the key's holder makes it."""
+    base = f"{run_id}-{name}"
+    if key is None:
+        return base
+    return f"{base}-{hmac.new(key.encode(), base.encode(), hashlib.sha256).hexdigest()[:16]}"
 
 
 def _failed_group(request: GroupRequest, status: str, error: Any) -> Group:

@@ -87,7 +87,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import re
 import time
 import uuid
@@ -142,11 +141,14 @@ from tunix_agentic.rollout.openai_endpoint.schema import (
     parse_chat_request,
 )
 from tunix_agentic.rollout.rewards import RewardError, check_reward
-from tunix_agentic.serving.http import KEY_CHECKED, json_error, load_json
-from tunix_agentic.serving.stops import ModelText, cut_at_stop_string
+from tunix_agentic.serving.http import client_identity, json_error, load_json
+from tunix_agentic.serving.stops import ModelText, cut_off_loop
 
 EPISODE_HEADER = "X-Episode-Id"
 TOKEN_HEADER = "X-Episode-Token"
+# A request body past this is rendered and tokenised in a worker thread (an 8 MB conversation
+# held the loop for seconds: every other client's call and /health waited).
+OFF_LOOP_BODY_BYTES = 256 << 10
 _EPISODE_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,200}")
 
 
@@ -221,13 +223,8 @@ def episode_token(request: web.Request, *, required: bool) -> str | None:
 
 
 def client_key(request: web.Request) -> str:
-    """Who the per-client episode cap counts against: the API key the app checked, else
-    the peer's address. On an app without keys a header is no identity: a client sending
-    a new made-up ``Authorization`` on every call would otherwise count as many clients."""
-    auth = request.headers.get("Authorization")
-    if auth and request.get(KEY_CHECKED):
-        return "key:" + hashlib.sha256(auth.encode()).hexdigest()[:32]
-    return f"addr:{request.remote}"
+    """Who the per-client episode cap counts against (:func:`~tunix_agentic.serving.http.client_identity`)."""
+    return client_identity(request)
 
 
 def with_defaults(
@@ -490,7 +487,10 @@ class ChatCompletions:
                 defaults = self.call_defaults(episode.key, len(episode.calls))
                 chat = with_defaults(chat, given, defaults)
             try:
-                prompt = self.prompts.prompt(chat, episode)
+                if (request.content_length or 0) > OFF_LOOP_BODY_BYTES:  # seconds of work
+                    prompt = await asyncio.to_thread(self.prompts.prompt, chat, episode)
+                else:
+                    prompt = self.prompts.prompt(chat, episode)
             except (TemplateError, ValueError) as exc:
                 raise RequestError(
                     f"messages: the chat template cannot render them: {exc}"
@@ -579,7 +579,7 @@ class ChatCompletions:
                 live.cancel()
         if any(out.finish_reason == "abort" for out in outs):
             raise RequestError("the engine aborted the generation (retry)", 503)
-        cut = [cut_at_stop_string(out, chat.stop, self.text) for out in outs]
+        cut = [await cut_off_loop(out, chat.stop, self.text) for out in outs]
         return (
             [out if c is None else c.output for out, c in zip(outs, cut, strict=True)],
             [None if c is None else c.matched for c in cut],

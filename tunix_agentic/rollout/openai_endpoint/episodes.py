@@ -46,6 +46,7 @@ from typing import Any
 from tunix_agentic.envs.base import Task
 from tunix_agentic.rollout.episode import Group
 from tunix_agentic.rollout.openai_endpoint.schema import RequestError
+from tunix_agentic.rollout.service.caps import TooMany
 from tunix_agentic.trajectory import Step, Trajectory
 
 
@@ -551,6 +552,7 @@ class Offer:
     seed: int
     token: str = dataclasses.field(default_factory=new_token, repr=False)
     claimed_at: float | None = None
+    claimant: str = ""  # who claimed it (the endpoint's client identity)
 
     @property
     def key(self) -> str:
@@ -566,16 +568,32 @@ class EpisodeOffers:
     group's sampling and a per-call seed where a call omits them) and closes it with
     ``POST /v1/episodes/{id}/reward``. The group ends when every member is closed, each as
     :func:`episode_trajectory` (task id, task name and group id the group's). A claimed
-    member with no call in flight and none for ``lease_s`` (checked at least every
-    ``lease_s``) is withdrawn (its agent's next call or reward gets a 409) and counted as an
-    infrastructure fault (``dropped``, status ``timeout``): offered again under a fresh id
-    up to ``retries`` times, then ``lost``; never scored. Single event loop.
+    member with no call in flight and none for ``lease_s`` (``first_call_s`` until its
+    first call; checked at least that often) is withdrawn (its agent's next call or reward
+    gets a 409) and counted as an infrastructure fault (``dropped``, status ``timeout``):
+    offered again under a fresh id up to ``retries`` times, then ``lost``; never scored. A
+    client holds at most ``max_claims_per_client`` claimed members at once (a claim past it
+    is :class:`~tunix_agentic.rollout.service.caps.TooMany`), so one client cannot take
+    every member and sit on them. Single event loop.
     """
 
-    def __init__(self, store: EpisodeStore, *, lease_s: float = 300.0):
+    def __init__(
+        self,
+        store: EpisodeStore,
+        *,
+        lease_s: float = 300.0,
+        first_call_s: float = 60.0,
+        max_claims_per_client: int = 256,
+    ):
         if not lease_s > 0:
             raise ValueError(f"lease_s must be > 0, got {lease_s}")
+        if not first_call_s > 0:
+            raise ValueError(f"first_call_s must be > 0, got {first_call_s}")
+        if max_claims_per_client < 1:
+            raise ValueError(f"max_claims_per_client must be >= 1, got {max_claims_per_client}")
         self.store, self.lease_s = store, lease_s
+        self.first_call_s = min(first_call_s, lease_s)
+        self.max_claims_per_client = max_claims_per_client
         self.offers: dict[str, Offer] = {}  # offered or claimed, by episode key
         self._queue: collections.deque[Offer] = collections.deque()
         self._offered = asyncio.Event()
@@ -590,15 +608,37 @@ class EpisodeOffers:
             "expired": self.expired,
         }
 
-    async def claim(self, wait_s: float = 0.0) -> Offer | None:
-        """The oldest offered member, now claimed; None when none is offered within
-        ``wait_s`` seconds."""
+    def claimed_by(self, client: str) -> int:
+        """Members ``client`` holds claimed now."""
+        return sum(
+            1 for o in self.offers.values() if o.claimed_at is not None and o.claimant == client
+        )
+
+    def _check_claims(self, client: str) -> None:
+        held = self.claimed_by(client)
+        if held >= self.max_claims_per_client:
+            raise TooMany(
+                f"this client holds {held} claimed members, the node's cap per client "
+                f"(--max-claims); close some (POST /v1/episodes/ID/reward) before claiming more",
+                "max_claims_per_client",
+            )
+
+    async def claim(self, wait_s: float = 0.0, client: str = "") -> Offer | None:
+        """The oldest offered member, now claimed by ``client``; None when none is offered
+        within ``wait_s`` seconds. :class:`~tunix_agentic.rollout.service.caps.TooMany`
+        when ``client`` already holds ``max_claims_per_client``."""
+        self._check_claims(client)
         deadline = time.monotonic() + wait_s
         while True:
             while self._queue:
                 offer = self._queue.popleft()
                 if self.offers.get(offer.key) is offer:  # not withdrawn meanwhile
-                    offer.claimed_at = time.monotonic()
+                    try:
+                        self._check_claims(client)  # another long poll of it took one
+                    except TooMany:
+                        self._queue.appendleft(offer)
+                        raise
+                    offer.claimed_at, offer.claimant = time.monotonic(), client
                     self.store.reserved.add(offer.key)  # not under the ad-hoc caps
                     return offer
             left = deadline - time.monotonic()
@@ -661,14 +701,23 @@ class EpisodeOffers:
                         self.store.reserved.discard(key)
                         done.append(_member_trajectory(episode, task, group_id, o))
                         continue
-                    if o.claimed_at is None or (episode is not None and episode.in_flight):
+                    if o.claimed_at is None:  # a claim may come any moment: look again soon
+                        wake = min(wake, self.first_call_s)
                         continue
+                    if episode is not None and episode.in_flight:
+                        continue
+                    # Until its first call a claim holds for first_call_s only.
+                    lease, name = (
+                        (self.lease_s, "lease_s")
+                        if episode
+                        else (self.first_call_s, "first_call_s")
+                    )
                     quiet = now - max(o.claimed_at, episode.touched if episode else 0.0)
-                    if quiet < self.lease_s:
-                        wake = min(wake, self.lease_s - quiet)
+                    if quiet < lease:
+                        wake = min(wake, lease - quiet)
                         continue
                     del pending[key]
-                    why = f"no call for lease_s={self.lease_s:g}s after its claim"
+                    why = f"no call for {name}={lease:g}s after its claim"
                     self._withdraw(o, why)
                     self.expired += 1
                     dropped.append(_lost_trajectory(task, group_id, o, why))

@@ -37,14 +37,16 @@ class NodeCaps:
     """``max_queued``: groups waiting for a slot (``--max-queued``); ``max_task_bytes``: a
     group's inline task as JSON (``--max-task-kb``; a ``task_ref`` is never large);
     ``max_log_bytes``: the write-ahead log, past which new groups are refused
-    (``--max-log-mb``; 0: no cap)."""
+    (``--max-log-mb``; 0: no cap); ``max_claims_per_client``: external members one client
+    holds claimed at once (``--max-claims``)."""
 
     max_queued: int = 1024
     max_task_bytes: int = 1 << 20
     max_log_bytes: int = 16 << 30
+    max_claims_per_client: int = 256
 
     def __post_init__(self):
-        for name in ("max_queued", "max_task_bytes"):
+        for name in ("max_queued", "max_task_bytes", "max_claims_per_client"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_log_bytes < 0:

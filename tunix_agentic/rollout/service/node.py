@@ -56,7 +56,7 @@ from tunix_agentic.rollout.episode import EpisodeRunner, Group, episode_seed
 from tunix_agentic.rollout.openai_endpoint.episodes import own_task_group
 from tunix_agentic.rollout.service.caps import NodeCaps
 from tunix_agentic.rollout.service.engines import EngineSet
-from tunix_agentic.rollout.service.wal import FinalRecord, GroupLog
+from tunix_agentic.rollout.service.wal import OPERATOR, FinalRecord, GroupLog
 from tunix_agentic.rollout.service.wire import (
     FINAL_STATUSES,
     MAX_NUM_SAMPLES,
@@ -228,6 +228,10 @@ class _GroupState:
     finishing: bool = False  # its outcome is being logged: past cancelling
     finished: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     submitted_at: float = dataclasses.field(default_factory=time.time)
+    owner: str = OPERATOR  # who submitted it: only it and the operator may read it
+
+    def readable_by(self, caller: str) -> bool:
+        return caller == OPERATOR or caller == self.owner
 
 
 def member_json(t: Trajectory) -> dict[str, Any]:
@@ -320,12 +324,24 @@ class _Answers:
         # The answer is an object that always holds "error": splice its fields in.
         return "".join(parts) + "," + text[1:]
 
-    def done_since(self, cursor: int, limit: int) -> dict[str, Any]:
-        """Final groups after ``cursor``, in completion order (at most ``limit``)."""
+    def done_since(self, cursor: int, limit: int, caller: str = OPERATOR) -> dict[str, Any]:
+        """Final groups after ``cursor`` that ``caller`` may read, in completion order (at
+        most ``limit``); the answer's ``cursor`` is past every group looked at."""
         start = _bisect_after(self.finals, cursor)
-        picked = self.finals[start : start + limit]
+        if caller == OPERATOR:
+            picked = self.finals[start : start + limit]
+            last = picked[-1][0] if picked else cursor
+        else:
+            picked, last = [], cursor
+            for c, g, s in self.finals[start:]:
+                st = self.groups.get(g)
+                if st is not None and st.readable_by(caller):
+                    if len(picked) == limit:
+                        break
+                    picked.append((c, g, s))
+                last = c
         groups = [{"group_id": g, "status": s, "cursor": c} for c, g, s in picked]
-        return {"groups": groups, "cursor": picked[-1][0] if picked else cursor}
+        return {"groups": groups, "cursor": last}
 
 
 def _summary(st: _GroupState) -> dict[str, Any]:
@@ -409,11 +425,13 @@ class RolloutNode:
             )
         for rec in replay.finals:
             st = self._replayed(rec.group_id, replay.bodies[rec.group_id])
+            st.owner = replay.owners.get(rec.group_id, OPERATOR)
             self._settle(st, rec)  # answered from the log when asked for
             self.groups[rec.group_id] = st
         self._next_cursor = replay.next_cursor
         for gid in replay.unfinished:
             st = self.groups[gid] = self._replayed(gid, replay.bodies[gid])
+            st.owner = replay.owners.get(gid, OPERATOR)
             await self._finish(st, "lost", error="the node restarted before the group finished")
 
     def _replayed(self, group_id: str, body: dict[str, Any]) -> _GroupState:
@@ -453,15 +471,20 @@ class RolloutNode:
         return self._factories[id(task)](task)
 
     # ----------------------------------------------------------- submitting
-    async def submit(self, req: GroupRequest) -> tuple[int, dict[str, Any]]:
-        """Accept ``req``: ``(http_status, answer)``. Same id and body: the same group (a
-        ``lost`` or ``cancelled`` one runs again: a trainer resumed, or one that moved the
-        group back here, wants it run); another body: 409. ValueError naming the field when the
-        node cannot run it (unknown source or environment, refused keywords...);
-        :class:`~.caps.TooMany` / :class:`~.caps.TooLarge` past one of :attr:`caps`."""
+    async def submit(self, req: GroupRequest, owner: str = OPERATOR) -> tuple[int, dict[str, Any]]:
+        """Accept ``req`` from ``owner`` (:data:`~.wal.OPERATOR` or a client's identity):
+        ``(http_status, answer)``. Same id and body: the same group (a ``lost`` or
+        ``cancelled`` one runs again: a trainer resumed, or moved it back here); another
+        body, or another client's id: 409. ValueError naming the field when the node cannot
+        run it (unknown source or environment, refused keywords...); :class:`~.caps.TooMany`
+        / :class:`~.caps.TooLarge` past one of :attr:`caps`."""
         body = req.to_json()
         known = self.groups.get(req.group_id)
         if known is not None:
+            if not known.readable_by(owner):
+                return 409, _error_body(
+                    f"group_id {req.group_id!r} is taken (use a new id)", "Conflict"
+                )
             if known.body != body:
                 return 409, _error_body(
                     f"group_id {req.group_id!r} was submitted with another body "
@@ -475,14 +498,14 @@ class RolloutNode:
             raise ValueError(
                 f"agent: {req.agent!r} needs the node's OpenAI endpoint (serve-rollout)"
             )
-        st = _GroupState(req, body, next(self._seq))
+        st = _GroupState(req, body, next(self._seq), owner=owner)
         st.task = self.setup.resolve_task(req)
         st.factory = self.setup.env_factory(req)
         st.agent = self.setup.agent_config(req)
         # Known before the log write: a concurrent submission of this id answers the same.
         previous, self.groups[req.group_id] = known, st
         try:
-            await self.log.accepted(req.group_id, body)
+            await self.log.accepted(req.group_id, body, owner)
         except BaseException:
             if previous is None:
                 del self.groups[req.group_id]
@@ -649,9 +672,10 @@ class RolloutNode:
         """:meth:`answer_text` as a dict."""
         return json.loads(await self.answer_text(st, members=members))
 
-    def done_since(self, cursor: int, limit: int) -> dict[str, Any]:
-        """Final groups after ``cursor``, in completion order (at most ``limit``)."""
-        return self.answers.done_since(cursor, limit)
+    def done_since(self, cursor: int, limit: int, caller: str = OPERATOR) -> dict[str, Any]:
+        """Final groups after ``cursor`` that ``caller`` may read, in completion order (at
+        most ``limit``)."""
+        return self.answers.done_since(cursor, limit, caller)
 
     def status(self) -> dict[str, Any]:
         totals = {s: 0 for s in STATUSES}

@@ -20,6 +20,12 @@ whatever the API key: the operator's ``--admin-key``, else a token the node make
 and leaves, for its own user only, where its trainer on this machine reads it (see
 :mod:`~tunix_agentic.rollout.service.admin`). The admin key opens every other route too.
 
+Groups are their submitter's: a group is read (``GET /v1/groups/{id}``, the listing, the
+events) by the client that submitted it (its API key, or its address on a node without
+keys) and by the operator; to anyone else it answers 404 and is left out of listings, and
+its id is taken (409). ``"agent": "external"`` and ``"own_tasks"`` groups, whose members
+any agent may claim or fill, are submitted with the admin key only (403 otherwise).
+
 Outside agents: a group submitted with ``"agent": "external"`` runs no agent loop; its
 members are offered on ``POST /v1/episodes/claim`` (``{"wait_s": N}`` long-polls; 200
 ``{episode_id, group_id, task, task_id, prompt, sampling, max_turns, policy_version,
@@ -30,8 +36,9 @@ ends when every member is closed, its trajectories recorded token for token. The
 ``episode_id`` is unguessable and comes with an ``episode_token``, sent as
 ``X-Episode-Token`` on each of those calls and the reward: nobody else can read, reward or
 close the member. A claimed
-member silent for ``lease_s`` (300 s; :func:`start_node_server`'s ``external_lease_s``)
-is offered again (see :class:`~tunix_agentic.rollout.openai_endpoint.episodes.EpisodeOffers`).
+member silent for ``lease_s`` (300 s; :func:`start_node_server`'s ``external_lease_s``), or
+for a minute before its first call, is offered again; a client holds at most
+``--max-claims`` (256) claimed members at once (429 past it) (see :class:`~tunix_agentic.rollout.openai_endpoint.episodes.EpisodeOffers`).
 
 Agents on their own tasks: a group submitted with ``"agent": "own_tasks"`` runs nothing
 either; it is the next ``num_samples`` ad-hoc episodes (an agent's own ``X-Episode-Id`` and
@@ -63,11 +70,18 @@ from tunix_agentic.rollout.service import admin
 from tunix_agentic.rollout.service.caps import NodeCaps, TooLarge, TooMany
 from tunix_agentic.rollout.service.engines import EngineSet, check_url
 from tunix_agentic.rollout.service.node import NodeSetup, RolloutNode, setup_from_config
+from tunix_agentic.rollout.service.wal import OPERATOR
 from tunix_agentic.rollout.service.wire import (
     FINAL_STATUSES,
     GroupRequest,
 )
-from tunix_agentic.serving.http import api_key_guard, json_error, load_json, serve_app
+from tunix_agentic.serving.http import (
+    api_key_guard,
+    client_identity,
+    json_error,
+    load_json,
+    serve_app,
+)
 from tunix_agentic.serving.timeouts import ServerTimeouts
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # the OpenAI endpoint's bodies (whole conversations) too
@@ -186,13 +200,43 @@ def _bad_request(handler):
     return wrapped
 
 
+def caller(request: web.Request) -> str:
+    """:data:`~.wal.OPERATOR` for a request with the admin key, else the client's identity
+    (:func:`~tunix_agentic.serving.http.client_identity`): who owns the groups it submits
+    and which groups it may read."""
+    given = request.headers.get("Authorization", "").encode()
+    if hmac.compare_digest(given, f"Bearer {request.app[ADMIN].key}".encode()):
+        return OPERATOR
+    return client_identity(request)
+
+
+# Groups whose members any agent may claim or fill with its own rewarded episodes: only the
+# operator submits them (another client's would take the trainer's members).
+OPERATOR_AGENTS = frozenset({"external", "own_tasks"})
+
+
 @_bad_request
 async def handle_submit(request: web.Request) -> web.Response:
     node = request.app[NODE]
     req = GroupRequest.from_json(await _json_body(request), task_types=node.task_types)
+    who = caller(request)
+    if req.agent in OPERATOR_AGENTS and who != OPERATOR:
+        return json_error(
+            403,
+            f'agent: "{req.agent}" groups are the operator\'s: send the admin key as '
+            "Authorization: Bearer KEY (any agent may claim or fill their members)",
+            "Forbidden",
+        )
     # Shielded: a client hanging up must not leave a group half accepted.
-    status, answer = await asyncio.shield(node.submit(req))
+    status, answer = await asyncio.shield(node.submit(req, owner=who))
     return web.json_response(answer, status=status)
+
+
+def _readable(request: web.Request, gid: str):
+    """Group ``gid``'s state when the caller may read it (its submitter or the operator),
+    else None: another client's group answers as a missing one."""
+    st = request.app[NODE].groups.get(gid)
+    return st if st is not None and st.readable_by(caller(request)) else None
 
 
 @_bad_request
@@ -201,7 +245,7 @@ async def handle_get(request: web.Request) -> web.Response:
     gid = request.match_info["group_id"]
     wait_s = _number_param(request, "wait_s", 0.0, MAX_WAIT_S)
     members = _bool_param(request, "members", True)
-    st = node.groups.get(gid)
+    st = _readable(request, gid)
     if st is None:
         return json_error(404, f"no group {gid!r} on this node", "NotFound")
     if st.status not in FINAL_STATUSES and wait_s > 0:
@@ -219,7 +263,7 @@ async def handle_list(request: web.Request) -> web.Response:
     node = request.app[NODE]
     cursor = _int_param(request, "done_since", 0)
     limit = max(1, min(_int_param(request, "limit", 1000), 10_000))
-    return web.json_response(node.done_since(cursor, limit))
+    return web.json_response(node.done_since(cursor, limit, caller(request)))
 
 
 @_bad_request
@@ -237,10 +281,11 @@ async def handle_events(request: web.Request) -> web.StreamResponse:
     resp = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
+    who = caller(request)
     await resp.prepare(request)
     while True:
         changed = node.changed.event()  # before reading: a group ending after is not missed
-        page = node.done_since(cursor, 1000)
+        page = node.done_since(cursor, 1000, who)
         for g in page["groups"]:
             data = json.dumps(g, separators=(",", ":"))
             await resp.write(f"id: {g['cursor']}\nevent: group\ndata: {data}\n\n".encode())
@@ -295,7 +340,7 @@ async def handle_claim(request: web.Request) -> web.Response:
         raise ValueError(f"wait_s must be a number, got {wait_s!r:.80}")
     if not (math.isfinite(wait_s) and wait_s >= 0):
         raise ValueError(f"wait_s must be a finite number >= 0, got {wait_s}")
-    offer = await node.external.claim(min(float(wait_s), MAX_WAIT_S))
+    offer = await node.external.claim(min(float(wait_s), MAX_WAIT_S), client_identity(request))
     if offer is None:
         return web.Response(status=204)
     answer = {
@@ -343,11 +388,12 @@ def build_node_app(
     api_key: str | None = None,
     admin_key: str | None = None,
     external_lease_s: float = 300.0,
+    external_first_call_s: float = 60.0,
 ) -> web.Application:
     """The aiohttp application of ``node`` (its routes in the module docstring).
     ``admin_key``: the operator's (None: a random one, left for the node's own trainer
     by :func:`start_node_server`). ``external_lease_s``: how long a claimed external
-    member may stay silent."""
+    member may stay silent (``external_first_call_s`` before its first call)."""
     app = web.Application(
         client_max_size=MAX_BODY_BYTES, middlewares=[api_key_guard(_keys), _admin_guard]
     )
@@ -366,11 +412,13 @@ def build_node_app(
     app.router.add_get("/v1/status", handle_status)
     app.router.add_post("/v1/engines", handle_engines)
     app.router.add_delete("/v1/engines", handle_engines)
-    _mount_openai(app, node, external_lease_s)
+    _mount_openai(app, node, external_lease_s, external_first_call_s)
     return app
 
 
-def _mount_openai(app: web.Application, node: RolloutNode, lease_s: float) -> None:
+def _mount_openai(
+    app: web.Application, node: RolloutNode, lease_s: float, first_call_s: float
+) -> None:
     """The OpenAI-compatible endpoint in front of the node's engines (``POST
     /v1/chat/completions``, ``/v1/episodes/...``: see :mod:`tunix_agentic.rollout.openai_endpoint.api`), rendering with
     the node's chat template and parsing tool calls with its agent's parser."""
@@ -388,7 +436,12 @@ def _mount_openai(app: web.Application, node: RolloutNode, lease_s: float) -> No
             reward_limit=node.setup.rollout.reward_limit,
         ),
     )
-    node.external = EpisodeOffers(node.openai.store, lease_s=lease_s)
+    node.external = EpisodeOffers(
+        node.openai.store,
+        lease_s=lease_s,
+        first_call_s=first_call_s,
+        max_claims_per_client=node.caps.max_claims_per_client,
+    )
     node.openai.call_defaults = node.external.call_defaults
     # Before the OpenAI routes' /v1/episodes/{episode_id}: a static route wins anyway.
     app.router.add_post("/v1/episodes/claim", handle_claim)
@@ -409,6 +462,7 @@ async def start_node_server(
     admin_key: str | None = None,
     timeouts: ServerTimeouts | None = None,
     external_lease_s: float = 300.0,
+    external_first_call_s: float = 60.0,
 ) -> tuple[web.AppRunner, int]:
     """Replay the node's log, then serve it on the running loop: ``(runner, port)``.
     Without ``admin_key`` the node's generated one is written to
@@ -416,7 +470,11 @@ async def start_node_server(
     runner is cleaned up)."""
     await node.start()
     app = build_node_app(
-        node, api_key=api_key, admin_key=admin_key, external_lease_s=external_lease_s
+        node,
+        api_key=api_key,
+        admin_key=admin_key,
+        external_lease_s=external_lease_s,
+        external_first_call_s=external_first_call_s,
     )
     runner, real_port = await serve_app(
         app,

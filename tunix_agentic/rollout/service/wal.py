@@ -2,7 +2,8 @@
 
 One JSON object per line in ``STATE_DIR/groups.wal``, appended only:
 
-* ``{"kind": "accepted", "group_id", "body"}`` when a group is accepted (flushed);
+* ``{"kind": "accepted", "group_id", "body", "owner"}`` when a group is accepted (flushed;
+  ``owner``: who may read it, see :data:`OPERATOR`; a line without one is the operator's);
 * ``{"kind": "final", "group_id", "status", "cursor", "answer"}`` when it ends, written
   and ``fsync``-ed *before* anyone is told it ended (``answer`` is what ``GET
   /v1/groups/{id}`` returns; ``cursor`` its place in completion order).
@@ -42,6 +43,10 @@ __all__ = [
 ]
 
 LOG_NAME = "groups.wal"
+# The owner of a group the operator (the admin key: the run's trainer) submitted; any other
+# owner is a client's identity (serving.http.client_identity), and only it and the operator
+# may read the group.
+OPERATOR = "operator"
 LOCK_NAME = "node.lock"
 
 
@@ -83,6 +88,7 @@ class Replay:
     finals: list[FinalRecord]
     unfinished: list[str]
     torn_bytes: int = 0  # cut off the end of the log (a write the kill interrupted)
+    owners: dict[str, str] = dataclasses.field(default_factory=dict)  # group id -> submitter
 
     @property
     def next_cursor(self) -> int:
@@ -142,6 +148,7 @@ class GroupLog:
         kind, gid = record["kind"], str(record["group_id"])
         if kind == "accepted":
             replay.bodies[gid] = dict(record["body"])
+            replay.owners[gid] = str(record.get("owner", OPERATOR))
             if gid in replay.unfinished:
                 replay.unfinished.remove(gid)
             replay.unfinished.append(gid)
@@ -162,11 +169,11 @@ class GroupLog:
         else:
             raise ValueError(f"unknown kind {kind!r}")
 
-    async def accepted(self, group_id: str, body: dict[str, Any]) -> None:
-        """Record that ``group_id`` was accepted with ``body`` (flushed, not fsync-ed: a
-        killed process loses nothing written; a lost acceptance only turns ``lost`` into
-        unknown, and the client resubmits either way)."""
-        record = {"kind": "accepted", "group_id": group_id, "body": body}
+    async def accepted(self, group_id: str, body: dict[str, Any], owner: str = OPERATOR) -> None:
+        """Record that ``group_id`` was accepted with ``body`` from ``owner`` (flushed, not
+        fsync-ed: a killed process loses nothing written; a lost acceptance only turns
+        ``lost`` into unknown, and the client resubmits either way)."""
+        record = {"kind": "accepted", "group_id": group_id, "body": body, "owner": owner}
         await self._append((_dumps(record) + "\n").encode(), sync=False)
 
     async def finished(self, record: FinalRecord, answer_text: str | None = None) -> int:
