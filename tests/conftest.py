@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# Ray clusters the tests start on this machine stay on loopback: without it Ray gives every
+# node, driver and actor the machine's outward address (docs/ray.md, "One machine"). Set
+# before any test imports Ray; processes the tests start inherit it.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 from tunix_agentic.inference.engine import JaxEngine
 

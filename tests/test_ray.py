@@ -128,14 +128,21 @@ def test_ray_missing_prints_the_install_line():
 
 
 # ---------------------------------------------------------------- on a cluster
+LOOPBACK = "127.0.0.1"
+
+
 @pytest.fixture(scope="module")
 def cluster():
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
+    # One machine: every node, the driver and the actors' servers on loopback (the session's
+    # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, set in conftest.py before Ray is imported;
+    # without it Ray gives each the machine's outward address: see docs/ray.md).
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"engine": 1}})
     workers = [c.add_node(num_cpus=1, resources={"rollout": 1}) for _ in range(2)]
     c.wait_for_nodes()
+    assert c.address.startswith(f"{LOOPBACK}:"), c.address
     ray.init(address=c.address, namespace=NAMESPACE)
     try:
         yield c, {w.node_id for w in workers}
@@ -182,6 +189,7 @@ async def test_nodes_spread_restart_after_sigkill_and_leave_nothing(cluster, tmp
     try:
         placed = await asyncio.to_thread(fleet.start)
         assert {p.node_id for p in placed} == workers  # one per worker, none on the head
+        assert all(p.ip == LOOPBACK and p.url.startswith(f"http://{LOOPBACK}:") for p in placed)
         assert not any(p.jax_loaded for p in placed)
         assert sorted(_alive(fleet.name)) == [s.name for s in fleet.specs]
         runner = ServiceEpisodeRunner(
@@ -347,11 +355,31 @@ def _rl_steps(metrics: Path) -> dict[int, int]:
     return seen
 
 
+# CI runs the short form (no warm start, ten RL steps, the kill after step 2, no learning
+# asked of it: the default run's own test asks that); issue 37's acceptance, the whole default run killed
+# after step 10 (~180 s), runs by hand with `python -m pytest -m heavy tests/test_ray.py`.
 @pytest.mark.slow
-def test_default_run_on_two_ray_nodes_survives_a_sigkill(cluster, tmp_path):
+@pytest.mark.parametrize(
+    "kill_after, overrides",
+    [
+        pytest.param(
+            2,
+            [
+                "sft.steps=0",
+                "rollout.filter_uniform_groups=false",
+                "rl.steps=10",
+                "rl.eval_tasks=0",
+            ],
+        ),
+        pytest.param(10, [], marks=pytest.mark.heavy),
+    ],
+    ids=["short", "acceptance"],
+)
+def test_default_run_on_two_ray_nodes_survives_a_sigkill(cluster, tmp_path, kill_after, overrides):
     """Issue 37's acceptance: the default recipe with two rollout nodes placed by Ray on
-    the two workers; one node's process SIGKILLed after RL step 10; held-out success
-    >= 0.9, every RL step logged once, and no actor of the run left."""
+    the two workers; one node's process SIGKILLed after RL step ``kill_after``; every RL
+    step logged once, no actor of the run left, and (the whole run) held-out success
+    >= 0.9."""
     import ray
 
     c, workers = cluster
@@ -365,6 +393,7 @@ def test_default_run_on_two_ray_nodes_survives_a_sigkill(cluster, tmp_path):
         "rollout.ray.nodes=2",
         "rollout.ray.node_resources={rollout: 1}",
         f"rollout.ray.state_root={tmp_path / 'state'}",
+        *overrides,
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("TUNIX_AGENTIC_")}
     t0 = time.monotonic()
@@ -373,9 +402,9 @@ def test_default_run_on_two_ray_nodes_survives_a_sigkill(cluster, tmp_path):
         trainer = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
             while trainer.poll() is None and killed is None:
-                assert time.monotonic() - t0 < 2400, "no RL step 10 within 40 minutes"
+                assert time.monotonic() - t0 < 2400, f"no RL step {kill_after} within 40 minutes"
                 steps = _rl_steps(metrics)
-                if steps and max(steps) >= 10:
+                if steps and max(steps) >= kill_after:
                     name = next(n for n in _alive("run-") if n.endswith("/rollout/1"))
                     actor = ray.get_actor(name, namespace=NAMESPACE)
                     killed = ray.get(actor.placement.remote(), timeout=60)
@@ -390,17 +419,18 @@ def test_default_run_on_two_ray_nodes_survives_a_sigkill(cluster, tmp_path):
     text = log.read_text()
     print(f"acceptance run: {wall_s:.0f} s wall, exit {rc}")  # the figure for the notes
     assert rc == 0, text[-4000:]
-    assert killed is not None, "the run ended before RL step 10 was logged"
+    assert killed is not None, f"the run ended before RL step {kill_after} was logged"
     placed = re.findall(r"rollout: (\S+/rollout/\d) on Ray node (\w+)", text)
     first: dict[str, str] = {}
     for name, node in placed:
         first.setdefault(name, node)  # where each was placed at the start
     assert len(first) == 2 and {n[:12] for n in workers} == set(first.values()), placed
     assert "restarted by Ray" in text, text[-4000:]
-    summary = re.search(r"held-out success: ([\d.]+) -> ([\d.]+)", text)
-    assert summary and float(summary.group(2)) >= 0.9, text[-2000:]
+    if not overrides:  # the whole default run learns as it does without Ray
+        summary = re.search(r"held-out success: ([\d.]+) -> ([\d.]+)", text)
+        assert summary and float(summary.group(2)) >= 0.9, text[-2000:]
     seen = _rl_steps(metrics)
-    steps = load_config(CONFIG).rl.steps
+    steps = load_config(CONFIG, overrides).rl.steps
     assert seen == {s: 1 for s in range(1, steps + 1)}
     from tunix_agentic.cluster.fleet import wait_gone
 

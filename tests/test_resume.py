@@ -146,6 +146,8 @@ def test_a_signal_checkpoints_the_last_finished_step_and_exits_cleanly(tmp_path,
     assert step >= 2 and Checkpointer(run / "checkpoints").latest_step() == step
     logged = [s for s, _ in read_scalars(run / "tensorboard")["learner/loss"]]
     assert logged == list(range(1, step + 1))  # everything up to the checkpoint is on disk
+    if sig == signal.SIGINT:
+        return  # the resume from a signal's checkpoint is the same for both: once is enough
 
     resumed = _cli(["--resume", str(run), f"rl.steps={step + 1}"])
     out, err = resumed.communicate(timeout=300)
