@@ -147,9 +147,11 @@ class GRPOLearner:
 
     def train_step(self, batch: GRPOBatch, *, pad_id: int = 0) -> dict[str, float]:
         """One update (:func:`~tunix_agentic.learners.grpo_step.train_step`, jitted and
-        donating); float metrics, the collapse diagnostic's included."""
+        donating); float metrics, the collapse diagnostic's included on every
+        ``mi_every``-th step (the first included)."""
         s = self.state
-        extra = self.collapse_metrics(batch, pad_id) if self.config.mi_pairs else {}
+        due = self.config.mi_pairs and s.step % self.config.mi_every == 0
+        extra = self.collapse_metrics(batch, pad_id) if due else {}
         if self.mesh is not None:
             batch = put_batch(batch, self.mesh)
         s.params, s.opt_state, metrics = self._step(

@@ -65,9 +65,11 @@ class GRPOConfig:
     # equals the whole batch's. The batch's row count must be a multiple of it.
     micro_batch_rows: int = 0
     remat: bool = False  # recompute each layer's activations in the backward pass
-    # Collapse diagnostic (RAGEN-2): score k responses against k distinct prompts each step
-    # (k*k forward rows); 0 turns it off.
+    # Collapse diagnostic (RAGEN-2): score k responses against k distinct prompts (k*k
+    # forward rows, about a fifth of a small step) every mi_every-th train step, the first
+    # included; mi_pairs 0 turns it off.
     mi_pairs: int = 4
+    mi_every: int = 10
     # Devices of the learner (tunix_agentic.sharding): fsdp x tp, and which devices
     # ("start:stop"); the default is one device. Colocated with the engine when both name
     # the same devices, disaggregated when they name different ones.
@@ -109,6 +111,8 @@ class GRPOConfig:
                 raise ValueError(f"learner.{name} must be >= 0, got {getattr(self, name)}")
         if self.mi_pairs == 1:
             raise ValueError("learner.mi_pairs must be 0 (off) or >= 2, got 1")
+        if self.mi_every < 1:
+            raise ValueError(f"learner.mi_every must be >= 1, got {self.mi_every}")
 
     @property
     def policy_loss(self) -> PolicyLossConfig:

@@ -42,7 +42,9 @@ def batch(rows: int = 16, length: int = 32, seed: int = 0) -> GRPOBatch:
 
 
 def learner_config(**kw) -> GRPOConfig:
-    return GRPOConfig(optimizer=OptimizerConfig(learning_rate=1e-3), kl_coef=0.05, mi_pairs=4, **kw)
+    return GRPOConfig(
+        optimizer=OptimizerConfig(learning_rate=1e-3), kl_coef=0.05, mi_pairs=4, mi_every=1, **kw
+    )
 
 
 def train(mesh, **kw) -> dict:

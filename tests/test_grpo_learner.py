@@ -134,6 +134,9 @@ def test_every_step_logs_the_sampler_mismatch_and_the_collapse_diagnostic():
     same = batch.replace(input_ids=batch.input_ids.copy())
     same.input_ids[:, :8] = same.input_ids[0, :8]
     assert "collapse/retrieval_accuracy" not in learner.collapse_metrics(same)
+    # By default it runs on every 10th step only (a fifth of a small step otherwise).
+    logged = [any(k.startswith("collapse/") for k in learner.train_step(batch)) for _ in range(10)]
+    assert logged == [False] * 9 + [True]  # steps 1-9 without it, step 10 with it
 
 
 @pytest.mark.parametrize("estimator", ["k1", "k3"], ids=str)
@@ -174,6 +177,7 @@ def test_gspo_with_ppo_sized_clips_warns():
         ("dual_clip", 0.5),
         ("micro_batch_rows", -1),
         ("mi_pairs", 1),
+        ("mi_every", 0),
         ("length_bucket", 33),
     ],
     ids=lambda v: str(v),
