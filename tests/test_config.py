@@ -252,3 +252,14 @@ def test_cli_finds_the_default_config_outside_the_repository(tmp_path, monkeypat
     found = _default_config()
     assert found is not None and Path(found).name == "calculator_tiny.yaml"
     assert load_config(found) == load_config(SHIPPED)
+
+
+def test_a_run_of_another_environment_is_named_after_it():
+    """``env.name=countdown`` on the default recipe trains into ``runs/countdown``, not the
+    recipe's ``runs/calculator_tiny``; a run_dir given, or a resume's, still wins."""
+    recipe = Path(__file__).resolve().parents[1] / "configs" / "calculator_tiny.yaml"
+    assert load_config(recipe).run_dir == "runs/calculator_tiny"
+    assert load_config(recipe, ["env.name=countdown"]).run_dir == "runs/countdown"
+    given = ["env.name=countdown", "run_dir=runs/mine"]
+    assert load_config(recipe, given).run_dir == "runs/mine"
+    assert load_config(recipe, ["rl.steps=3"]).run_dir == "runs/calculator_tiny"

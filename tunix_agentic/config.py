@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import types
 import typing
 from collections.abc import Sequence
@@ -365,11 +366,22 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             data = loaded or {}
         cfg = from_dict(RunConfig, apply_overrides(data, overrides))
         import_envs(cfg)
-        return resolve_model(cfg)
+        return resolve_model(_run_dir_of_env(cfg, overrides))
     except ConfigError:
         raise
     except (ValueError, yaml.YAMLError) as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _run_dir_of_env(cfg: RunConfig, overrides: Sequence[str]) -> RunConfig:
+    """``cfg`` with its run directory named after the environment when an override changed
+    the environment but not the run directory (``env.name=convert`` trains into
+    ``runs/convert``, not the recipe's ``runs/calculator_tiny``)."""
+    keys = {o.split("=", 1)[0].strip() for o in overrides if "=" in o}
+    if "env.name" not in keys or "run_dir" in keys:
+        return cfg
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", cfg.env.name).strip(".") or "run"
+    return dataclasses.replace(cfg, run_dir=str(Path(cfg.run_dir).parent / name))
 
 
 def resolve_model(cfg: RunConfig) -> RunConfig:
