@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import subprocess
 import sys
@@ -367,6 +368,10 @@ def test_the_readme_example_environment_trains_from_the_cli(tmp_path):
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert re.search(r"held-out success: \d\.\d\d -> \d\.\d\d \(1 steps", done.stdout)
+    # No TPU here (libtpu installed in CI): the CLI keeps JAX on the CPU without the TPU
+    # runtime's five error lines (JAX_PLATFORMS is not set for this process).
+    assert "JAX_PLATFORMS" not in os.environ
+    assert "E0000" not in done.stderr and "host bounds" not in done.stderr, done.stderr[:2000]
 
 
 def test_the_readme_example_replays_its_demonstrations():

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from tunix_agentic.aot.cli import add_aot
 from tunix_agentic.cli.eval_cmd import add_eval
+from tunix_agentic.cli.platforms import keep_jax_off_absent_tpu
 from tunix_agentic.cli.show import add_show
 from tunix_agentic.compare.cli import add_compare
 from tunix_agentic.report import add_report
@@ -128,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Without a TPU, JAX stays on the CPU without the TPU runtime's five error lines.
+    keep_jax_off_absent_tpu(args.command)
     return args.handler(args)
 
 
