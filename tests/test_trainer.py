@@ -71,6 +71,11 @@ def test_tiny_run_writes_events_checkpoints_and_resumes(tmp_path):
         "step_000002.jsonl",
     ]
     assert main(["show", str(run_dir), "--step", "2"]) == 0
+    # The held-out evaluations before and after RL keep the same tasks' episodes.
+    from tunix_agentic.rollout.transcripts import read_records
+
+    before, after = ([r["task_id"] for r in read_records(run_dir, "heldout", s)] for s in (0, 2))
+    assert before and before == after
     texts = read_texts(run_dir / "tensorboard")
     assert {"transcripts/train", "transcripts/heldout"} <= set(texts)
     assert "=== train step 1 | episode" in texts["transcripts/train"][0][1]

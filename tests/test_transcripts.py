@@ -100,6 +100,8 @@ def test_show_prints_a_steps_episodes_and_names_the_steps_it_has(tmp_path, capsy
     assert main(["show", str(tmp_path), "--task", "t1"]) == 0  # the last step by default
     out = capsys.readouterr().out
     assert "1 episodes kept of RL step 5" in out and "task t1" in out and "task t0" not in out
+    assert main(["show", str(tmp_path), "--task", "t7"]) == 2  # the kept ones listed
+    assert "no kept episode of that task at step 5; kept there: t0, t1" in capsys.readouterr().err
     assert main(["show", str(tmp_path), "--step", "9"]) == 2
     assert "RL steps with transcripts: 4-5" in capsys.readouterr().err
     assert main(["show", str(tmp_path), "--heldout"]) == 2

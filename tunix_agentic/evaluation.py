@@ -72,7 +72,8 @@ async def evaluate(
     All tasks run at once by default; ``one_at_a_time`` runs them in turn (an evaluation
     that takes the least of the engine beside training: ``rl.eval_priority: low``). The
     seeds are the same either way. ``transcripts`` episodes are kept as records in the
-    result (:func:`~tunix_agentic.rollout.transcripts.choose` picks them). Cancelling the call cancels every episode under way
+    result: those of the first tasks (:func:`~tunix_agentic.rollout.transcripts.first_tasks`),
+    the same at every evaluation. Cancelling the call cancels every episode under way
     (their environments are closed and their engine requests aborted).
     """
     heldout = sources.heldout(n, seed=seed)
@@ -89,8 +90,13 @@ async def evaluate(
         result.by_task[name] = mine.success
         result.reward_by_task[name] = mine.reward
         result.per_task[name] = mine
+    # Kept in task order: the same held-out tasks at every evaluation, before and after RL.
+    order = {str(getattr(t, "task_id", i)): i for i, t in enumerate(tasks)}
+    in_order = sorted(
+        groups, key=lambda g: order.get(str(getattr(g.task, "task_id", "")), len(order))
+    )
     result.transcripts = group_records(
-        groups, orchestrator.template, agent_config.parser, transcripts
+        in_order, orchestrator.template, agent_config.parser, transcripts, same_tasks=True
     )
     return result
 

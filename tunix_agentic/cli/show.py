@@ -70,9 +70,14 @@ def select(
         )
     records = read_records(run, kind, step)
     if task is not None:
+        kept = list(dict.fromkeys(str(r.get("task_id")) for r in records))
         records = [r for r in records if str(r.get("task_id")) == task]
         if not records:
-            raise ShowError(f"--task {task}: no kept episode of that task at step {step}")
+            shown = ", ".join(kept[:24]) + (f", ... ({len(kept)} in all)" if len(kept) > 24 else "")
+            raise ShowError(
+                f"--task {task}: no kept episode of that task at step {step}; kept there: "
+                f"{shown or 'none'}"
+            )
     return step, records
 
 

@@ -6,9 +6,12 @@ A run keeps a bounded sample of its episodes as JSON lines under ``RUN/transcrip
 * ``heldout_000040.jsonl``: the held-out evaluation logged at step 40, the policy version
   it measured (:data:`HELDOUT_PER_EVAL`; ``heldout_000000`` is the one before RL).
 
-Which episodes (:func:`choose`): the best, the worst, the first cut off at the token limit
-(status ``max_tokens``), the first attempt lost to infrastructure, then others spread over
-the rewards; each record says why it was chosen (``why``). A record
+Which training episodes (:func:`choose`): the best, the worst, the first cut off at the
+token limit (status ``max_tokens``), the first attempt lost to infrastructure, then others
+spread over the rewards; each record says why it was chosen (``why``). Held-out
+evaluations keep the first tasks of the held-out split (:func:`first_tasks`), the same at
+every evaluation, so a task's episode before RL sits beside its episode after (``why``:
+``success``, ``failure`` or ``infra``). A record
 (:func:`episode_record`) holds the prompt, and per turn the text the model wrote, the tool
 calls parsed from it (name, arguments, and whether the call failed), the observation the
 environment answered (as the model saw it), the step's reward and the policy versions that
@@ -138,18 +141,37 @@ def _span(versions: Iterable[int]) -> list[int]:
     return [min(vs), max(vs)] if vs else []
 
 
+def first_tasks(groups: list[Group], k: int) -> list[tuple[Trajectory, str]]:
+    """One episode of each of the first ``k`` groups (a scoreable member, else an attempt
+    lost to infrastructure), ``why`` its outcome (``success`` / ``failure`` / ``infra``):
+    an evaluation's groups come in its task order, the same at every evaluation, so these
+    are the same tasks each time, before and after RL."""
+    picks = []
+    for g in groups:
+        if len(picks) == k:
+            break
+        if g.trajectories:
+            traj = g.trajectories[0]
+            picks.append((traj, "success" if traj.reward > 0 else "failure"))
+        elif g.dropped:
+            picks.append((g.dropped[0], "infra"))
+    return picks
+
+
 def group_records(
-    groups: list[Group], template: ChatFormat, parser: str, k: int
+    groups: list[Group], template: ChatFormat, parser: str, k: int, *, same_tasks: bool = False
 ) -> list[dict[str, Any]]:
     """:func:`choose` ``k`` episodes of ``groups`` (their scoreable members and the attempts
-    lost to infrastructure) and render each with :func:`episode_record`; the prompt is the
+    lost to infrastructure), or with ``same_tasks`` those of the first ``k`` groups
+    (:func:`first_tasks`), and render each with :func:`episode_record`; the prompt is the
     task's ``prompt`` text when it has one, else the decoded prompt tokens."""
     trajs = [t for g in groups for t in g.trajectories]
     dropped = [t for g in groups for t in g.dropped]
     tasks = {id(t): g.task for g in groups for t in [*g.trajectories, *g.dropped]}
     parse = get_parser(parser)
     out = []
-    for traj, why in choose(trajs, dropped, k):
+    picks = first_tasks(groups, k) if same_tasks else choose(trajs, dropped, k)
+    for traj, why in picks:
         prompt = getattr(tasks.get(id(traj)), "prompt", None)
         out.append(
             episode_record(
