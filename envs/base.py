@@ -98,10 +98,7 @@ async def run_tool_calls(
     for call in action.tool_calls:
         res = await call_tool(tools, call, timeout=timeout)
         outputs.append(res.output)
-        record = {"name": call.name, "seconds": res.seconds, "error": res.error}
-        if res.kind is not None:
-            record["kind"] = res.kind
-        records.append(record)
+        records.append(res.record(call.name))
     outputs.extend(f"error: {message}" for message in action.parse_errors)
     return StepResult(
         "".join(f"<tool_response>{out}</tool_response>" for out in outputs),
@@ -125,8 +122,9 @@ class Environment(abc.ABC):
     records them for the metrics; one written on this class directly answers a turn of
     calls with :func:`run_tool_calls` (or its own code, e.g. ``call_tool`` per call). The
     agent loop counts the calls from the agent's parsed action either way (``tool_use``,
-    ``count/tool/<name>/calls``); ``time/tool/<name>`` and the error counts need the
-    environment's report in ``info["tool_calls"]``, which :func:`run_tool_calls` fills.
+    ``count/tool/<name>/calls``); ``time/tool/<name>`` and the error counts come from the
+    environment's report in ``info["tool_calls"]``, which :func:`run_tool_calls` fills,
+    else from the ``call_tool`` calls the step made.
 
     Subclasses call ``super().__init__()``. The default :meth:`evaluate` sums
     ``self.step_rewards``; a subclass that keeps it appends each step's reward there and

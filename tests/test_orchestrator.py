@@ -589,11 +589,20 @@ async def test_a_turn_runs_at_most_max_tool_calls_per_turn(random_model):
     await orch.engine.close()
 
 
+class DivideTool(Tool):
+    name = "divide"
+    description = "Divides 1 by d."
+    parameters = {"type": "object", "properties": {"d": {"type": "number"}}, "required": ["d"]}
+
+    async def run(self, d):
+        return str(1 / d)  # ZeroDivisionError for 0: the tool failing, not the agent
+
+
 class OwnCallsEnv(Environment):
     """A user environment on the lower-level API: it runs the agent's calls with
     ``call_tool`` and answers in its own words, reporting nothing in ``info``."""
 
-    tools = {"sleep": SleepTool()}
+    tools = {"sleep": SleepTool(), "divide": DivideTool()}
 
     async def reset(self, task):
         return "sleep"
@@ -610,7 +619,9 @@ async def test_tool_use_is_counted_from_the_agents_calls_when_the_env_reports_no
     recorder = MetricsRecorder(None)
     agent = dataclasses.replace(AGENT, max_turns=2)
     config = RolloutConfig(group_size=2, filter_uniform_groups=False, infra_retries=0)
-    engine = ScriptedEngine(random_model, _sleeps(2, 0) + _sleeps(1, 0).replace("sleep", "nap"))
+    divide = '<tool_call>{"name": "divide", "arguments": {"d": 0}}</tool_call>'
+    script = _sleeps(2, 0) + divide + _sleeps(1, 0).replace("sleep", "nap")
+    engine = ScriptedEngine(random_model, script)
     orch = RolloutOrchestrator(engine, OwnCallsEnv, TEMPLATE, agent, config, metrics=recorder)
     group = await orch.run_group(TASKS[0])
     await orch.engine.close()
@@ -619,7 +630,12 @@ async def test_tool_use_is_counted_from_the_agents_calls_when_the_env_reports_no
     out = recorder.write_step(1)
     assert out["count/tool/sleep/calls"] == SleepTool.runs  # the per-tool count
     assert out["count/tool_calls/unknown_tool"] == 2 * 2  # "nap": not one of its tools
-    assert "time/tool/sleep_count" not in out  # the seconds are the environment's to report
+    # What the env's call_tool calls found, though it reported nothing: the seconds, and
+    # the tool that raised, counted by tool and exception.
+    assert out["time/tool/sleep_count"] == SleepTool.runs
+    assert out["count/tool/divide/error"] == out["count/tool/divide/raised"] == 2 * 2
+    assert out["count/tool/divide/exception/ZeroDivisionError"] == 2 * 2
+    assert "count/tool/sleep/error" not in out
 
 
 async def test_tool_calls_past_the_episode_deadline_are_the_agents_failure(random_model):
@@ -756,12 +772,12 @@ async def test_a_runner_given_to_the_orchestrator_shares_its_bookkeeping():
     drawn = [orch.stream.next() for _ in range(2)]  # two groups drawn, none trained on
     state = json.loads(json.dumps(orch.checkpoint_state()))
     assert [index for index, _ in state["pending"]] == [index for index, _ in drawn]
-    assert state["service"] == {"run_id": "run-a", "finished": []}
+    assert state["service"] == {"run_id": "run-a", "id_key": runner.id_key, "finished": []}
 
     again = ServiceEpisodeRunner(nowhere, agent_config=AGENT, config=config)
     restored = orchestrator(again)
     restored.restore_state(state)
-    assert again.run_id == "run-a"
+    assert again.run_id == "run-a" and again.id_key == runner.id_key  # the same group ids
     assert [restored.stream.next()[1].task_id for _ in drawn] == [t.task_id for _, t in drawn]
     await runner.close()
     await again.close()

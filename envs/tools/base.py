@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextvars
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -202,8 +203,8 @@ class ToolResult:
 
     ``output`` is the text the agent sees; for an error it starts with ``"error: "``.
     ``seconds`` is the wall-clock time spent, validation included. ``kind`` says why a
-    call failed (None when it did not); ``traceback`` is the tool's own traceback when
-    it raised.
+    call failed (None when it did not); ``traceback`` is the tool's own traceback and
+    ``exception`` its exception's class name when it raised.
     """
 
     output: str
@@ -211,6 +212,24 @@ class ToolResult:
     seconds: float
     kind: ErrorKind | None = None
     traceback: str | None = None
+    exception: str | None = None
+
+    def record(self, name: str) -> dict[str, Any]:
+        """What the agent loop counts of the call (``info["tool_calls"]``' entries)."""
+        out: dict[str, Any] = {"name": name, "seconds": self.seconds, "error": self.error}
+        if self.kind is not None:
+            out["kind"] = self.kind
+        if self.exception is not None:
+            out["exception"] = self.exception
+        return out
+
+
+# The calls :func:`call_tool` ran during one environment step, in order: the agent loop
+# opens a list per step, so an environment that calls ``call_tool`` itself (and reports no
+# ``info["tool_calls"]``) gets its calls' errors counted as :func:`run_tool_calls`' are.
+STEP_CALLS: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.ContextVar(
+    "tool_step_calls", default=None
+)
 
 
 async def call_tool(
@@ -232,10 +251,19 @@ async def call_tool(
     """
     start = time.perf_counter()
 
-    def result(output: str, kind: ErrorKind | None = None, trace: str | None = None) -> ToolResult:
-        done = ToolResult(output, kind is not None, time.perf_counter() - start, kind, trace)
+    def result(
+        output: str,
+        kind: ErrorKind | None = None,
+        trace: str | None = None,
+        exc: BaseException | None = None,
+    ) -> ToolResult:
+        name = type(exc).__name__ if exc is not None else None
+        done = ToolResult(output, kind is not None, time.perf_counter() - start, kind, trace, name)
         if monitor is not None and kind != "unknown_tool":
             monitor.record(call.name, kind, trace or output)
+        step_calls = STEP_CALLS.get()
+        if step_calls is not None:
+            step_calls.append(done.record(call.name))
         return done
 
     tool = tools.get(call.name)
@@ -260,9 +288,9 @@ async def call_tool(
             return result(
                 f"{ERROR_PREFIX}tool '{call.name}' timed out after {timeout:g}s", "timeout"
             )
-        return result(f"{ERROR_PREFIX}{type(exc).__name__}: {exc}", "raised", format_exc())
+        return result(f"{ERROR_PREFIX}{type(exc).__name__}: {exc}", "raised", format_exc(), exc)
     except Exception as exc:  # noqa: BLE001 - any tool failure becomes an observation.
         if isinstance(exc, tool.expected_errors):  # the agent's input, refused: not a fault
             return result(f"{ERROR_PREFIX}{type(exc).__name__}: {exc}", "rejected")
-        return result(f"{ERROR_PREFIX}{type(exc).__name__}: {exc}", "raised", format_exc())
+        return result(f"{ERROR_PREFIX}{type(exc).__name__}: {exc}", "raised", format_exc(), exc)
     return result(output if isinstance(output, str) else str(output))

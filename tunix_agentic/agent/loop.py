@@ -28,6 +28,7 @@ from tunix_agentic.agent.context import context_rule_for, get_context_rule
 from tunix_agentic.agent.tool_parser import get_parser
 from tunix_agentic.envs.base import Action, Environment
 from tunix_agentic.envs.tools import ToolUnavailable
+from tunix_agentic.envs.tools.base import STEP_CALLS
 from tunix_agentic.inference.base import InferenceEngine, PromptTooLongError
 from tunix_agentic.inference.params import SamplingParams
 from tunix_agentic.metrics.sink import NULL_METRICS, MetricsSink
@@ -194,6 +195,8 @@ async def run_agent(
         if capped is not action:
             metrics.count("tool_calls/not_run", len(action.tool_calls) - len(capped.tool_calls))
         t0 = time.perf_counter()
+        ran: list[dict] = []  # the call_tool calls of this step (STEP_CALLS)
+        scope = STEP_CALLS.set(ran)
         try:
             result = await env.step(capped)
         except asyncio.CancelledError:
@@ -205,11 +208,15 @@ async def run_agent(
             traj.status, traj.error = "env_error", f"{type(exc).__name__}: {exc}"
             return traj
         finally:  # the agent's time, counted even for a step the deadline cut off
+            STEP_CALLS.reset(scope)
             env_s = time.perf_counter() - t0
             traj.timings["actions_s"] = traj.timings.get("actions_s", 0.0) + env_s
         step.timings["env_s"] = env_s
         step.reward, step.done = float(result.reward), bool(result.done)
-        step.tool_calls = tool_call_records(capped, result.info, getattr(env, "tools", None) or {})
+        info = result.info
+        if ran and not info.get("tool_calls"):  # the environment ran call_tool itself
+            info = {**info, "tool_calls": ran}
+        step.tool_calls = tool_call_records(capped, info, getattr(env, "tools", None) or {})
         try:
             add_env_metrics(traj, result.info)
         except ValueError as exc:  # the environment's own mistake, named
@@ -289,8 +296,9 @@ def add_env_metrics(traj: Trajectory, info: Mapping[str, Any]) -> None:
 
 def _record_tool_call(metrics: MetricsSink, call: dict) -> None:
     """``count/tool/<name>/calls`` of one call, ``time/tool/<name>`` when the environment
-    reported its seconds and, for a failed one, ``count/tool/<name>/error`` and
-    ``count/tool/<name>/<kind>`` (a call to an unknown tool, a name the model made up, is
+    reported its seconds and, for a failed one, ``count/tool/<name>/error``,
+    ``count/tool/<name>/<kind>`` and, for one that raised,
+    ``count/tool/<name>/exception/<ExceptionClass>`` (a call to an unknown tool, a name the model made up, is
     only ``count/tool_calls/unknown_tool``)."""
     name, kind = call.get("name", "?"), call.get("kind")
     if kind == "unknown_tool":
@@ -303,3 +311,6 @@ def _record_tool_call(metrics: MetricsSink, call: dict) -> None:
         metrics.count(f"tool/{name}/error")
         if kind:
             metrics.count(f"tool/{name}/{kind}")
+        exception = call.get("exception")
+        if isinstance(exception, str) and exception.isidentifier():  # which one it raised
+            metrics.count(f"tool/{name}/exception/{exception}")
