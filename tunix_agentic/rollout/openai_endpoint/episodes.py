@@ -592,7 +592,7 @@ class EpisodeOffers:
         if max_claims_per_client < 1:
             raise ValueError(f"max_claims_per_client must be >= 1, got {max_claims_per_client}")
         self.store, self.lease_s = store, lease_s
-        self.first_call_s = min(first_call_s, lease_s)
+        self.first_call_s = first_call_s  # never longer than lease_s (see first_lease_s)
         self.max_claims_per_client = max_claims_per_client
         self.offers: dict[str, Offer] = {}  # offered or claimed, by episode key
         self._queue: collections.deque[Offer] = collections.deque()
@@ -607,6 +607,11 @@ class EpisodeOffers:
             "claimed": claimed,
             "expired": self.expired,
         }
+
+    @property
+    def first_lease_s(self) -> float:
+        """How long a claim holds before its first call: ``first_call_s``, at most ``lease_s``."""
+        return min(self.first_call_s, self.lease_s)
 
     def claimed_by(self, client: str) -> int:
         """Members ``client`` holds claimed now."""
@@ -702,7 +707,7 @@ class EpisodeOffers:
                         done.append(_member_trajectory(episode, task, group_id, o))
                         continue
                     if o.claimed_at is None:  # a claim may come any moment: look again soon
-                        wake = min(wake, self.first_call_s)
+                        wake = min(wake, self.first_lease_s)
                         continue
                     if episode is not None and episode.in_flight:
                         continue
@@ -710,7 +715,7 @@ class EpisodeOffers:
                     lease, name = (
                         (self.lease_s, "lease_s")
                         if episode
-                        else (self.first_call_s, "first_call_s")
+                        else (self.first_lease_s, "first_call_s")
                     )
                     quiet = now - max(o.claimed_at, episode.touched if episode else 0.0)
                     if quiet < lease:
