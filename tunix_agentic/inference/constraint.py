@@ -225,13 +225,20 @@ class GrammarBook:
             return self._compiler.compile_grammar(c.value)
         return self._compiler.compile_structural_tag(c.value)
 
+    def _cached(self, constraint: Constraint) -> Any:
+        """``constraint``'s compiled grammar if cached (now the newest), else None; the
+        caller holds the lock."""
+        compiled = self._compiled.get(constraint)
+        if compiled is not None:
+            self._compiled.move_to_end(constraint)
+        return compiled
+
     def _compiled_now(self, constraint: Constraint) -> Any:
         """``constraint`` compiled (cached; blocking: the compile may take seconds).
         ValueError when it does not compile."""
         with self._lock:
-            compiled = self._compiled.get(constraint)
+            compiled = self._cached(constraint)
             if compiled is not None:
-                self._compiled.move_to_end(constraint)
                 return compiled
             if self._compiler is None:
                 self._compiler = _xgrammar().GrammarCompiler(self._info(), max_threads=1)
@@ -258,7 +265,7 @@ class GrammarBook:
         waits for the first compile), so the loop keeps serving. ValueError when it does not
         compile, or not within ``deadline_s`` (the compile goes on, and is cached)."""
         with self._lock:
-            compiled = self._compiled.get(constraint)
+            compiled = self._cached(constraint)
             if compiled is None:
                 if self._pool is None:
                     self._pool = concurrent.futures.ThreadPoolExecutor(

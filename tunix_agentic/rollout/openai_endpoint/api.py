@@ -222,11 +222,6 @@ def episode_token(request: web.Request, *, required: bool) -> str | None:
     return token
 
 
-def client_key(request: web.Request) -> str:
-    """Who the per-client episode cap counts against (:func:`~tunix_agentic.serving.http.client_identity`)."""
-    return client_identity(request)
-
-
 def with_defaults(
     chat: ChatRequest, body: Collection[str], defaults: dict[str, Any]
 ) -> ChatRequest:
@@ -479,7 +474,7 @@ class ChatCompletions:
         episode = None
         if eid is not None:
             token = episode_token(request, required=False) or new_token()
-            episode = self.store.begin_call(eid, token, client_key(request))
+            episode = self.store.begin_call(eid, token, client_identity(request))
             headers[TOKEN_HEADER] = token
         call = None
         try:

@@ -117,6 +117,12 @@ ADMIN_ROUTES = frozenset(
 )
 
 
+def _has_admin_key(request: web.Request) -> bool:
+    """Whether ``request`` carries the node's admin key (compared in constant time)."""
+    given = request.headers.get("Authorization", "").encode()
+    return hmac.compare_digest(given, f"Bearer {request.app[ADMIN].key}".encode())
+
+
 @web.middleware
 async def _admin_guard(request: web.Request, handler) -> web.StreamResponse:
     """The admin key on :data:`ADMIN_ROUTES` (403 otherwise, compared in constant time)."""
@@ -124,8 +130,7 @@ async def _admin_guard(request: web.Request, handler) -> web.StreamResponse:
     route = (request.method, resource.canonical if resource is not None else "")
     if route in ADMIN_ROUTES:
         scope = request.app[ADMIN]
-        given = request.headers.get("Authorization", "").encode()
-        if not hmac.compare_digest(given, f"Bearer {scope.key}".encode()):
+        if not _has_admin_key(request):
             where = (
                 f"; on this machine the node's token is in {scope.token_file}"
                 if scope.token_file is not None
@@ -204,10 +209,7 @@ def caller(request: web.Request) -> str:
     """:data:`~.wal.OPERATOR` for a request with the admin key, else the client's identity
     (:func:`~tunix_agentic.serving.http.client_identity`): who owns the groups it submits
     and which groups it may read."""
-    given = request.headers.get("Authorization", "").encode()
-    if hmac.compare_digest(given, f"Bearer {request.app[ADMIN].key}".encode()):
-        return OPERATOR
-    return client_identity(request)
+    return OPERATOR if _has_admin_key(request) else client_identity(request)
 
 
 # Groups whose members any agent may claim or fill with its own rewarded episodes: only the
