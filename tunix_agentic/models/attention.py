@@ -17,8 +17,14 @@ program for a TPU can be built and compiled on a CPU host (``aot``).
 
 ``ModelConfig.attention_interpret`` runs the ``pallas`` path on any platform for tests:
 splash attention in Pallas TPU interpret mode, and ragged paged attention through JAX's
-own reference of that kernel (``ref_ragged_paged_attention``, eager calls only): jax
-0.10.2's Pallas interpreters cannot run the ragged kernel (it reshapes a VMEM ref).
+own reference of that kernel (``ref_ragged_paged_attention``, eager calls only), on the
+very sequences the kernel would be handed and after the kernel's own runtime input
+checks (``dynamic_validate_inputs``: every sequence's queries at most its keys, among
+others). jax 0.10.2 cannot execute the ragged kernel on a CPU: in TPU interpret mode
+(``pltpu.force_tpu_interpret_mode``) its reshape of a VMEM ref fails with
+``AttributeError: 'ReshapeTransform' object has no attribute 'indices'``, and the older
+discharge interpreter fails on ``'TypedInt' object has no attribute 'shape'``;
+tests/test_ragged_kernel.py pins the first, so a JAX that runs the kernel is noticed.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import logging
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 from jax.sharding import PartitionSpec as P
 
 from tunix_agentic.models.config import ATTENTION_IMPLS
@@ -212,6 +219,48 @@ def write_pages(
     return pages
 
 
+@struct.dataclass
+class RaggedSeqs:
+    """A batch of rows as the ragged kernel's sequences: each row's real tokens packed
+    contiguously (rows with tokens first, in row order), one sequence a row.
+
+    The kernel's preconditions, held for any rows: every sequence up to ``num_seqs`` has
+    ``1 <= q_len <= kv_len`` (its queries are the last ``q_len`` of its ``kv_len`` keys),
+    and the packed queries fit the ``B * T`` slots. Both bounds of 1 matter: run by a
+    patched TPU interpreter, the kernel hands the KV block it prefetched for a sequence
+    with no key to the next sequence, and a trailing sequence with no query (after
+    queries that fill whole query blocks) leaves every later heads block wrong."""
+
+    slots: jax.Array  # [B, T] int32: each row token's slot among the packed queries; B*T: none
+    kv_lens: jax.Array  # [B] int32, in the kernel's order
+    tables: jax.Array  # [B, W] int32, in the kernel's order
+    cu_q_lens: jax.Array  # [B + 1] int32
+    num_seqs: jax.Array  # [1] int32
+
+
+def ragged_seqs(start: jax.Array, real: jax.Array, tables: jax.Array, t: int) -> RaggedSeqs:
+    """The kernel's sequences for rows whose first ``real`` (``[B]``) of ``t`` tokens are
+    real, at positions ``start`` onwards (``[B]``), through block ``tables`` (``[B, W]``).
+    A row without tokens is no sequence (past ``num_seqs``); when no row has one, row 0
+    is one padding query over one key (the kernel wants a sequence), read by nobody."""
+    b = real.shape[0]
+    idle = jnp.all(real == 0)
+    q_lens = real.at[0].add(idle.astype(real.dtype)).astype(jnp.int32)
+    kv_lens = jnp.where(real > 0, start + real, 1).astype(jnp.int32)
+    order = jnp.argsort((q_lens == 0).astype(jnp.int32), stable=True)  # rows with tokens first
+    cu = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(q_lens[order], dtype=jnp.int32)])
+    first = jnp.zeros(b, jnp.int32).at[order].set(cu[:-1])  # each row's first query slot
+    token = jnp.arange(t, dtype=jnp.int32)
+    slots = jnp.where(token < real[:, None], first[:, None] + token, b * t)
+    return RaggedSeqs(
+        slots=slots.astype(jnp.int32),
+        kv_lens=kv_lens[order],
+        tables=tables[order],
+        cu_q_lens=cu,
+        num_seqs=jnp.sum(q_lens > 0, dtype=jnp.int32)[None],
+    )
+
+
 def ragged_paged(
     q: jax.Array,
     positions: jax.Array,
@@ -225,55 +274,57 @@ def ragged_paged(
     by JAX's ``ragged_paged_attention``: every row one sequence, prefill chunks and decode
     steps alike. Returns ``[B, T, N, D]``.
 
-    A row's real tokens are its leading run of consecutive positions inside the table
-    (the rest is padding, whose outputs are garbage nobody reads). The kernel takes each
-    sequence's queries as the last ``q_len`` of its ``kv_len`` keys, so each row's real
-    tokens are rotated to the end of its ``T`` queries and back afterwards."""
+    A row's real tokens are its leading run of consecutive positions inside the table;
+    the rest is padding, whose outputs are zeros. The kernel is handed each row's real
+    tokens only (:func:`ragged_seqs`): a sequence's queries are the last of its keys, and
+    never more than its keys."""
     blocks, block_size, combined, _ = pages.shape
     b, t, n, _ = q.shape
     cap = tables.shape[1] * block_size
-    start = positions[:, :1]
-    run = (positions == start + jnp.arange(t)) & (positions < cap)
-    real = jnp.sum(jnp.cumprod(run.astype(jnp.int32), axis=1), axis=1)  # [B]
-    kv_lens = jnp.where(real > 0, start[:, 0] + real, 1).astype(jnp.int32)
-    shift = (t - real)[:, None]  # row b's token i sits at query (i + shift) % t
-    order = (jnp.arange(t)[None] - shift) % t
-    aligned = jnp.take_along_axis(q, order[:, :, None, None], axis=1)
+    start = positions[:, 0].astype(jnp.int32)
+    run = (positions == start[:, None] + jnp.arange(t)) & (positions < cap)
+    real = jnp.sum(jnp.cumprod(run.astype(jnp.int32), axis=1), axis=1, dtype=jnp.int32)  # [B]
     tables = jnp.clip(tables, 0, blocks - 1).astype(jnp.int32)  # no block: any, never read
     call = functools.partial(_ragged_local, scale=scale, interpret=interpret)
     mesh = None if interpret else _mesh_of(pages, q)
     if mesh is not None:
         # Each device: its rows (fsdp) and its kv heads' pages with their query heads (tp;
         # contiguous query heads are whole groups, contiguous K/V pairs whole kv heads).
-        # The pages are whole on every row shard.
+        # The pages are whole on every row shard; each shard packs its own rows.
         rows, heads = _split(mesh, ROWS_AXIS, b), _split(mesh, HEADS_AXIS, combined // 2)
         call = jax.shard_map(
             call,
             mesh=mesh,
-            in_specs=(P(rows, None, heads), P(None, None, heads), P(rows), P(rows)),
+            in_specs=(P(rows, None, heads), P(None, None, heads), P(rows), P(rows), P(rows)),
             out_specs=P(rows, None, heads),
             check_vma=False,
         )
-    out = call(aligned, pages, kv_lens, tables)
-    back = (jnp.arange(t)[None] + shift) % t
-    return jnp.take_along_axis(out, back[:, :, None, None], axis=1)
+    return call(q, pages, start, real, tables)
 
 
-def _ragged_local(q, pages, kv_lens, tables, *, scale: float, interpret: bool):
-    """One kernel call: q ``[B, T, N, D]`` (each row's real tokens last), the pages, the
-    rows' ``kv_lens`` ``[B]`` and ``tables`` ``[B, W]``; returns ``[B, T, N, D]``."""
+def _ragged_local(q, pages, start, real, tables, *, scale: float, interpret: bool):
+    """One kernel call over one device's rows: q ``[B, T, N, D]``, the pages, the rows'
+    first positions and real token counts ``[B]`` and ``tables`` ``[B, W]``; returns
+    ``[B, T, N, D]``, zeros at padding."""
     b, t, n, d = q.shape
-    dim = pages.shape[-1]
-    args = (
-        _pad_last(q.reshape(b * t, n, d), dim).astype(pages.dtype),
-        pages,
-        kv_lens,
-        tables,
-        (jnp.arange(b + 1) * t).astype(jnp.int32),
-        jnp.array([b], jnp.int32),
+    seqs = ragged_seqs(start, real, tables, t)
+    flat = seqs.slots.reshape(-1)
+    # The packed queries' source tokens: a slot no real token fills reads token 0.
+    source = (
+        jnp.zeros(b * t, jnp.int32).at[flat].set(jnp.arange(b * t, dtype=jnp.int32), mode="drop")
     )
-    out = _ragged_call(args, scale, interpret).astype(q.dtype)
-    return out.reshape(b, t, n, dim)[..., :d]
+    packed = q.reshape(b * t, n, d)[source]
+    args = (
+        _pad_last(packed, pages.shape[-1]).astype(pages.dtype),
+        pages,
+        seqs.kv_lens,
+        seqs.tables,
+        seqs.cu_q_lens,
+        seqs.num_seqs,
+    )
+    out = _ragged_call(args, scale, interpret)[..., :d]  # [B*T, N, D]
+    rows = out[jnp.minimum(seqs.slots, b * t - 1)]  # [B, T, N, D]
+    return jnp.where((seqs.slots < b * t)[..., None, None], rows, 0).astype(q.dtype)
 
 
 def _ragged_call(args, scale: float, interpret: bool) -> jax.Array:
@@ -296,7 +347,11 @@ def _ragged_call(args, scale: float, interpret: bool) -> jax.Array:
             "model.attention_interpret runs ragged paged attention through JAX's reference "
             "of the kernel, which takes concrete arrays: call the model eagerly (no jit)"
         )
-    return rpa.ref_ragged_paged_attention(*args, sm_scale=scale)
+    # The kernel's own runtime checks, on the host: among them q_len <= kv_len for every
+    # sequence, which the kernel itself assumes without checking.
+    rpa.dynamic_validate_inputs(*args, sm_scale=scale)
+    out = rpa.ref_ragged_paged_attention(*args, sm_scale=scale)  # the sequences' queries
+    return jnp.pad(out, ((0, args[0].shape[0] - out.shape[0]), (0, 0), (0, 0)))
 
 
 # ---------------------------------------------------------------- GPU: cuDNN
