@@ -18,9 +18,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from tunix_agentic.aot.count import Workload
 from tunix_agentic.aot.topology import Topology
 from tunix_agentic.config import RunConfig
 from tunix_agentic.inference.device_step import (
@@ -48,12 +50,19 @@ from tunix_agentic.sharding import batch_sharding, cache_sharding, tree_sharding
 
 @dataclasses.dataclass(frozen=True)
 class Minimum:
-    """The least a program must do: ``flops`` (a model's matmuls and attention) or
-    ``bytes`` (weights once, live KV once); ``kind`` says which the ratio is of."""
+    """The least a program must do, per chip: ``flops`` (its matmuls and causal attention,
+    nothing recomputed but what ``remat`` recomputes) and ``bytes`` (what it must read and
+    write once); ``kind`` names the one that bounds it, whose ratio is its waste line;
+    ``what`` says how each was counted."""
 
     kind: str  # "flops" | "bytes"
-    value: float
+    flops: float
+    bytes: float
     what: str
+
+    @property
+    def value(self) -> float:
+        return self.flops if self.kind == "flops" else self.bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +79,8 @@ class Program:
     minimum: Minimum
     trips: int = 1
     note: str = ""
+    work: Workload = Workload()
+    transfer_bytes: int = 0  # a sync to other chips: the bytes moved after the program
 
 
 def _on(tree: Any, shardings: Any) -> Any:
@@ -114,6 +125,22 @@ def _attention_flops(mc: ModelConfig, rows: int, length: int, context: int) -> f
     return 4.0 * rows * length * context * mc.num_heads * mc.head_dim * mc.num_layers
 
 
+def _causal_attention_flops(mc: ModelConfig, rows: int, length: int) -> float:
+    """Forward attention FLOPs of ``rows`` causal rows of ``length`` tokens: query ``i``
+    attends to its ``i + 1`` keys, ``length (length + 1) / 2`` pairs a row."""
+    return _attention_flops(mc, rows, 1, length * (length + 1) / 2)
+
+
+def _bytes(tree: Any) -> int:
+    """Bytes per chip of abstract arrays (the largest shard of each)."""
+    total = 0
+    for x in jax.tree.leaves(tree):
+        sharding = getattr(x, "sharding", None)
+        shape = sharding.shard_shape(x.shape) if sharding is not None else x.shape
+        total += int(np.prod(shape)) * x.dtype.itemsize
+    return total
+
+
 def learner_programs(cfg: RunConfig, mc: ModelConfig, topo: Topology) -> list[Program]:
     """The GRPO train step as :class:`~tunix_agentic.learners.grpo.GRPOLearner` jits it,
     for the recipe's rows (``groups_per_batch x group_size``, padded to the row multiple)
@@ -148,15 +175,29 @@ def learner_programs(cfg: RunConfig, mc: ModelConfig, topo: Topology) -> list[Pr
     )
     n_micro = rows // (lc.micro_batch_rows or rows)
     chips = mesh.devices.size
-    # Forward 2, backward 4 (2 for LoRA: no weight gradients of the frozen base), and a
-    # second forward 2 with remat.
-    per_token = (4 if lc.lora.enabled else 6) + (2 if lc.remat else 0)
-    attn = _attention_flops(mc, rows, length, length) * (4 if lc.remat else 3)
+    # Forward 2, backward 4 (2 for LoRA: no weight gradients of the frozen base); remat
+    # runs each layer's forward again (2 x the layers' parameters: not the output head,
+    # which is outside the rematerialised layers). A reference model (KL) one forward more.
+    head = mc.vocab_size * mc.d_model
+    matmul = _matmul_params(mc)
+    per_token = 4 if lc.lora.enabled else 6
+    flops = per_token * matmul + (2 * (matmul - head) if lc.remat else 0)
+    attn = _causal_attention_flops(mc, rows, length) * (4 if lc.remat else 3)
+    if state[2] is not None:  # the reference model's forward
+        flops += 2 * matmul
+        attn += _causal_attention_flops(mc, rows, length)
+    # Bytes: the state read once and written once, the batch read once.
+    params, opt_state, ref, base = state
+    least_bytes = 2 * _bytes((params, opt_state)) + _bytes((ref, base, batch))
     minimum = Minimum(
         "flops",
-        (per_token * _matmul_params(mc) * rows * length + attn) / chips,
-        f"{per_token} x params x tokens + attention"
-        + (" (LoRA: no weight gradients)" if lc.lora.enabled else ""),
+        (flops * rows * length + attn) / chips,
+        least_bytes,
+        f"{per_token} x params x tokens"
+        + (" (LoRA: no weight gradients)" if lc.lora.enabled else "")
+        + (", the layers' forward again (remat)" if lc.remat else "")
+        + (", the reference's forward" if state[2] is not None else "")
+        + " + causal attention; the state read and written once",
     )
     fn = learner._step.__wrapped__  # the jit (CompileCounter.wrap keeps it as __wrapped__)
     out = [
@@ -171,8 +212,36 @@ def learner_programs(cfg: RunConfig, mc: ModelConfig, topo: Topology) -> list[Pr
             note=f"{n_micro} micro-batches of {rows // n_micro} rows",
         )
     ]
+    if lc.mi_pairs > 0:
+        out.append(_pair_scores_program(mc, learner, state, mesh, length))
     out.append(_sync_program(cfg, mc, topo, learner, state, mesh))
     return out
+
+
+def _pair_scores_program(mc, learner: GRPOLearner, state, mesh: Mesh, length: int) -> Program:
+    """The collapse diagnostic's scoring (``learner.mi_pairs > 0``, every ``mi_every``-th
+    step): ``mi_pairs**2`` rows, padded like a batch, at the longest row."""
+    params, _, _, base = state
+    n = learner.config.mi_pairs**2
+    rows = -(-n // learner.row_multiple()) * learner.row_multiple()
+    ids = jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=batch_sharding(mesh, 2))
+    mask = jax.ShapeDtypeStruct((rows, length), jnp.float32, sharding=batch_sharding(mesh, 2))
+    chips = mesh.devices.size
+    flops = 2 * _matmul_params(mc) * rows * length + _causal_attention_flops(mc, rows, length)
+    return Program(
+        f"learner.pair_scores[rows={rows},len={length}]",
+        learner._pair_scores.__wrapped__,
+        (params, base, ids, mask),
+        tuple(mesh.devices.flat),
+        "learner",
+        Minimum(
+            "flops",
+            flops / chips,
+            _bytes((params, base, ids, mask)),
+            "2 x params x tokens + causal attention; the weights read once",
+        ),
+        note=f"every learner.mi_every={learner.config.mi_every} steps",
+    )
 
 
 def _sync_program(cfg, mc, topo, learner: GRPOLearner, state, mesh: Mesh) -> Program:
@@ -206,9 +275,13 @@ def _sync_program(cfg, mc, topo, learner: GRPOLearner, state, mesh: Mesh) -> Pro
         tuple(mesh.devices.flat),
         "sync",
         Minimum(
-            "bytes", (read + weights) / chips, "read the learner's weights, write the engine's"
+            "bytes",
+            0.0,
+            (read + weights) / chips,
+            "read the learner's weights, write the engine's",
         ),
         note="" if same else f"then {weights / 2**30:.2f} GiB moved to the engine's chips",
+        transfer_bytes=0 if same else weights,
     )
 
 
@@ -241,7 +314,8 @@ def sft_programs(cfg: RunConfig, mc: ModelConfig, topo: Topology) -> list[Progra
     ids = jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=single)
     mask = jax.ShapeDtypeStruct((rows, length), jnp.float32, sharding=single)
     fn = jax.jit(functools.partial(sft_step, st.graphdef, st.optimizer), donate_argnums=(0, 1))
-    flops = 6 * _matmul_params(mc) * rows * length + 3 * _attention_flops(mc, rows, length, length)
+    flops = 6 * _matmul_params(mc) * rows * length + 3 * _causal_attention_flops(mc, rows, length)
+    least_bytes = 2 * _bytes(state) + _bytes((ids, mask))
     return [
         Program(
             f"sft.train_step[rows={rows},len={length}]",
@@ -249,7 +323,12 @@ def sft_programs(cfg: RunConfig, mc: ModelConfig, topo: Topology) -> list[Progra
             (*state, SFTBatch(ids, mask)),
             (device,),
             "learner",
-            Minimum("flops", flops, "6 x params x tokens + attention"),
+            Minimum(
+                "flops",
+                flops,
+                least_bytes,
+                "6 x params x tokens + causal attention; the state read and written once",
+            ),
         )
     ]
 
@@ -290,6 +369,8 @@ def engine_programs(
     shape = {}
     if paged:
         shape = {"table_width": ec.blocks_per_seq, "num_blocks": ec.num_kv_blocks}
+    kv_token = 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * jnp.dtype(mc.dtype).itemsize
+    kv_shards = chips if mc.num_kv_heads % chips == 0 else 1
     lengths, rows_list = ec.length_buckets(), ec.row_buckets()
     windows = ec.window_buckets()
     if not all_shapes:
@@ -305,7 +386,8 @@ def engine_programs(
             )
             # Logits only at each row's last token: the output layer once a row.
             flops = 2 * (matmul - head) * rows * length + 2 * head * rows
-            flops += _attention_flops(mc, rows, length, length)
+            flops += _causal_attention_flops(mc, rows, length)
+            written = rows * length * kv_token / kv_shards
             out.append(
                 Program(
                     f"engine.prefill[rows={rows},len={length}]",
@@ -316,13 +398,14 @@ def engine_programs(
                     Minimum(
                         "flops",
                         flops / chips,
-                        "2 x params x tokens + attention, logits at the last",
+                        weights / chips + written,
+                        "2 x params x tokens + causal attention, logits at the last; "
+                        "the weights read once, the rows' KV written once",
                     ),
+                    work=Workload(kv_len=length),
                 )
             )
     s = ec.max_slots
-    kv_token = 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * jnp.dtype(mc.dtype).itemsize
-    kv_shards = chips if mc.num_kv_heads % chips == 0 else 1
     for window in windows:
         args = (
             params,
@@ -342,8 +425,15 @@ def engine_programs(
                 args,
                 devices,
                 "engine",
-                Minimum("bytes", weights / chips + live_kv, "weights once + live KV once, a step"),
+                Minimum(
+                    "bytes",
+                    (2 * matmul * s + _attention_flops(mc, s, 1, window)) / chips,
+                    weights / chips + live_kv,
+                    "2 x params a slot + attention over the window; "
+                    "weights once + live KV once, a step",
+                ),
                 note=f"per decode step (a call runs up to {ec.decode_steps})",
+                work=Workload(kv_len=window),
             )
         )
     return out

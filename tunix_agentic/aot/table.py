@@ -89,9 +89,9 @@ def h200_row(model: str, mode: str) -> Row:
     (bf16 weights; full: a float32 master copy and two float32 moments and float32
     gradients, 16 bytes a parameter; LoRA: the frozen bf16 weights), the engine's bf16
     weights and its KV cache; activations not counted. Step times at the chip's peak:
-    8 x params x tokens (remat) plus attention; a decode step reads the weights and the
-    full KV once."""
-    from tunix_agentic.aot.programs import _attention_flops, param_count
+    8 x params x tokens (remat) plus causal attention; a decode step reads the weights and
+    the full KV once."""
+    from tunix_agentic.aot.programs import _causal_attention_flops, param_count
 
     cfg = resolve_model(load_config(RECIPE, [f"model.path={MODELS / f'Qwen3-{model}'}"]))
     mc, ec = cfg.model, cfg.engine
@@ -101,7 +101,7 @@ def h200_row(model: str, mode: str) -> Row:
     engine = 2 * n + kv
     rows, length = 32, ec.max_seq_len
     per_token = 8 if mode == "full" else 6
-    flops = per_token * n * rows * length + 4 * _attention_flops(mc, rows, length, length)
+    flops = per_token * n * rows * length + 4 * _causal_attention_flops(mc, rows, length)
     chip = CHIPS["h200"]
     return Row(
         model,
