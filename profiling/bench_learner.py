@@ -38,7 +38,7 @@ used more than ``--busy-share`` (10 %) of the CPUs is marked BUSY and left out o
 median; with fewer than ``--min-clean-pairs`` (2) clean pairs left, the comparison prints
 "machine busy: not a comparison" and no ratio. Both sides get ``--threads`` intra-op
 threads (XLA's NPROC, torch's OMP_NUM_THREADS; default: the CPUs this process may use),
-torch with ``--omp-wait-policy`` (passive). Beside each ratio, the FLOOR line gives each
+torch with ``--omp-wait-policy`` (default: unset, as torch's users run it). Beside each ratio, the FLOOR line gives each
 side's s/step over the GRPO step's floor on this machine (``tunix_agentic.compare.floor``:
 train FLOPs at the measured matmul peak, decode at the measured memory bandwidth).
 

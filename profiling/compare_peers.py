@@ -27,7 +27,7 @@ the CPU time other processes used during the pair, each side's intra-op threads)
 during which others used more than ``--busy-share`` of the CPUs is marked BUSY and left
 out of the median, and with fewer than ``--min-clean-pairs`` clean pairs the comparison
 is "machine busy: not a comparison", with no ratio. Both sides get ``--threads``
-intra-op threads, the peers' OpenMP ``--omp-wait-policy`` (passive). The FLOOR line
+intra-op threads, the peers' OpenMP ``--omp-wait-policy`` (default: unset). The FLOOR line
 gives each side's figure against this machine's decode floor (weights and KV read once
 a step at the measured bandwidth; ``tunix_agentic.compare.floor``). These flags and
 helpers (``add_machine_args``, ``judge_pairs``) are shared by ``bench_learner`` and

@@ -448,9 +448,9 @@ def add_machine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--omp-wait-policy",
         choices=WAIT_POLICIES,
-        default="passive",
-        help="OpenMP wait policy of the peers' processes (passive: idle threads sleep, "
-        "fairer to torch on a shared machine; default: leave it unset)",
+        default="default",
+        help="OpenMP wait policy of the peers' processes (default: unset, as torch's users "
+        "run it; passive: idle threads sleep, fairer to torch on a shared machine)",
     )
 
 

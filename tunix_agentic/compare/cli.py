@@ -41,8 +41,9 @@ def add_compare(sub) -> None:
     cp.add_argument(
         "--omp-wait-policy",
         choices=("passive", "active", "default"),
-        default="passive",
-        help="OpenMP wait policy of both processes (passive: idle threads sleep; default: unset)",
+        default="default",
+        help="OpenMP wait policy of both processes (default: unset, as torch's users run "
+        "it; passive: idle threads sleep, fairer to torch on a shared machine)",
     )
     cp.add_argument(
         "--busy-share",

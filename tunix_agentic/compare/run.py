@@ -126,7 +126,7 @@ def compare(
     timeout_s: float | None = None,
     heldout: int = 8,
     threads: int | None = None,
-    omp_wait_policy: str = "passive",
+    omp_wait_policy: str = "default",
     busy_share: float = 0.10,
 ) -> CompareResult:
     """Run both sides for ``steps`` steps and write the report to ``out_dir``.
