@@ -35,11 +35,12 @@ def test_tiny_run_writes_events_checkpoints_and_resumes(tmp_path):
     result = train(CONFIG, [*TINY_RUN, f"run_dir={run_dir}"], progress=False)
     assert result.steps == 2 and len(result.history) == 2
     assert re.fullmatch(
-        r"held-out success: \d\.\d\d -> \d\.\d\d \(2 steps, \d+m\d\ds\)\n"
-        r"held-out mean reward: \d\.\d\d -> \d\.\d\d \(success: the share of episodes "
-        r"with reward > 0\)",
+        r"held-out success: \d\.\d\d -> \d\.\d\d \(2 steps, \d+m\d\ds wall, \d+m\d\ds CPU; "
+        r"success: the share of episodes with reward > 0\)\n"
+        r"held-out mean reward: \d\.\d\d -> \d\.\d\d",
         result.summary(),
     )
+    assert result.cpu_seconds > 0
 
     scalars = read_scalars(run_dir / "tensorboard")
     assert [s for s, _ in scalars["learner/loss"]] == [1, 2]

@@ -108,6 +108,8 @@ class RunContext:
     reward_before: float = 0.0
     transcripts: TranscriptLog | None = None  # set once built
     steps: GRPOSteps | None = None  # the RL loop's learner, once RL began
+    # time.process_time() at the run's start, less the CPU seconds of the runs it resumed
+    cpu_start: float = dataclasses.field(default_factory=time.process_time)
 
 
 class RunCheckpoints:
@@ -150,6 +152,7 @@ class RunCheckpoints:
             "rollout": self._rollout_at_done if at_done else ctx.orch.checkpoint_state(),
             "version": step,
             "elapsed_s": time.perf_counter() - ctx.t_start,
+            "cpu_s": time.process_time() - ctx.cpu_start,
             "wall_time": time.time(),  # for people: a resume decides what to redo by step
             "model": self.model,
         }

@@ -74,14 +74,15 @@ class TrainResult:
     by_task_after: dict[str, float] = dataclasses.field(default_factory=dict)
     reward_before: float = 0.0
     reward_after: float = 0.0
+    cpu_seconds: float = 0.0  # this process's CPU time (every thread), resumed runs' added
 
     def summary(self) -> str:
-        m, s = divmod(int(round(self.seconds)), 60)
         line = (
             f"held-out success: {self.success_before:.2f} -> {self.success_after:.2f} "
-            f"({self.steps} steps, {m}m{s:02d}s)"
-            f"\nheld-out mean reward: {self.reward_before:.2f} -> {self.reward_after:.2f} "
-            "(success: the share of episodes with reward > 0)"
+            f"({self.steps} steps, {_minutes(self.seconds)} wall, "
+            f"{_minutes(self.cpu_seconds)} CPU; success: the share of episodes with "
+            "reward > 0)"
+            f"\nheld-out mean reward: {self.reward_before:.2f} -> {self.reward_after:.2f}"
         )
         if len(self.by_task_after) > 1:
             line += "".join(
@@ -89,6 +90,11 @@ class TrainResult:
                 for name, after in self.by_task_after.items()
             )
         return line
+
+
+def _minutes(seconds: float) -> str:
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m}m{s:02d}s"
 
 
 def fresh_run_dir(path: Path) -> Path:
@@ -292,6 +298,7 @@ class Trainer:
         if restored:
             orch.restore_state(meta["rollout"])
         ctx = RunContext(learner, orch, engine, ckpt, metrics, t_start, start_step, timeline)
+        ctx.cpu_start = time.process_time() - float(meta.get("cpu_s", 0.0))
         ctx.transcripts = TranscriptLog(self.run_dir, self.template, cfg.agent.parser, metrics)
         return ctx, meta
 
@@ -461,6 +468,7 @@ def _finish(
         success_after=after.success,
         steps=steps,
         seconds=time.perf_counter() - ctx.t_start,
+        cpu_seconds=time.process_time() - ctx.cpu_start,
         history=history,
         by_task_before=ctx.by_task_before,
         by_task_after=after.by_task,

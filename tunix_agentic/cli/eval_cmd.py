@@ -76,8 +76,8 @@ def add_eval(sub: Any) -> None:
         type=int,
         default=0,
         metavar="K",
-        help="print K held-out episodes (what the model wrote, its tool calls, the rewards) "
-        "before the JSON",
+        help="print the first K held-out episodes in the tasks' fixed order, the same tasks "
+        "at every step (what the model wrote, its tool calls, the rewards), before the JSON",
     )
     ev.set_defaults(handler=eval_command)
 
@@ -95,7 +95,11 @@ def eval_command(args: argparse.Namespace) -> int:
         from tunix_agentic.rollout.transcripts import format_episode, terminal_safe
 
         shown = result.transcripts[: args.show]
-        print(f"{len(shown)} held-out episodes of checkpoint {result.step}\n")
+        print(
+            f"{len(shown)} held-out episodes of checkpoint {result.step}: the first "
+            f"{len(shown)} held-out tasks in their fixed order, as every evaluation of the "
+            "run keeps them (neither the best nor the worst)\n"
+        )
         for record in shown:
             text = format_episode({"kind": "heldout", "step": result.step, **record})
             print(terminal_safe(text) + "\n")
