@@ -109,9 +109,9 @@ def _check_same_model(saved: dict[str, Any] | None, model: Any) -> None:
         return
     now = to_dict(model)
     for key, value in now.items():
-        # A model directory may move, and attention may be computed another way: the
-        # shape and weights are what must match.
-        if key in ("path", "attention"):
+        # A model directory may move, and attention and the layers may be computed another
+        # way (scan_layers keeps the parameter tree): the shape and weights must match.
+        if key in ("path", "attention", "scan_layers"):
             continue
         if key in saved and saved[key] != value:
             raise ConfigError(

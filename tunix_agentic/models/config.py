@@ -53,6 +53,11 @@ class ModelConfig:
     # Run "pallas" off TPU for tests: splash attention in Pallas interpret mode, ragged
     # paged attention by JAX's reference of it (eager calls only). Slow; never for a run.
     attention_interpret: bool = False
+    # Run the layers of the forward without a KV cache (training, reference logprobs, SFT)
+    # as one jax.lax.scan over their weights stacked while tracing: one layer for XLA to
+    # compile instead of num_layers (a TPU train step compiles in a fraction of the CPU
+    # time). Same values and parameter tree; prefill and decode stay unrolled.
+    scan_layers: bool = False
     source: str = "builtin"
     path: str = ""
 

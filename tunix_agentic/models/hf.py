@@ -273,16 +273,24 @@ def _tensor_files(directory: Path) -> dict[str, Path]:
 
 def resolve_model_config(cfg: ModelConfig) -> ModelConfig:
     """``cfg`` with its shape read from ``cfg.path`` when ``cfg.source == "hf"``
-    (source, path, dtype and attention kept); a built-in config unchanged."""
+    (source, path, dtype and how it runs kept: attention, attention_interpret,
+    scan_layers); a built-in config unchanged."""
     if cfg.source != "hf":
         return cfg
-    return dataclasses.replace(read_hf_config(cfg.path, dtype=cfg.dtype), attention=cfg.attention)
+    return dataclasses.replace(
+        read_hf_config(cfg.path, dtype=cfg.dtype),
+        attention=cfg.attention,
+        attention_interpret=cfg.attention_interpret,
+        scan_layers=cfg.scan_layers,
+    )
 
 
 def build_model(cfg: ModelConfig, *, seed: int = 0) -> Transformer:
     """The run's model: loaded from ``cfg.path`` (source hf) or freshly initialised."""
     if cfg.source == "hf":
-        return load_hf_model(cfg.path, dtype=cfg.dtype, attention=cfg.attention)
+        return load_hf_model(
+            cfg.path, dtype=cfg.dtype, attention=cfg.attention, scan_layers=cfg.scan_layers
+        )
     return Transformer(cfg, rngs=nnx.Rngs(seed))
 
 
@@ -309,16 +317,19 @@ def load_hf_model(
     dtype: str | None = None,
     sharding: Callable[[tuple[Any, ...], tuple[int, ...]], jax.sharding.Sharding] | None = None,
     attention: str = "einsum",
+    scan_layers: bool = False,
 ) -> Transformer:
     """A :class:`Transformer` with the weights of the HF model directory ``path``.
 
     ``dtype`` casts the weights (norm scales stay float32, as the model keeps
     them); ``sharding(param_path, shape)`` places each parameter (default: the
     default device; see :func:`first_axis_sharding`); ``attention`` is the model's
-    ``model.attention``. Tensors are read one at a time from the memory-mapped files;
-    with a sharding, shard by shard.
+    ``model.attention`` and ``scan_layers`` its ``model.scan_layers``. Tensors are read
+    one at a time from the memory-mapped files; with a sharding, shard by shard.
     """
-    cfg = dataclasses.replace(read_hf_config(path, dtype=dtype), attention=attention)
+    cfg = dataclasses.replace(
+        read_hf_config(path, dtype=dtype), attention=attention, scan_layers=scan_layers
+    )
     abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
     return nnx.merge(graphdef, load_hf_params(path, state, cfg=cfg, sharding=sharding))

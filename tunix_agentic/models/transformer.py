@@ -20,6 +20,7 @@ from flax import nnx
 
 from tunix_agentic.models import attention as attn_impl
 from tunix_agentic.models.config import ModelConfig  # noqa: F401  (re-exported)
+from tunix_agentic.models.layer_scan import scan_blocks
 
 # A cache is one (k, v) pair per layer; each is [slots, kv_heads, max_len, head_dim], or a
 # tuple of such arrays that split max_len into pieces (a chunked cache: cache_chunks); a
@@ -427,6 +428,11 @@ class Transformer(nnx.Module):
     - remat: recompute each layer's activations in the backward pass instead of
       keeping them (``jax.checkpoint`` per layer; training without a cache only):
       activation memory of one layer instead of all, for about one more forward.
+
+    With ``cfg.scan_layers`` the forward without a cache runs the layers as one
+    ``jax.lax.scan`` over their weights stacked while tracing
+    (:mod:`tunix_agentic.models.layer_scan`): the same values and parameter tree, one
+    layer to compile instead of ``num_layers``. Prefill and decode stay unrolled.
     """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -465,6 +471,24 @@ class Transformer(nnx.Module):
         window: int | None = None,
     ):
         x = self.embed(tokens)
+        scanned = None
+        if self.cfg.scan_layers and cache is None:
+            scanned = scan_blocks(list(self.layers), x, positions, remat=remat)
+        if scanned is None:
+            x, new_cache = self._unrolled(x, positions, cache, rows, remat, tables, window)
+        else:
+            x, new_cache = scanned, None
+        x = self.final_norm(x)
+        if logits_at is not None:
+            x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)[:, 0]  # [B, D]
+        if self.cfg.tie_embeddings:
+            logits = dense_t(self.embed, x)
+        else:
+            logits = dense(self.lm_head, x)
+        return logits.astype(jnp.float32), new_cache
+
+    def _unrolled(self, x, positions, cache, rows, remat, tables, window):
+        """The layers as a Python loop: ``(x, new_cache)`` (None without a cache)."""
         new_cache = []
         for i, layer in enumerate(self.layers):
             if remat and cache is None:
@@ -473,14 +497,7 @@ class Transformer(nnx.Module):
                 layer_kv = None if cache is None else cache[i]
                 x, layer_cache = layer(x, positions, layer_kv, rows, tables, window)
             new_cache.append(layer_cache)
-        x = self.final_norm(x)
-        if logits_at is not None:
-            x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)[:, 0]  # [B, D]
-        if self.cfg.tie_embeddings:
-            logits = dense_t(self.embed, x)
-        else:
-            logits = dense(self.lm_head, x)
-        return logits.astype(jnp.float32), (None if cache is None else tuple(new_cache))
+        return x, (None if cache is None else tuple(new_cache))
 
 
 def _train_block(layer: Block, x: jax.Array, positions: jax.Array) -> jax.Array:
