@@ -111,6 +111,7 @@ def test_small_run_compiles_fits_and_writes_the_schema(tmp_path, capsys):
             "kernels",
             "kernel_calls",
             "collectives",
+            "counted",
             "fits",
         }
         sizes = p["bytes_per_chip"]
@@ -124,6 +125,33 @@ def test_small_run_compiles_fits_and_writes_the_schema(tmp_path, capsys):
     assert report["rl_step_s"] == pytest.approx(sum(report["rl_step_terms"].values()))
     out = capsys.readouterr().out
     assert "count / least" in out and "one RL step at the chips' peaks" in out
+
+
+def test_a_scanned_learner_is_compiled_but_not_counted(tmp_path, capsys):
+    """``model.scan_layers``: the train step compiles (its memory is reported) but XLA's
+    cost analysis counts the scanned layers' loop body once, so its FLOPs and bytes are
+    not given as a count (no ratio, no RL step estimate) rather than given too low."""
+    out = tmp_path / "aot.json"
+    code = main(
+        [
+            "aot",
+            "--config",
+            TINY,
+            "--topology",
+            "v5e:1x1",
+            "--json",
+            str(out),
+            *SMALL,
+            "model.scan_layers=true",
+        ]
+    )
+    assert code == 0, capsys.readouterr().err
+    report = json.loads(out.read_text())
+    train = report["programs"][0]
+    assert train["name"].startswith("learner.train_step[") and train["counted"] is False
+    assert train["flops_ratio"] is None and train["bytes_per_chip"]["total"] > 0
+    assert "rl_step_s" not in report
+    assert "not counted: its layers are scanned" in capsys.readouterr().out
 
 
 def _no_ratio_below_one(program: dict) -> None:

@@ -84,6 +84,7 @@ class ProgramReport:
     ici_bytes: float = 0.0
     collectives: tuple[tuple[str, int], ...] = ()
     transfer_bytes: int = 0
+    counted: bool = True  # False: layers scanned, XLA's count holds one layer (no figures)
 
     @property
     def moved(self) -> float:
@@ -96,12 +97,13 @@ class ProgramReport:
 
     @property
     def flops_ratio(self) -> float | None:
-        """The honest FLOPs over the least; None where the least is none (a copy)."""
-        return self.flops / self.least_flops if self.least_flops else None
+        """The honest FLOPs over the least; None where the least is none (a copy) or the
+        program was not counted."""
+        return self.flops / self.least_flops if self.least_flops and self.counted else None
 
     @property
     def bytes_ratio(self) -> float | None:
-        return self.hbm_bytes / self.least_bytes if self.least_bytes else None
+        return self.hbm_bytes / self.least_bytes if self.least_bytes and self.counted else None
 
     @property
     def waste(self) -> float:
@@ -133,6 +135,7 @@ class ProgramReport:
             "kernels": list(self.kernels),
             "kernel_calls": dict(self.kernel_calls),
             "collectives": dict(self.collectives),
+            "counted": self.counted,
             "fits": self.fits,
         }
 
@@ -195,6 +198,13 @@ class AotReport:
                 unit = "GFLOP" if kind == "flops" else "GB"
                 if ratio is not None:
                     parts.append(f"{kind} {ratio:.2f}x (least {least / 1e9:.1f} {unit})")
+            if not p.counted:
+                lines.append(
+                    f"  {p.name:46} not counted: its layers are scanned (model.scan_layers) "
+                    "and XLA's cost analysis counts a loop's body once; memory is the "
+                    "program's own"
+                )
+                continue
             kernels = ""
             if p.kernel_flops or p.kernel_bytes:
                 kernels = (
@@ -365,7 +375,9 @@ def _with_residents(compiled, programs: list[Program], chip: Chip) -> list[Progr
                 kernel_calls=info.get("kernel_calls", ()),
                 ici_bytes=info.get("ici_bytes", 0.0),
                 collectives=info.get("collectives", ()),
-                roofline_s=chip.roofline_s(
+                roofline_s=0.0
+                if p.scanned
+                else chip.roofline_s(
                     info["flops"], info.get("hbm_bytes", 0.0), info.get("ici_bytes", 0.0)
                 ),
                 kernels=info["kernels"],
@@ -378,6 +390,7 @@ def _with_residents(compiled, programs: list[Program], chip: Chip) -> list[Progr
                 compile_s=seconds,
                 note=p.note,
                 transfer_bytes=p.transfer_bytes,
+                counted=not p.scanned,
             )
         )
     return out

@@ -47,7 +47,7 @@ def rl_step(cfg: RunConfig, report: AotReport) -> StepEstimate | None:
     prefill = _first(report, "engine.prefill[")
     train = _first(report, "learner.train_step[")
     sync = _first(report, "weight_sync")
-    if None in (decode, prefill, train, sync):
+    if None in (decode, prefill, train, sync) or not train.counted:
         return None
     episodes = cfg.rollout.groups_per_batch * cfg.rollout.group_size
     slots = cfg.engine.max_slots

@@ -81,6 +81,9 @@ class Program:
     note: str = ""
     work: Workload = Workload()
     transfer_bytes: int = 0  # a sync to other chips: the bytes moved after the program
+    # model.scan_layers: the layers are a loop whose body XLA's cost analysis counts once,
+    # so the program's FLOPs and bytes are not counted (its memory is)
+    scanned: bool = False
 
 
 def _on(tree: Any, shardings: Any) -> Any:
@@ -210,6 +213,7 @@ def learner_programs(cfg: RunConfig, mc: ModelConfig, topo: Topology) -> list[Pr
             minimum,
             trips=n_micro,
             note=f"{n_micro} micro-batches of {rows // n_micro} rows",
+            scanned=mc.scan_layers,
         )
     ]
     if lc.mi_pairs > 0:
@@ -241,6 +245,7 @@ def _pair_scores_program(mc, learner: GRPOLearner, state, mesh: Mesh, length: in
             "2 x params x tokens + causal attention; the weights read once",
         ),
         note=f"every learner.mi_every={learner.config.mi_every} steps",
+        scanned=mc.scan_layers,
     )
 
 
