@@ -334,6 +334,7 @@ def sft_programs(cfg: RunConfig, mc: ModelConfig, topo: Topology) -> list[Progra
                 least_bytes,
                 "6 x params x tokens + causal attention; the state read and written once",
             ),
+            scanned=mc.scan_layers,
         )
     ]
 
