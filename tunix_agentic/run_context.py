@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import time
 from typing import Any
 
@@ -91,6 +92,13 @@ class GRPOSteps:
         return self.learner.params_for_engine()
 
 
+def cpu_seconds() -> float:
+    """CPU seconds of this process (every thread) and of its children that have ended
+    (environment and sandbox processes, the SFT's data workers)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 @dataclasses.dataclass
 class RunContext:
     """The built run: what the loop drives and what a checkpoint is made of."""
@@ -108,8 +116,8 @@ class RunContext:
     reward_before: float = 0.0
     transcripts: TranscriptLog | None = None  # set once built
     steps: GRPOSteps | None = None  # the RL loop's learner, once RL began
-    # time.process_time() at the run's start, less the CPU seconds of the runs it resumed
-    cpu_start: float = dataclasses.field(default_factory=time.process_time)
+    # cpu_seconds() at the run's start, less the CPU seconds of the runs it resumed
+    cpu_start: float = dataclasses.field(default_factory=lambda: cpu_seconds())
 
 
 class RunCheckpoints:
@@ -152,7 +160,7 @@ class RunCheckpoints:
             "rollout": self._rollout_at_done if at_done else ctx.orch.checkpoint_state(),
             "version": step,
             "elapsed_s": time.perf_counter() - ctx.t_start,
-            "cpu_s": time.process_time() - ctx.cpu_start,
+            "cpu_s": cpu_seconds() - ctx.cpu_start,
             "wall_time": time.time(),  # for people: a resume decides what to redo by step
             "model": self.model,
         }

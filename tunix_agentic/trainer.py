@@ -51,7 +51,7 @@ from tunix_agentic.rollout.client.runner import ServiceEpisodeRunner
 from tunix_agentic.rollout.orchestrator import RolloutOrchestrator
 from tunix_agentic.rollout.stats import rollout_stats
 from tunix_agentic.rollout.transcripts import TranscriptLog
-from tunix_agentic.run_context import GRPOSteps, RunCheckpoints, RunContext
+from tunix_agentic.run_context import GRPOSteps, RunCheckpoints, RunContext, cpu_seconds
 from tunix_agentic.run_setup import build_engine, chat_template, run_sources, warm_start
 from tunix_agentic.signals import RunInterrupted, Stopped, StopSignals
 
@@ -74,7 +74,8 @@ class TrainResult:
     by_task_after: dict[str, float] = dataclasses.field(default_factory=dict)
     reward_before: float = 0.0
     reward_after: float = 0.0
-    cpu_seconds: float = 0.0  # this process's CPU time (every thread), resumed runs' added
+    # CPU time of this process (every thread) and its ended children, resumed runs' added
+    cpu_seconds: float = 0.0
 
     def summary(self) -> str:
         line = (
@@ -216,6 +217,7 @@ class Trainer:
         meta: dict[str, Any] = restored.meta if restored else {}
         start_step = restored.step if restored else 0
         t_start = time.perf_counter() - float(meta.get("elapsed_s", 0.0))
+        cpu_start = cpu_seconds() - float(meta.get("cpu_s", 0.0))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, self.run_dir / "config.yaml")
         if self.resume:
@@ -298,7 +300,7 @@ class Trainer:
         if restored:
             orch.restore_state(meta["rollout"])
         ctx = RunContext(learner, orch, engine, ckpt, metrics, t_start, start_step, timeline)
-        ctx.cpu_start = time.process_time() - float(meta.get("cpu_s", 0.0))
+        ctx.cpu_start = cpu_start
         ctx.transcripts = TranscriptLog(self.run_dir, self.template, cfg.agent.parser, metrics)
         return ctx, meta
 
@@ -468,7 +470,7 @@ def _finish(
         success_after=after.success,
         steps=steps,
         seconds=time.perf_counter() - ctx.t_start,
-        cpu_seconds=time.process_time() - ctx.cpu_start,
+        cpu_seconds=cpu_seconds() - ctx.cpu_start,
         history=history,
         by_task_before=ctx.by_task_before,
         by_task_after=after.by_task,
