@@ -37,7 +37,7 @@ from tunix_agentic.learners.losses import (
 from tunix_agentic.learners.state import apply_gradients
 from tunix_agentic.models.attention import ROWS_AXIS, _mesh_of
 from tunix_agentic.models.transformer import sequence_logprobs
-from tunix_agentic.sharding import DEFAULT_RULES, _names, logical_axes, spec_for
+from tunix_agentic.sharding import DEFAULT_RULES, logical_axes, spec_for
 
 Params = Any  # a pytree of arrays
 
@@ -88,9 +88,6 @@ def forward(
     return jnp.take_along_axis(logp, input_ids[:, 1:, None], axis=-1)[..., 0], logp
 
 
-_HEAD = (("embed", "embedding"), ("lm_head", "kernel"))
-
-
 def head_gathered(params: Params, input_ids: jax.Array) -> Params:
     """``params`` with the output layer's weight whole along its model dimension when the
     rows of ``input_ids`` are sharded over a mesh's ``fsdp`` axis, as FSDP gathers a
@@ -105,10 +102,12 @@ def head_gathered(params: Params, input_ids: jax.Array) -> Params:
     whole = {**DEFAULT_RULES, "embed": None}
 
     def one(path, leaf):
-        names = [n for n in _names(path) if n != "value"]  # an nnx Variable's array
-        if not isinstance(leaf, jax.Array) or tuple(names[-2:]) not in _HEAD:
+        if not isinstance(leaf, jax.Array):
             return leaf
-        spec = spec_for(logical_axes(path, leaf.ndim), leaf.shape, mesh, whole)
+        axes = logical_axes(path, leaf.ndim)
+        if "vocab" not in axes:  # the embedding (tied) or lm_head: the output layer
+            return leaf
+        spec = spec_for(axes, leaf.shape, mesh, whole)
         return jax.lax.with_sharding_constraint(leaf, NamedSharding(mesh, spec))
 
     return jax.tree_util.tree_map_with_path(one, params)

@@ -70,9 +70,14 @@ def test_model_dir_without_config_json_is_a_clear_error(tmp_path, capsys):
     assert "config.json" in capsys.readouterr().err
 
 
+def _tiny_aot(*args: str) -> int:
+    """``tunix-agentic aot`` on the tiny recipe for one v5e chip, with ``args`` after."""
+    return main(["aot", "--config", TINY, "--topology", "v5e:1x1", *args])
+
+
 def test_small_run_compiles_fits_and_writes_the_schema(tmp_path, capsys):
     out = tmp_path / "aot.json"
-    code = main(["aot", "--config", TINY, "--topology", "v5e:1x1", "--json", str(out), *SMALL])
+    code = _tiny_aot("--json", str(out), *SMALL)
     assert code == 0, capsys.readouterr().err
     report = json.loads(out.read_text())
     assert set(report) == {
@@ -132,19 +137,7 @@ def test_a_scanned_learner_is_compiled_but_not_counted(tmp_path, capsys):
     cost analysis counts the scanned layers' loop body once, so its FLOPs and bytes are
     not given as a count (no ratio, no RL step estimate) rather than given too low."""
     out = tmp_path / "aot.json"
-    code = main(
-        [
-            "aot",
-            "--config",
-            TINY,
-            "--topology",
-            "v5e:1x1",
-            "--json",
-            str(out),
-            *SMALL,
-            "model.scan_layers=true",
-        ]
-    )
+    code = _tiny_aot("--json", str(out), *SMALL, "model.scan_layers=true")
     assert code == 0, capsys.readouterr().err
     report = json.loads(out.read_text())
     train = report["programs"][0]
@@ -169,22 +162,15 @@ def test_a_model_too_big_for_the_chip_exits_3_naming_the_learner(tmp_path, capsy
     cfg = json.loads((tmp_path / "config.json").read_text())
     cfg.update(num_hidden_layers=1, intermediate_size=131072)
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    code = main(
-        [
-            "aot",
-            "--config",
-            TINY,
-            "--topology",
-            "v5e:1x1",
-            "--fit",
-            *SMALL,
-            "learner.micro_batch_rows=2",
-            "model.source=hf",
-            f"model.path={tmp_path}",
-            "model.dtype=bfloat16",
-            "learner.optimizer.master_dtype=float32",
-            "learner.lora.rank=0",
-        ]
+    code = _tiny_aot(
+        "--fit",
+        *SMALL,
+        "learner.micro_batch_rows=2",
+        "model.source=hf",
+        f"model.path={tmp_path}",
+        "model.dtype=bfloat16",
+        "learner.optimizer.master_dtype=float32",
+        "learner.lora.rank=0",
     )
     captured = capsys.readouterr()
     err = captured.err

@@ -117,7 +117,7 @@ class RunContext:
     transcripts: TranscriptLog | None = None  # set once built
     steps: GRPOSteps | None = None  # the RL loop's learner, once RL began
     # cpu_seconds() at the run's start, less the CPU seconds of the runs it resumed
-    cpu_start: float = dataclasses.field(default_factory=lambda: cpu_seconds())
+    cpu_start: float = dataclasses.field(default_factory=cpu_seconds)
 
 
 class RunCheckpoints:

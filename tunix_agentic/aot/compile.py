@@ -5,7 +5,6 @@ its waste against the least it must do."""
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from tunix_agentic.aot.programs import (
     engine_programs,
     learner_programs,
     sft_programs,
+    shard_bytes,
     tpu_model_config,
 )
 from tunix_agentic.aot.topology import AotError, Topology, get_topology
@@ -85,15 +85,6 @@ class ProgramReport:
     collectives: tuple[tuple[str, int], ...] = ()
     transfer_bytes: int = 0
     counted: bool = True  # False: layers scanned, XLA's count holds one layer (no figures)
-
-    @property
-    def moved(self) -> float:
-        """Bytes moved from HBM (the honest count)."""
-        return self.hbm_bytes
-
-    @property
-    def minimum(self) -> float:
-        return self.least_flops if self.minimum_kind == "flops" else self.least_bytes
 
     @property
     def flops_ratio(self) -> float | None:
@@ -265,15 +256,6 @@ _OUT_OF_HBM = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT])\)")
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
-def _argument_bytes(args: Any) -> int:
-    """Bytes per chip of abstract arguments (the largest shard of each)."""
-    total = 0
-    for x in jax.tree.leaves(args):
-        shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
-        total += math.prod(shape) * x.dtype.itemsize
-    return total
-
-
 def _cost(exe: Any) -> dict[str, Any]:
     cost = exe.cost_analysis() or {}
     if isinstance(cost, list):  # older JAX: one dict per computation
@@ -293,7 +275,7 @@ def _compile(p: Program, chip: Chip, log, count: bool = True) -> tuple[dict[str,
         seconds = time.process_time() - t
         if log is not None:
             log(f"{p.name} does not fit ({seconds:.0f}s CPU): {str(exc).splitlines()[0][:200]}")
-        args, temp = _argument_bytes(p.args), int(float(m.group(1)) * _UNITS[m.group(2)])
+        args, temp = shard_bytes(p.args), int(float(m.group(1)) * _UNITS[m.group(2)])
         info = {
             "arguments": args,
             "outputs": 0,

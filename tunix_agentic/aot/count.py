@@ -258,7 +258,7 @@ def kernel_cost(instr: Instr, shapes: dict[str, str], work: Workload) -> tuple[s
         streamed = 2 * pairs * (bk if kind != "dkv" else bq)
         moved = item * rows * heads * dim * (once + streamed)
         return f"splash_{kind}", flops, moved
-    if "ragged_paged_attention" in name or "ragged" in name:
+    if "ragged" in name:
         return ("ragged_paged_attention", *_ragged_cost(instr, shapes, work))
     out = nbytes(instr.shape) + sum(nbytes(shapes.get(o, "")) for o in instr.operands)
     return name.split(".")[0], 0.0, out

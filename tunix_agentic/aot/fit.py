@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Callable
 
 from tunix_agentic.aot.chips import GiB
-from tunix_agentic.aot.compile import AotReport, run_programs
+from tunix_agentic.aot.compile import run_programs
 from tunix_agentic.aot.topology import Topology
 from tunix_agentic.config import RunConfig, load_config, resolve_model
 
@@ -53,8 +53,10 @@ def _cap(cfg: RunConfig, knob: str, start: int) -> int:
     return start * GROWTH
 
 
-def _verdict(report: AotReport) -> tuple[bool, str]:
-    """Whether every program fits, and the tightest: the one over, or the fullest."""
+def _try(cfg: RunConfig, topo: Topology, prefixes: tuple[str, ...]) -> tuple[bool, str]:
+    """Compile ``cfg``'s programs named by ``prefixes`` (memory only): whether every one
+    fits, and the tightest: the one over, or the fullest."""
+    report = run_programs(cfg, topo, select=lambda n: n.startswith(prefixes), count=False)
     tight = max(report.programs, key=lambda p: (not p.fits, p.total + p.resident_elsewhere))
     need = (tight.total + tight.resident_elsewhere) / GiB
     usable = report.chip.usable / GiB
@@ -73,10 +75,7 @@ def search(
     for knob, prefixes in KNOBS.items():
         recipe = _value(base, knob)
         if recipe == 0:  # the whole batch in one micro-batch: nothing larger to try
-            report = run_programs(
-                base, topo, select=lambda n, p=prefixes: n.startswith(p), count=False
-            )
-            fits, tight = _verdict(report)
+            fits, tight = _try(base, topo, prefixes)
             out.append(Fit(knob, 0, 0 if fits else None, tight))
             continue
         start = recipe
@@ -84,10 +83,7 @@ def search(
         value, largest, binds = start, None, "the cap"
         while value <= cap:
             cfg = resolve_model(load_config(config, [*overrides, f"{knob}={value}"]))
-            report = run_programs(
-                cfg, topo, select=lambda n, p=prefixes: n.startswith(p), count=False
-            )
-            fits, tight = _verdict(report)
+            fits, tight = _try(cfg, topo, prefixes)
             if log is not None:
                 log(f"--fit {knob}={value}: {'fits' if fits else 'does not fit'} ({tight})")
             if not fits:

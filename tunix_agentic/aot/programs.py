@@ -134,7 +134,7 @@ def _causal_attention_flops(mc: ModelConfig, rows: int, length: int) -> float:
     return _attention_flops(mc, rows, 1, length * (length + 1) / 2)
 
 
-def _bytes(tree: Any) -> int:
+def shard_bytes(tree: Any) -> int:
     """Bytes per chip of abstract arrays (the largest shard of each)."""
     total = 0
     for x in jax.tree.leaves(tree):
@@ -191,7 +191,7 @@ def learner_programs(cfg: RunConfig, mc: ModelConfig, topo: Topology) -> list[Pr
         attn += _causal_attention_flops(mc, rows, length)
     # Bytes: the state read once and written once, the batch read once.
     params, opt_state, ref, base = state
-    least_bytes = 2 * _bytes((params, opt_state)) + _bytes((ref, base, batch))
+    least_bytes = 2 * shard_bytes((params, opt_state)) + shard_bytes((ref, base, batch))
     minimum = Minimum(
         "flops",
         (flops * rows * length + attn) / chips,
@@ -241,7 +241,7 @@ def _pair_scores_program(mc, learner: GRPOLearner, state, mesh: Mesh, length: in
         Minimum(
             "flops",
             flops / chips,
-            _bytes((params, base, ids, mask)),
+            shard_bytes((params, base, ids, mask)),
             "2 x params x tokens + causal attention; the weights read once",
         ),
         note=f"every learner.mi_every={learner.config.mi_every} steps",
@@ -320,7 +320,7 @@ def sft_programs(cfg: RunConfig, mc: ModelConfig, topo: Topology) -> list[Progra
     mask = jax.ShapeDtypeStruct((rows, length), jnp.float32, sharding=single)
     fn = jax.jit(functools.partial(sft_step, st.graphdef, st.optimizer), donate_argnums=(0, 1))
     flops = 6 * _matmul_params(mc) * rows * length + 3 * _causal_attention_flops(mc, rows, length)
-    least_bytes = 2 * _bytes(state) + _bytes((ids, mask))
+    least_bytes = 2 * shard_bytes(state) + shard_bytes((ids, mask))
     return [
         Program(
             f"sft.train_step[rows={rows},len={length}]",
