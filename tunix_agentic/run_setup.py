@@ -95,6 +95,7 @@ def check_run_config(
         if (warning := lr_decay_warning(where, steps, opt)) is not None:
             _log.warning(warning)
     service = config.rollout.service
+    _check_backend(config)
     if service.enabled and not service.engine_urls and config.cross_policy.stale_engines:
         raise ConfigError(
             "cross_policy.stale_engines must be 0 with rollout.service.urls (the nodes are "
@@ -110,6 +111,36 @@ def check_run_config(
         from tunix_agentic.cluster.errors import require_ray
 
         require_ray()  # before any work: a ConfigError with the install line when missing
+
+
+def _check_backend(config: RunConfig) -> None:
+    """``engine.backend`` agrees with where rollout runs: a server backend needs its
+    ``engine.urls``, and runs in the trainer's process (rollout nodes and Ray engines are
+    given their engines otherwise)."""
+    engine = config.engine
+    if engine.backend == "jax":
+        return
+    if not engine.urls:
+        start = (
+            "start one with `tunix-agentic serve-vllm --model DIR`"
+            if engine.backend == "vllm"
+            else "an SGLang server or `tunix-agentic serve-engine`"
+        )
+        raise ConfigError(
+            f"engine.backend={engine.backend} needs engine.urls (its servers): {start}, "
+            f"then pass engine.urls=[http://127.0.0.1:PORT]"
+        )
+    if config.rollout.service.enabled or config.rollout.ray.enabled:
+        raise ConfigError(
+            f"engine.backend={engine.backend} runs rollout in the trainer's process: with "
+            "rollout nodes (rollout.service.urls, rollout.ray) name the nodes' engines in "
+            "rollout.service.engine_urls (SGLang's API) instead"
+        )
+    if config.cross_policy.stale_engines:
+        raise ConfigError(
+            f"cross_policy.stale_engines needs the JAX engine (engine.backend=jax), "
+            f"not {engine.backend}"
+        )
 
 
 def lr_decay_warning(where: str, steps: int, opt) -> str | None:
@@ -137,8 +168,17 @@ def build_engine(
 ) -> InferenceEngine:
     """One JAX engine, or a cross-policy pool of them when configured; with
     ``engine_urls`` (the run's Ray engines) or ``rollout.service.engine_urls``, a pool of
-    those servers (the weights reach them through ``rollout.service.weights_dir``)."""
+    those servers; with ``engine.backend`` sglang or vllm, a pool of ``engine.urls`` (the
+    weights reach servers through ``rollout.service.weights_dir``, a directory they read)."""
     service = config.rollout.service
+    if config.engine.backend != "jax":
+        return EnginePool(
+            [
+                _server_client(config, url, model.cfg, service_api_key(service))
+                for url in config.engine.urls
+            ],
+            names=list(config.engine.urls),
+        )
     urls = list(engine_urls or service.engine_urls)
     if urls:
         return EnginePool(
@@ -157,6 +197,24 @@ def build_engine(
     cp = config.cross_policy
     return CrossPolicyEngine(
         engines, stale_every=cp.stale_every, fresh_fraction=cp.fresh_fraction, seed=config.seed
+    )
+
+
+def _server_client(config: RunConfig, url: str, model_cfg, api_key: str | None):
+    """The client of one ``engine.urls`` server for ``engine.backend``."""
+    service = config.rollout.service
+    if config.engine.backend == "vllm":
+        from tunix_agentic.serving.vllm_client import VLLMEngine
+
+        return VLLMEngine(
+            url,
+            model_cfg=model_cfg,
+            api_key=api_key,
+            weights_dir=service.weights_dir,
+            vocab_size=model_cfg.vocab_size,
+        )
+    return SGLangEngine(
+        url, api_key=api_key, weights_dir=service.weights_dir, vocab_size=model_cfg.vocab_size
     )
 
 

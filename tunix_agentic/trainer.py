@@ -250,7 +250,7 @@ class Trainer:
         if ray_engines is not None:  # an engine Ray restarts elsewhere: the pool follows it
             ray_engines.moved_to.append(engine.repoint)
         # Engine servers (named, or the run's Ray engines): nothing to compile here.
-        external = bool(cfg.rollout.service.engine_urls or engine_urls)
+        external = bool(cfg.rollout.service.engine_urls or engine_urls or cfg.engine.urls)
         members = [] if external else getattr(engine, "engines", [engine])  # cross-policy pool?
         for member in members:  # constrained decoding, for the nodes' OpenAI endpoint
             member.use_tokenizer(self.tokenizer)

@@ -11,6 +11,8 @@
 (compile for a TPU that is not here: memory per chip, FLOPs, fit)
 ``tunix-agentic serve-engine [--config PATH] [--params DIR] [--host H] [--port P]
 [--api-key KEY] [--weights-dir DIR ...] [--header-timeout S] [--body-timeout S] [key.path=value ...]``
+``tunix-agentic serve-vllm --model DIR [--port P] [--python EXE] [--max-model-len N]`` (a real
+vLLM server for ``engine.backend: vllm``; loopback only)
 ``tunix-agentic sandbox [--config PATH] [--backend auto|bwrap|process] [--timeout S] -- CMD ...``
 ``tunix-agentic serve-env --env NAME [--config PATH] [--sandbox-backend B] [--import MODULE ...]
 [--host H] [--port P] [--api-key KEY] [--header-timeout S] [--body-timeout S]``
@@ -32,6 +34,7 @@ from tunix_agentic.aot.cli import add_aot
 from tunix_agentic.cli.eval_cmd import add_eval
 from tunix_agentic.cli.platforms import keep_jax_off_absent_tpu
 from tunix_agentic.cli.show import add_show
+from tunix_agentic.cli.vllm_cmd import add_serve_vllm
 from tunix_agentic.compare.cli import add_compare
 from tunix_agentic.report import add_report
 
@@ -122,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_report,
         add_show,
         add_aot,
+        add_serve_vllm,
     ):
         add(sub)
     return parser

@@ -45,8 +45,32 @@ class EngineConfig:
     # window_buckets() that holds every live slot's position at the chunk's end (one compiled
     # decode per bucket); "full": all max_seq_len positions every step (one shape).
     decode_window: Literal["bucketed", "full"] = "bucketed"
+    # Which engine samples: "jax" (ours, in this process), or servers at ``urls`` spoken to
+    # over HTTP: "sglang" (SGLang's native API: SGLang, serve-engine) or "vllm" (a real vLLM
+    # started by `tunix-agentic serve-vllm`; serving/vllm_client.py). The fields above are
+    # the JAX engine's; a server has its own.
+    backend: Literal["jax", "sglang", "vllm"] = "jax"
+    urls: tuple[str, ...] = ()
 
     def __post_init__(self):
+        if self.backend not in ("jax", "sglang", "vllm"):
+            raise ValueError(
+                f"engine.backend must be 'jax', 'sglang' or 'vllm', got {self.backend!r}"
+            )
+        urls = (self.urls,) if isinstance(self.urls, str) else tuple(self.urls or ())
+        object.__setattr__(self, "urls", urls)
+        for i, url in enumerate(urls):
+            if not (isinstance(url, str) and url.startswith(("http://", "https://"))):
+                raise ValueError(
+                    f"engine.urls[{i}] must be an http(s)://HOST:PORT URL, got {url!r}"
+                )
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"engine.urls names a URL twice: {list(urls)}")
+        if urls and self.backend == "jax":
+            raise ValueError(
+                "engine.urls names servers but engine.backend is 'jax' (in process): "
+                "set engine.backend to 'sglang' or 'vllm'"
+            )
         for name in ("max_slots", "max_seq_len", "decode_steps", "min_prefill_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"engine.{name} must be >= 1, got {getattr(self, name)}")

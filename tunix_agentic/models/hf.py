@@ -449,13 +449,47 @@ def save_hf(
     ``base_config``: the ``config.json`` the model came from; its other fields
     (``max_position_embeddings``, token ids, ...) are kept, the shape is ours.
     """
+    out = Path(out_dir)
+    cfg = model.cfg
+    dtype = dtype or cfg.dtype
+    save_hf_weights(
+        nnx.state(model, nnx.Param), cfg, out, dtype=dtype, max_shard_bytes=max_shard_bytes
+    )
+    base_config = dict(base_config or {})
+    hf_config = {
+        **base_config,
+        **config_to_hf(
+            dataclasses.replace(cfg, dtype=dtype),
+            max_position_embeddings=int(base_config.get("max_position_embeddings", 32_768)),
+        ),
+    }
+    (out / "config.json").write_text(json.dumps(hf_config, indent=2))
+    if tokenizer_dir is not None:
+        for name in TOKENIZER_FILES:
+            src = Path(tokenizer_dir) / name
+            if src.is_file() and src.resolve() != (out / name).resolve():
+                shutil.copy(src, out / name)
+    return out
+
+
+def save_hf_weights(
+    params: Any,
+    cfg: ModelConfig,
+    out_dir: str | Path,
+    *,
+    dtype: str | None = None,
+    max_shard_bytes: int = 4 * 2**30,
+) -> Path:
+    """Write ``params`` (a model's ``nnx.Param`` state, or its pure dict) as Hugging Face
+    safetensors under ``out_dir``, named as ``cfg``'s model names them: ``model.safetensors``,
+    or shards with an index past ``max_shard_bytes``. Only the tensors (what an inference
+    server reloads in place); :func:`save_hf` adds ``config.json`` and the tokenizer."""
     from safetensors.flax import save_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = model.cfg
     dtype = dtype or cfg.dtype
-    pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    pure = nnx.to_pure_dict(params) if isinstance(params, nnx.State) else params
     shards: list[dict[str, jax.Array]] = [{}]
     size = 0
     for ours, hf, transposed in weight_names(cfg):
@@ -473,27 +507,13 @@ def save_hf(
     metadata = {"format": "pt"}  # transformers refuses safetensors files without it
     if len(shards) == 1:
         save_file(shards[0], str(out / "model.safetensors"), metadata=metadata)
-    else:
-        weight_map = {}
-        for i, shard in enumerate(shards, 1):
-            name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, str(out / name), metadata=metadata)
-            weight_map.update(dict.fromkeys(shard, name))
-        total = sum(a.nbytes for shard in shards for a in shard.values())
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    base_config = dict(base_config or {})
-    hf_config = {
-        **base_config,
-        **config_to_hf(
-            dataclasses.replace(cfg, dtype=dtype),
-            max_position_embeddings=int(base_config.get("max_position_embeddings", 32_768)),
-        ),
-    }
-    (out / "config.json").write_text(json.dumps(hf_config, indent=2))
-    if tokenizer_dir is not None:
-        for name in TOKENIZER_FILES:
-            src = Path(tokenizer_dir) / name
-            if src.is_file() and src.resolve() != (out / name).resolve():
-                shutil.copy(src, out / name)
+        return out
+    weight_map = {}
+    for i, shard in enumerate(shards, 1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out / name), metadata=metadata)
+        weight_map.update(dict.fromkeys(shard, name))
+    total = sum(a.nbytes for shard in shards for a in shard.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     return out

@@ -521,11 +521,15 @@ class SGLangEngine:
             await asyncio.gather(previous, return_exceptions=True)
         loop = asyncio.get_running_loop()
         path = await loop.run_in_executor(None, self._weights.path_for, version)
-        await loop.run_in_executor(None, _save_alone, path, params)
+        await loop.run_in_executor(None, self._save_weights, path, params)
         await self.update_weights_from_disk(path, version)
         old, self._written = self._written, path
         if old is not None and old != path:
             await loop.run_in_executor(None, shutil.rmtree, old, True)
+
+    def _save_weights(self, path: Path, params: Any) -> None:
+        """Write ``params`` where the server will read them (orbax, ``save_params``)."""
+        _save_alone(path, params)
 
     async def wait_weights(self) -> None:
         """Await pending weight updates; re-raise the first failure."""

@@ -1,0 +1,218 @@
+"""Start a real vLLM server for a run's model, with what :class:`VLLMEngine` needs.
+
+vLLM lives in its own interpreter as a rule (its torch build is not the one the rest of
+the project may use): ``$TUNIX_AGENTIC_VLLM_PYTHON`` or ``python=`` names it, else this
+interpreter. The server is ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm``
+console script of the CPU wheel looks up a distribution named ``vllm`` and fails) with
+the token route (``--enable-scale-out``), logprobs after temperature
+(``--logprobs-mode processed_logprobs``), no sampling defaults from the model's
+``generation_config.json`` (``--generation-config vllm``), and the weight routes
+(``VLLM_SERVER_DEV_MODE=1``). ``--enforce-eager`` by default: on a CPU the compiled mode
+takes minutes to start. Nothing here imports vLLM or JAX.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+VLLM_PYTHON_ENV = "TUNIX_AGENTIC_VLLM_PYTHON"
+INSTALL_HINT = (
+    "pip install 'tunix-agentic[vllm]' (vLLM's CPU build; on a GPU: pip install vllm) into "
+    f"this environment, or name an interpreter that has it in ${VLLM_PYTHON_ENV}"
+)
+
+
+class VLLMUnavailable(RuntimeError):
+    """vLLM cannot be imported by the interpreter that would run it (one line, with the
+    install command)."""
+
+
+def vllm_python(python: str | None = None) -> str:
+    """The interpreter that runs vLLM: ``python``, ``$TUNIX_AGENTIC_VLLM_PYTHON``, or this
+    one; :class:`VLLMUnavailable` when it cannot import vLLM."""
+    exe = python or os.environ.get(VLLM_PYTHON_ENV) or sys.executable
+    try:
+        probe = subprocess.run(
+            [exe, "-c", "import vllm.entrypoints.openai.api_server"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise VLLMUnavailable(f"cannot run {exe} to start vLLM ({exc}): {INSTALL_HINT}") from exc
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+        raise VLLMUnavailable(f"{exe} cannot import vLLM ({last}): {INSTALL_HINT}")
+    return exe
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def vllm_command(
+    model_dir: str | Path,
+    *,
+    python: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    max_model_len: int | None = None,
+    dtype: str = "auto",
+    max_num_seqs: int | None = None,
+    eager: bool = True,
+    extra: list[str] | tuple[str, ...] = (),
+) -> list[str]:
+    """The command line of a vLLM server :class:`VLLMEngine` can use."""
+    cmd = [
+        python, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir),
+        "--host", host,
+        "--port", str(port),
+        "--dtype", dtype,
+        "--enable-scale-out",
+        "--logprobs-mode", "processed_logprobs",
+        "--generation-config", "vllm",
+        "--enable-prompt-tokens-details",
+    ]  # fmt: skip
+    if eager:
+        cmd.append("--enforce-eager")
+    if max_model_len is not None:
+        cmd += ["--max-model-len", str(int(max_model_len))]
+    if max_num_seqs is not None:
+        cmd += ["--max-num-seqs", str(int(max_num_seqs))]
+    return cmd + list(extra)
+
+
+def vllm_env(*, kv_cache_gib: float | None = None, api_key: str | None = None) -> dict[str, str]:
+    """The environment of a vLLM server: this one with the weight routes on, the CPU KV
+    cache's size in GiB (vLLM's CPU build reads ``VLLM_CPU_KVCACHE_SPACE``) and the API
+    key (``VLLM_API_KEY``; kept off the command line, where every user could read it)."""
+    env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
+    if kv_cache_gib is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{kv_cache_gib:g}"
+    if api_key:
+        env["VLLM_API_KEY"] = api_key
+    return env
+
+
+class VLLMServer:
+    """A vLLM server process: :meth:`start`, :meth:`wait_ready`, :meth:`stop` (or use it as
+    a context manager, which does all three). Its output goes to ``log_path`` (else ours)."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        python: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_model_len: int | None = None,
+        dtype: str = "auto",
+        max_num_seqs: int | None = None,
+        kv_cache_gib: float | None = 1.0,
+        api_key: str | None = None,
+        log_path: str | Path | None = None,
+        eager: bool = True,
+        extra: list[str] | tuple[str, ...] = (),
+    ):
+        if not (Path(model_dir) / "config.json").is_file():
+            raise FileNotFoundError(f"{model_dir}: no config.json (not a Hugging Face model dir)")
+        self.python = vllm_python(python)
+        self.host, self.port = host, port or free_port(host)
+        self.cmd = vllm_command(
+            model_dir,
+            python=self.python,
+            host=host,
+            port=self.port,
+            max_model_len=max_model_len,
+            dtype=dtype,
+            max_num_seqs=max_num_seqs,
+            eager=eager,
+            extra=extra,
+        )
+        self.env = vllm_env(kv_cache_gib=kv_cache_gib, api_key=api_key)
+        self.log_path = Path(log_path) if log_path else None
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> VLLMServer:
+        """Start the process (its output to ``log_path``, or to ours without one)."""
+        out = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115
+        try:
+            # Its own process group: stop() ends the API server and its engine core together.
+            self.proc = subprocess.Popen(
+                self.cmd,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT if out else None,
+                start_new_session=True,
+            )
+        finally:
+            if out is not None:
+                out.close()
+        return self
+
+    def _tail(self) -> str:
+        if self.log_path is None or not self.log_path.is_file():
+            return ""
+        lines = self.log_path.read_text(errors="replace").strip().splitlines()
+        return "\n".join(lines[-15:])
+
+    def wait_ready(self, timeout_s: float = 600.0) -> None:
+        """Until ``GET /health`` answers 200; RuntimeError (with the log's tail) if the
+        process ends first or ``timeout_s`` passes."""
+        assert self.proc is not None, "start() first"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"vLLM exited with code {self.proc.returncode} while starting:\n{self._tail()}"
+                )
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise RuntimeError(f"vLLM was not ready after {timeout_s:.0f}s:\n{self._tail()}")
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM to the server's process group, SIGKILL after ``timeout_s``."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> VLLMServer:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
