@@ -439,6 +439,52 @@ async def test_update_weights_from_disk(engine, url, tmp_path):
 
 
 @in_module_loop
+async def test_a_client_that_knows_the_model_sends_safetensors_as_sglang_reads(
+    engine, url, tmp_path
+):
+    """With ``model_cfg`` the client writes Hugging Face safetensors alone (what real
+    SGLang and vLLM load; SGLang cannot read orbax), and serve-engine loads them too."""
+    prompt = [3, 1, 4, 1, 5]
+    original = engine.params
+    other = nnx.state(tiny_model(seed=11), nnx.Param)
+    engine.update_weights(other, engine.version)
+    want = await engine.generate(prompt, GREEDY)
+    engine.update_weights(original, engine.version)
+    v = engine.version + 1
+    client = SGLangEngine(url, model_cfg=engine.model_config, weights_dir=str(tmp_path / "w"))
+    try:
+        assert await asyncio.wait_for(client.update_weights(other, v), 60) == v
+        written = next((tmp_path / "w").glob("v*"))
+        assert sorted(p.name for p in written.iterdir()) == ["model.safetensors"]
+        out = await client.generate(prompt, GREEDY)
+        assert out.token_ids == want.token_ids and out.versions == [v] * len(out.token_ids)
+    finally:
+        await client.close()
+        engine.update_weights(original, max(engine.version, v))
+
+
+def test_sglangs_weight_version_spans_label_each_token():
+    """Real SGLang (0.5.23) labels tokens by spans, not by our ``output_token_versions``."""
+    from tunix_agentic.serving.client import parse_generate_response
+
+    body = {
+        "output_ids": [7, 8, 9],
+        "meta_info": {
+            "output_token_logprobs": [[-0.1, 7, None], [-0.2, 8, None], [-0.3, 9, None]],
+            "finish_reason": {"type": "length", "length": 3},
+            "weight_version": "4",
+            "weight_versions": [
+                {"version": "3", "start": 0, "end": 1},
+                {"version": "4", "start": 1, "end": 3},
+            ],
+        },
+    }
+    assert parse_generate_response(body).versions == [3, 4, 4]
+    del body["meta_info"]["weight_versions"]
+    assert parse_generate_response(body).versions == [4, 4, 4]
+
+
+@in_module_loop
 async def test_clients_sharing_a_weights_dir_never_write_the_same_directory(engine, url, tmp_path):
     """A pool's clients (one per server) share one weights_dir: each writes its own."""
     shared = tmp_path / "shared"
@@ -469,10 +515,10 @@ async def test_update_weights_loads_the_directory_it_checked(engine, tmp_path, m
     link.symlink_to(allowed / "good")
     load = weight_load.load_like
 
-    def swap_then_load(path, params_like):  # the attacker wins the race every time
+    def swap_then_load(path, params_like, cfg=None):  # the attacker wins the race every time
         link.unlink()
         link.symlink_to(outside / "evil")
-        return load(path, params_like)
+        return load(path, params_like, cfg)
 
     monkeypatch.setattr(weight_load, "load_like", swap_then_load)
     runner, port = await start_server(engine, weight_dirs=[allowed])

@@ -213,8 +213,12 @@ def _server_client(config: RunConfig, url: str, model_cfg, api_key: str | None):
             weights_dir=service.weights_dir,
             vocab_size=model_cfg.vocab_size,
         )
-    return SGLangEngine(
-        url, api_key=api_key, weights_dir=service.weights_dir, vocab_size=model_cfg.vocab_size
+    return SGLangEngine(  # safetensors: what SGLang and serve-engine both load
+        url,
+        model_cfg=model_cfg,
+        api_key=api_key,
+        weights_dir=service.weights_dir,
+        vocab_size=model_cfg.vocab_size,
     )
 
 

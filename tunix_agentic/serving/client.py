@@ -45,14 +45,21 @@ _MAX_CONNECTIONS = 1024  # one per in-flight request; aiohttp's default of 100 w
 # even to different directories: this process's clients write weights one at a time.
 _SAVE_LOCK = threading.Lock()
 _ABORT_TIMEOUT_S = 5.0
+# An idle connection is closed on our side after this long, before the server's own
+# keep-alive ends it (uvicorn's default, SGLang's and vLLM's, is 5 s): a request sent on a
+# connection the server is closing fails as "Server disconnected", after the server may
+# have read it.
+_KEEPALIVE_S = 4.0
 
 
 def sampling_to_json(sampling: SamplingParams) -> dict[str, Any]:
     """SGLang ``sampling_params`` with our semantics.
 
-    ``top_k`` off is -1 in SGLang. ``ignore_eos`` and ``no_stop_trim`` make
-    SGLang stop only on ``stop_token_ids`` and keep the stop token in
-    ``output_ids``, as our engines do.
+    ``top_k`` off is -1 in SGLang. SGLang keeps the stop token in ``output_ids``, as our
+    engines do, and checks ``stop_token_ids`` only while ``ignore_eos`` is false (0.5.23,
+    ``Req._check_token_based_finish``), so ``ignore_eos`` stays false: the model's own
+    end-of-sequence ids end a request too (a chat template's end of turn is among the
+    run's stop ids anyway). ``no_stop_trim`` keeps it in ``text`` as well.
     """
     out: dict[str, Any] = {
         "temperature": sampling.temperature,
@@ -60,7 +67,7 @@ def sampling_to_json(sampling: SamplingParams) -> dict[str, Any]:
         "top_k": sampling.top_k if sampling.top_k > 0 else -1,
         "max_new_tokens": sampling.max_new_tokens,
         "stop_token_ids": list(sampling.stop_token_ids),
-        "ignore_eos": True,
+        "ignore_eos": False,
         "no_stop_trim": True,
     }
     if sampling.seed is not None:
@@ -98,9 +105,10 @@ def parse_generate_response(
     """An SGLang ``/generate`` answer -> :class:`TokenOutput`; EngineError if malformed,
     :class:`BadReply` if impossible (see :func:`check_reply`).
 
-    Per-token versions come from our ``output_token_versions`` extension, else
-    every token gets the answer's ``weight_version`` (``default_version`` when
-    that is not an integer, as SGLang's "default" is not).
+    Per-token versions come from our ``output_token_versions`` extension, else from
+    SGLang's ``weight_versions`` spans (``[{version, start, end}]``), else every token
+    gets the answer's ``weight_version`` (``default_version`` for a label that is not an
+    integer, as SGLang's "default" is not).
     """
     try:
         ids = [int(t) for t in body["output_ids"]]
@@ -111,7 +119,8 @@ def parse_generate_response(
         matched = finish.get("matched") if isinstance(finish, dict) else None
         versions = meta.get("output_token_versions")
         if versions is None:
-            versions = [_as_int(meta.get("weight_version"), default_version)] * len(ids)
+            last = _as_int(meta.get("weight_version"), default_version)
+            versions = versions_of(meta.get("weight_versions"), len(ids), last)
         out = TokenOutput(
             token_ids=ids,
             logprobs=logprobs,
@@ -128,6 +137,18 @@ def parse_generate_response(
     if why is not None:
         raise BadReply(f"impossible /generate reply: {why}")
     return out
+
+
+def versions_of(spans: Any, n: int, default: int) -> list[int]:
+    """Per-token versions of ``n`` tokens from ``[{"version", "start", "end"}, ...]`` spans
+    (SGLang's and vLLM's ``weight_versions``; a label that is not an integer, or a token
+    no span covers, is ``default``)."""
+    versions = [default] * n
+    for span in spans or ():
+        v = _as_int(span["version"], default)
+        for i in range(max(int(span["start"]), 0), min(int(span["end"]), n)):
+            versions[i] = v
+    return versions
 
 
 def _json_or_none(text: str) -> Any:
@@ -235,8 +256,15 @@ class SGLangEngine:
         api_key: str | None = None,
         vocab_size: int | None = None,
         max_version: Callable[[], int | None] | None = None,
+        model_cfg: Any = None,
+        weights_dtype: str | None = None,
     ):
         self.base_url = base_url.rstrip("/")
+        # With the model's config the weights are written as Hugging Face safetensors
+        # (what real SGLang and vLLM load, and serve-engine too), else as an orbax
+        # checkpoint (serve-engine only). ``weights_dtype``: written as (default: the model's).
+        self.model_cfg = model_cfg
+        self.weights_dtype = weights_dtype
         # What a reply is checked against (BadReply otherwise): the model's vocabulary,
         # and the newest version it may carry (a rollout node's published one, read per reply).
         self.vocab_size = vocab_size
@@ -278,7 +306,9 @@ class SGLangEngine:
         if session is None or session.closed:
             self._sessions = {k: v for k, v in self._sessions.items() if not k.is_closed()}
             session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=_MAX_CONNECTIONS),
+                connector=aiohttp.TCPConnector(
+                    limit=_MAX_CONNECTIONS, keepalive_timeout=_KEEPALIVE_S
+                ),
                 timeout=aiohttp.ClientTimeout(total=self.request_timeout_s),
                 headers=self._headers,
             )
@@ -528,8 +558,15 @@ class SGLangEngine:
             await loop.run_in_executor(None, shutil.rmtree, old, True)
 
     def _save_weights(self, path: Path, params: Any) -> None:
-        """Write ``params`` where the server will read them (orbax, ``save_params``)."""
-        _save_alone(path, params)
+        """Write ``params`` where the server will read them: Hugging Face safetensors
+        named as ``model_cfg`` names them, or without it an orbax checkpoint."""
+        if self.model_cfg is None:
+            _save_alone(path, params)
+            return
+        from tunix_agentic.models.hf import save_hf_weights  # JAX: only where weights move
+
+        with _SAVE_LOCK:
+            save_hf_weights(params, self.model_cfg, path, dtype=self.weights_dtype)
 
     async def wait_weights(self) -> None:
         """Await pending weight updates; re-raise the first failure."""

@@ -395,7 +395,13 @@ async def handle_update_weights(request: web.Request) -> web.Response:
         loop = asyncio.get_running_loop()
         params_like = engine.params  # the tree to restore into
         try:
-            params = await loop.run_in_executor(None, weight_load.load_pinned, fd, params_like)
+            params = await loop.run_in_executor(
+                None,
+                weight_load.load_pinned,
+                fd,
+                params_like,
+                getattr(engine, "model_config", None),
+            )
             update = engine.update_weights(params, version)
         except Exception as exc:  # a mismatched tree, an unreadable checkpoint
             return fail(f"cannot load weights from {path!r}: {type(exc).__name__}: {exc}")

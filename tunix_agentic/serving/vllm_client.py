@@ -35,11 +35,11 @@ from tunix_agentic.inference.base import (
 from tunix_agentic.inference.params import SamplingParams
 from tunix_agentic.serving.client import (
     _ABORT_TIMEOUT_S,
-    _SAVE_LOCK,
     BadReply,
     SGLangEngine,
     _error_message,
     check_reply,
+    versions_of,
 )
 
 # vLLM's own prefix on the id of a request made through /inference/v1/generate: an abort
@@ -80,13 +80,6 @@ def vllm_sampling(sampling: SamplingParams) -> dict[str, Any]:
     return out
 
 
-def _version_of(label: Any, default: int) -> int:
-    try:
-        return int(label)
-    except (TypeError, ValueError):
-        return default  # vLLM's "default" before any update names no version of ours
-
-
 def parse_vllm_response(
     body: Any,
     *,
@@ -108,11 +101,7 @@ def parse_vllm_response(
         ids = [int(t) for t in choice["token_ids"] or []]
         content = (choice.get("logprobs") or {}).get("content") or []
         logprobs = [float(c["logprob"]) for c in content]
-        versions = [default_version] * len(ids)
-        for span in choice.get("weight_versions") or []:
-            v = _version_of(span["version"], default_version)
-            for i in range(max(int(span["start"]), 0), min(int(span["end"]), len(ids))):
-                versions[i] = v
+        versions = versions_of(choice.get("weight_versions"), len(ids), default_version)
         reason = choice.get("finish_reason") or "length"
         stop = choice.get("stop_reason")
         usage = body.get("usage") or {}
@@ -152,17 +141,8 @@ class VLLMEngine(SGLangEngine):
     updates) is :class:`~tunix_agentic.serving.client.SGLangEngine`'s.
     """
 
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        model_cfg: Any = None,
-        weights_dtype: str | None = None,
-        **kwargs: Any,
-    ):
+    def __init__(self, base_url: str, **kwargs: Any):
         super().__init__(base_url, **kwargs)
-        self.model_cfg = model_cfg
-        self.weights_dtype = weights_dtype
         self.last_reload_s: float | None = None  # the last update's pause-to-resume seconds
 
     async def generate(
@@ -273,11 +253,8 @@ class VLLMEngine(SGLangEngine):
         self._version = int(version)
 
     def _save_weights(self, path: Path, params: Any) -> None:
-        if self.model_cfg is None:
+        if self.model_cfg is None:  # vLLM reads safetensors only
             raise EngineError(
                 f"{self.name}: VLLMEngine(model_cfg=...) is needed to write weights vLLM reads"
             )
-        from tunix_agentic.models.hf import save_hf_weights  # JAX: only where weights move
-
-        with _SAVE_LOCK:
-            save_hf_weights(params, self.model_cfg, path, dtype=self.weights_dtype)
+        super()._save_weights(path, params)

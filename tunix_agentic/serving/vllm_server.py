@@ -95,9 +95,12 @@ def vllm_command(
 
 def vllm_env(*, kv_cache_gib: float | None = None, api_key: str | None = None) -> dict[str, str]:
     """The environment of a vLLM server: this one with the weight routes on, the CPU KV
-    cache's size in GiB (vLLM's CPU build reads ``VLLM_CPU_KVCACHE_SPACE``) and the API
+    cache's size in GiB (vLLM's CPU build reads ``VLLM_CPU_KVCACHE_SPACE``), idle
+    connections kept for a minute (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``) and the API
     key (``VLLM_API_KEY``; kept off the command line, where every user could read it)."""
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
+    # Idle connections kept a minute (vLLM's default is 5 s; clients close theirs at 4).
+    env.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "60")
     if kv_cache_gib is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{kv_cache_gib:g}"
     if api_key:

@@ -42,18 +42,19 @@ def open_inside(path: str, roots: tuple[Path, ...]) -> int | None:
     return None
 
 
-def load_pinned(fd: int, params_like: Any) -> Any:
+def load_pinned(fd: int, params_like: Any, cfg: Any = None) -> Any:
     """:func:`load_like` from the directory open as ``fd``, which it closes (here, on the
     loading thread: a cancelled request must not free the number while it is read)."""
     try:
-        return load_like(f"/proc/self/fd/{fd}", params_like)
+        return load_like(f"/proc/self/fd/{fd}", params_like, cfg)
     finally:
         os.close(fd)
 
 
-def load_like(path: str, params_like: Any) -> Any:
-    """``load_params`` (or, for a Hugging Face model directory, its safetensors), each
-    array placed where the engine's current one lives.
+def load_like(path: str, params_like: Any, cfg: Any = None) -> Any:
+    """``load_params`` (or, for a Hugging Face model directory or a directory of its
+    safetensors alone, named as the model ``cfg`` names them, the tensors), each array
+    placed where the engine's current one lives.
 
     The engine keeps its parameters committed to their devices (it commits what
     ``update_weights`` gets), so arrays placed like them reuse the compiled
@@ -61,5 +62,7 @@ def load_like(path: str, params_like: Any) -> Any:
     """
     if is_hf_dir(path):
         return load_hf_params(path, params_like)
+    if cfg is not None and any(Path(path).glob("*.safetensors")):  # what SGLang reads too
+        return load_hf_params(path, params_like, cfg=cfg)
     loaded = load_params(path, params_like)
     return jax.tree.map(lambda new, old: jax.device_put(new, old.sharding), loaded, params_like)
