@@ -301,3 +301,33 @@ def nnx_state(model):
     from flax import nnx
 
     return nnx.state(model, nnx.Param)
+
+
+@pytest.mark.heavy
+def test_serve_vllm_prints_its_url_and_stops_vllm_on_sigterm(smollm2_dir):
+    """The command a user runs: it serves once ready, says where, and SIGTERM ends vLLM's
+    processes with it."""
+    import re
+    import signal
+    import urllib.request
+
+    python = _build_vllm_python()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tunix_agentic", "serve-vllm", "--model", str(smollm2_dir),
+         "--port", "0", "--max-model-len", "256", "--python", python],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        for line in proc.stdout:  # vLLM's own log lines come first
+            if line.startswith("vLLM serving"):
+                break
+        url = re.search(r"at (http://\S+);", line).group(1)
+        with urllib.request.urlopen(url + "/health", timeout=10) as resp:
+            assert resp.status == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        with pytest.raises(OSError):
+            urllib.request.urlopen(url + "/health", timeout=5)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

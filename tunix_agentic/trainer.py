@@ -33,7 +33,7 @@ from tunix_agentic.config import (
     to_dict,
 )
 from tunix_agentic.evaluation import EvalResult, evaluate, evaluate_beside_training, log_eval
-from tunix_agentic.inference.base import InferenceEngine
+from tunix_agentic.inference.base import EngineError, InferenceEngine, WeightUpdate
 from tunix_agentic.inference.engine import JaxEngine
 from tunix_agentic.learners.grpo import GRPOLearner
 from tunix_agentic.metrics.engine import EngineWindow
@@ -272,11 +272,10 @@ class Trainer:
                     stop_requested=lambda: bool(self._signals and self._signals.requested),
                 )
             learner = GRPOLearner(model, cfg.learner, seed=cfg.seed)
-            params = learner.params_for_engine()
-            for member in members or [engine]:
-                member.update_weights(params, start_step)
-        elif external:  # the servers hold whatever they were started with
-            engine.update_weights(learner.params_for_engine(), start_step)
+        if not restored or external:  # servers hold whatever they were started with
+            await self._signals.race(
+                _give_weights(members or [engine], learner, start_step, metrics, wait=external)
+            )
         with metrics.span("engine_warmup_wait"):
             warmed = await self._signals.race(asyncio.shield(warm))
         if warmed:
@@ -524,6 +523,23 @@ def _step_scalars(
         "throughput/step_s": report.wall_s,
         **window.scalars(),
     }
+
+
+async def _give_weights(
+    engines: list, learner: GRPOLearner, version: int, metrics: MetricsRecorder, *, wait: bool
+) -> None:
+    """The run's starting weights to its engines; with ``wait`` (engine servers, which
+    load them over seconds: nothing may be sampled before) until they hold them, a
+    ConfigError (the run cannot sample its own policy) if none could load them."""
+    params = learner.params_for_engine()
+    updates = [e.update_weights(params, version) for e in engines]
+    if not wait:
+        return
+    try:
+        with metrics.span("weight_sync"):
+            await WeightUpdate.of(updates[0], version)
+    except EngineError as exc:
+        raise ConfigError(f"the engine servers could not load the run's weights: {exc}") from exc
 
 
 async def _settle(fut: asyncio.Future) -> None:

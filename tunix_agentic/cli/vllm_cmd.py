@@ -79,18 +79,25 @@ def serve_vllm(args: argparse.Namespace) -> int:
         print(f"tunix-agentic: error: {exc}", file=sys.stderr)
         return 2
     print(" ".join(server.cmd), file=sys.stderr)
-    server.start()  # its output is ours; SIGTERM and Ctrl-C stop it with us
+    server.start()  # its output is ours
+
+    def _exit(*_):  # stop() runs below, not here: the wait this interrupts holds a lock
+        raise SystemExit(0)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: (server.stop(), sys.exit(0)))
+        signal.signal(sig, _exit)
     try:
-        server.wait_ready()
-    except RuntimeError as exc:
-        print(f"tunix-agentic: error: {exc}", file=sys.stderr)
-        return 1
-    print(
-        f"vLLM serving {args.model} at {server.url}; train with engine.backend=vllm "
-        f"engine.urls=[{server.url}]",
-        flush=True,
-    )
-    code = server.proc.wait() if server.proc else 0
+        try:
+            server.wait_ready()
+        except RuntimeError as exc:
+            print(f"tunix-agentic: error: {exc}", file=sys.stderr)
+            return 1
+        print(
+            f"vLLM serving {args.model} at {server.url}; train with engine.backend=vllm "
+            f"engine.urls=[{server.url}]",
+            flush=True,
+        )
+        code = server.proc.wait() if server.proc else 0
+    finally:
+        server.stop()  # SIGTERM and Ctrl-C stop vLLM with us
     return 0 if code in (0, -signal.SIGTERM) else code

@@ -214,14 +214,19 @@ def check_reply(
     return None
 
 
-def _save_alone(path: Path, params: Any) -> None:
-    """``save_params``, never at the same time as another client's of this process."""
+def _save_alone(path: Path, params: Any, cfg: Any = None, dtype: str | None = None) -> None:
+    """``save_params`` (or with the model's ``cfg``, ``save_hf_weights``), never at the
+    same time as another client's of this process."""
     # Imported here: writing weights needs orbax and JAX, a client that only generates
     # (a CPU-only rollout node) does not.
     from tunix_agentic.checkpoint import save_params
+    from tunix_agentic.models.hf import save_hf_weights
 
     with _SAVE_LOCK:
-        save_params(path, params)
+        if cfg is None:
+            save_params(path, params)
+        else:
+            save_hf_weights(params, cfg, path, dtype=dtype)
 
 
 def _error_message(data: Any, text: str) -> str:
@@ -560,13 +565,7 @@ class SGLangEngine:
     def _save_weights(self, path: Path, params: Any) -> None:
         """Write ``params`` where the server will read them: Hugging Face safetensors
         named as ``model_cfg`` names them, or without it an orbax checkpoint."""
-        if self.model_cfg is None:
-            _save_alone(path, params)
-            return
-        from tunix_agentic.models.hf import save_hf_weights  # JAX: only where weights move
-
-        with _SAVE_LOCK:
-            save_hf_weights(params, self.model_cfg, path, dtype=self.weights_dtype)
+        _save_alone(path, params, self.model_cfg, self.weights_dtype)
 
     async def wait_weights(self) -> None:
         """Await pending weight updates; re-raise the first failure."""
