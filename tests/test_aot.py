@@ -154,16 +154,15 @@ def _no_ratio_below_one(program: dict) -> None:
         assert ratio is None or ratio >= 1.0, (program["name"], key, ratio)
 
 
-def test_a_model_too_big_for_the_chip_exits_3_naming_the_learner(tmp_path, capsys, monkeypatch):
-    # One wide layer with Qwen3's vocabulary, full fine-tuning with a float32 master copy:
-    # ~2.5 G parameters x 16 bytes of state is beyond a 16 GiB v5e chip.
-    monkeypatch.setattr("tunix_agentic.aot.fit.GROWTH", 1)
+def _too_big_aot(tmp_path: Path, *flags: str) -> int:
+    """``aot`` on one wide layer with Qwen3's vocabulary, full fine-tuning with a float32
+    master copy: ~2.5 G parameters x 16 bytes of state is beyond a 16 GiB v5e chip."""
     shutil.copy(MODELS / "Qwen3-8B" / "config.json", tmp_path / "config.json")
     cfg = json.loads((tmp_path / "config.json").read_text())
     cfg.update(num_hidden_layers=1, intermediate_size=131072)
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    code = _tiny_aot(
-        "--fit",
+    return _tiny_aot(
+        *flags,
         *SMALL,
         "learner.micro_batch_rows=2",
         "model.source=hf",
@@ -172,13 +171,33 @@ def test_a_model_too_big_for_the_chip_exits_3_naming_the_learner(tmp_path, capsy
         "learner.optimizer.master_dtype=float32",
         "learner.lora.rank=0",
     )
-    captured = capsys.readouterr()
-    err = captured.err
+
+
+def test_a_model_too_big_for_the_chip_exits_3_naming_the_learner(tmp_path, capsys):
+    code = _too_big_aot(tmp_path)
+    err = capsys.readouterr().err
     assert code == 3
     assert re.search(r"learner\.train_step\[.*GiB over", err), err
     assert "learner.lora.rank" in err
-    # --fit: the learner's knobs bind at the recipe's values already, naming the train
-    # step; the engine (one try each: GROWTH 1) fits at its slots.
+
+
+def test_fit_tries_each_knob_on_a_small_run(capsys, monkeypatch):
+    monkeypatch.setattr("tunix_agentic.aot.fit.GROWTH", 1)
+    assert _tiny_aot("--fit", *SMALL) == 0
+    out = capsys.readouterr().out.split("(--fit):")[1].strip().splitlines()
+    fits = {line.split(":")[0].strip(): line.strip() for line in out}
+    assert set(fits) == {"learner.micro_batch_rows", "rollout.groups_per_batch", "engine.max_slots"}
+    assert all(" fits" in line for line in fits.values()), fits
+
+
+# Three more compiles of the too-big learner: past CI's budget (`pytest -m heavy`).
+@pytest.mark.heavy
+def test_fit_names_what_binds_on_a_model_too_big_for_the_chip(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("tunix_agentic.aot.fit.GROWTH", 1)
+    assert _too_big_aot(tmp_path, "--fit") == 3
+    captured = capsys.readouterr()
+    # The learner's knobs bind at the recipe's values already, naming the train step; the
+    # engine (one try each: GROWTH 1) fits at its slots.
     fits = {
         line.split(":")[0].strip(): line.strip()
         for line in captured.out.split("(--fit):")[1].strip().splitlines()
