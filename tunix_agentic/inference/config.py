@@ -5,8 +5,20 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Literal
+from urllib.parse import urlsplit
 
 from tunix_agentic.mesh_config import MeshConfig
+
+
+def check_urls(urls: tuple[str, ...], key: str) -> None:
+    """ValueError naming ``key[i]`` unless every one of ``urls`` is an http(s) URL with a
+    host, each named once."""
+    for i, url in enumerate(urls):
+        parts = urlsplit(url) if isinstance(url, str) else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{key}[{i}] must be an http(s)://HOST:PORT URL, got {url!r}")
+    if len(set(urls)) != len(urls):
+        raise ValueError(f"{key} names a URL twice: {list(urls)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,13 +71,7 @@ class EngineConfig:
             )
         urls = (self.urls,) if isinstance(self.urls, str) else tuple(self.urls or ())
         object.__setattr__(self, "urls", urls)
-        for i, url in enumerate(urls):
-            if not (isinstance(url, str) and url.startswith(("http://", "https://"))):
-                raise ValueError(
-                    f"engine.urls[{i}] must be an http(s)://HOST:PORT URL, got {url!r}"
-                )
-        if len(set(urls)) != len(urls):
-            raise ValueError(f"engine.urls names a URL twice: {list(urls)}")
+        check_urls(urls, "engine.urls")
         if urls and self.backend == "jax":
             raise ValueError(
                 "engine.urls names servers but engine.backend is 'jax' (in process): "

@@ -8,16 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from urllib.parse import urlsplit
 
-
-def _check_urls(urls: tuple[str, ...], key: str) -> None:
-    for i, url in enumerate(urls):
-        parts = urlsplit(url) if isinstance(url, str) else None
-        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"{key}[{i}] must be an http(s)://HOST:PORT URL, got {url!r}")
-    if len(set(urls)) != len(urls):
-        raise ValueError(f"{key} names a URL twice: {list(urls)}")
+from tunix_agentic.inference.config import check_urls
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +61,7 @@ class ServiceConfig:
             value = getattr(self, name)
             value = (value,) if isinstance(value, str) else tuple(value)
             object.__setattr__(self, name, value)
-            _check_urls(value, f"rollout.service.{name}")
+            check_urls(value, f"rollout.service.{name}")
         if self.api_key is not None and not (isinstance(self.api_key, str) and self.api_key):
             raise ValueError("rollout.service.api_key must be a non-empty string or null")
         if self.engine_urls and not self.urls:
@@ -79,7 +71,7 @@ class ServiceConfig:
                 f"rollout.service.engine_port must be in [0, 65535], got {self.engine_port}"
             )
         if self.engine_advertise is not None:
-            _check_urls((self.engine_advertise,), "rollout.service.engine_advertise")
+            check_urls((self.engine_advertise,), "rollout.service.engine_advertise")
         for name in ("poll_s", "health_every_s"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):

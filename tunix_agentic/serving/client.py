@@ -241,7 +241,104 @@ def _error_message(data: Any, text: str) -> str:
     return text[:1000]
 
 
-class SGLangEngine:
+class _HttpCalls:
+    """The HTTP calls of a server client, each marking what it saw in the client's health:
+    one ``aiohttp.ClientSession`` per event loop, a call's answer (a 5xx is an EngineError)
+    or its transport failure (an EngineError). The client sets ``base_url``, ``name``,
+    ``request_timeout_s``, ``_headers``, ``_sessions`` and ``_health``."""
+
+    base_url: str
+    name: str
+    request_timeout_s: float
+    _headers: dict[str, str]
+    _sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession]
+    _health: dict[str, Any]
+
+    def _session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        session = self._sessions.get(loop)
+        if session is None or session.closed:
+            self._sessions = {k: v for k, v in self._sessions.items() if not k.is_closed()}
+            session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(
+                    limit=_MAX_CONNECTIONS, keepalive_timeout=_KEEPALIVE_S
+                ),
+                timeout=aiohttp.ClientTimeout(total=self.request_timeout_s),
+                headers=self._headers,
+            )
+            self._sessions[loop] = session
+        return session
+
+    def _mark(self, ok: bool, **extra: Any) -> None:
+        self._health = {**self._health, "ok": ok, "checked_at": time.time(), **extra}
+        if ok:
+            self._health.pop("error", None)
+
+    async def _request(
+        self, method: str, path: str, payload: Any = None, *, timeout_s: float | None = None
+    ) -> tuple[int, Any, str]:
+        """One HTTP call; returns ``(status, json or None, text)``; EngineError on transport."""
+        timeout = aiohttp.ClientTimeout(total=timeout_s or self.request_timeout_s)
+        try:
+            async with self._session().request(
+                method, self.base_url + path, json=payload, timeout=timeout
+            ) as resp:
+                text = await resp.text()
+                status = resp.status
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise self._transport_error(path, timeout, exc) from exc
+        return self._answered(path, status, _json_or_none(text), text)
+
+    async def _stream(
+        self, path: str, payload: Any, on_tokens: TokenCallback
+    ) -> tuple[int, Any, str]:
+        """A streamed ``/generate``: ``(status, last chunk, text)`` as :meth:`_request`
+        answers, the ids of each chunk handed to ``on_tokens`` meanwhile. A chunk's
+        ``output_ids`` are all so far when they are ``meta_info.completion_tokens`` long
+        (SGLang's default), else the new ones."""
+        timeout = aiohttp.ClientTimeout(total=self.request_timeout_s)
+        try:
+            async with self._session().post(
+                self.base_url + path, json=payload, timeout=timeout
+            ) as resp:
+                if resp.status != 200 or resp.content_type != "text/event-stream":
+                    text = await resp.text()
+                    status, data = resp.status, _json_or_none(text)
+                    if status == 200 and isinstance(data, dict):
+                        _hand_on(data, 0, on_tokens)
+                else:
+                    status, data, text = 200, None, ""
+                    had = 0
+                    async for event in _events(resp.content):
+                        text, data = event, _json_or_none(event)
+                        if isinstance(data, dict) and "error" in data:
+                            status = 500  # a failure after the stream began
+                            break
+                        had = _hand_on(data, had, on_tokens)
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise self._transport_error(path, timeout, exc) from exc
+        return self._answered(path, status, data, text)
+
+    def _transport_error(self, path: str, timeout: Any, exc: BaseException) -> EngineError:
+        """The EngineError of a call that got no answer (marked in :meth:`health`)."""
+        if isinstance(exc, TimeoutError):
+            self._mark(False, status="timeout", error=f"{path} timed out")
+            return EngineError(f"{self.name}: {path} timed out after {timeout.total}s")
+        self._mark(False, status="unreachable", error=repr(exc))
+        return EngineError(f"{self.name}: {path} failed: {exc!r}")
+
+    def _answered(self, path: str, status: int, data: Any, text: str) -> tuple[int, Any, str]:
+        """``(status, data, text)`` of an answer; EngineError for a 5xx (marked in
+        :meth:`health`, as an answer is)."""
+        if status >= 500:
+            message = _error_message(data, text)
+            self._mark(False, status=f"http {status}", error=message)
+            raise EngineError(f"{self.name}: {path} answered HTTP {status}: {message}")
+        self._mark(True, status="ok")
+        return status, data, text
+
+
+class SGLangEngine(_HttpCalls):
     """An :class:`~tunix_agentic.inference.base.InferenceEngine` over HTTP.
 
     One ``aiohttp.ClientSession`` per event loop, made on first use; ``await
@@ -304,91 +401,6 @@ class SGLangEngine:
         self._version = None
         self._health = {"ok": True, "status": "unchecked"}
 
-    # ------------------------------------------------------------- plumbing
-    def _session(self) -> aiohttp.ClientSession:
-        loop = asyncio.get_running_loop()
-        session = self._sessions.get(loop)
-        if session is None or session.closed:
-            self._sessions = {k: v for k, v in self._sessions.items() if not k.is_closed()}
-            session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(
-                    limit=_MAX_CONNECTIONS, keepalive_timeout=_KEEPALIVE_S
-                ),
-                timeout=aiohttp.ClientTimeout(total=self.request_timeout_s),
-                headers=self._headers,
-            )
-            self._sessions[loop] = session
-        return session
-
-    def _mark(self, ok: bool, **extra: Any) -> None:
-        self._health = {**self._health, "ok": ok, "checked_at": time.time(), **extra}
-        if ok:
-            self._health.pop("error", None)
-
-    async def _request(
-        self, method: str, path: str, payload: Any = None, *, timeout_s: float | None = None
-    ) -> tuple[int, Any, str]:
-        """One HTTP call; returns ``(status, json or None, text)``; EngineError on transport."""
-        timeout = aiohttp.ClientTimeout(total=timeout_s or self.request_timeout_s)
-        try:
-            async with self._session().request(
-                method, self.base_url + path, json=payload, timeout=timeout
-            ) as resp:
-                text = await resp.text()
-                status = resp.status
-        except TimeoutError as exc:
-            self._mark(False, status="timeout", error=f"{path} timed out")
-            raise EngineError(f"{self.name}: {path} timed out after {timeout.total}s") from exc
-        except (aiohttp.ClientError, OSError) as exc:
-            self._mark(False, status="unreachable", error=repr(exc))
-            raise EngineError(f"{self.name}: {path} failed: {exc!r}") from exc
-        data = _json_or_none(text)
-        if status >= 500:
-            message = _error_message(data, text)
-            self._mark(False, status=f"http {status}", error=message)
-            raise EngineError(f"{self.name}: {path} answered HTTP {status}: {message}")
-        self._mark(True, status="ok")
-        return status, data, text
-
-    async def _stream(
-        self, path: str, payload: Any, on_tokens: TokenCallback
-    ) -> tuple[int, Any, str]:
-        """A streamed ``/generate``: ``(status, last chunk, text)`` as :meth:`_request`
-        answers, the ids of each chunk handed to ``on_tokens`` meanwhile. A chunk's
-        ``output_ids`` are all so far when they are ``meta_info.completion_tokens`` long
-        (SGLang's default), else the new ones."""
-        timeout = aiohttp.ClientTimeout(total=self.request_timeout_s)
-        try:
-            async with self._session().post(
-                self.base_url + path, json=payload, timeout=timeout
-            ) as resp:
-                if resp.status != 200 or resp.content_type != "text/event-stream":
-                    text = await resp.text()
-                    status, data = resp.status, _json_or_none(text)
-                    if status == 200 and isinstance(data, dict):
-                        _hand_on(data, 0, on_tokens)
-                else:
-                    status, data, text = 200, None, ""
-                    had = 0
-                    async for event in _events(resp.content):
-                        text, data = event, _json_or_none(event)
-                        if isinstance(data, dict) and "error" in data:
-                            status = 500  # a failure after the stream began
-                            break
-                        had = _hand_on(data, had, on_tokens)
-        except TimeoutError as exc:
-            self._mark(False, status="timeout", error=f"{path} timed out")
-            raise EngineError(f"{self.name}: {path} timed out after {timeout.total}s") from exc
-        except (aiohttp.ClientError, OSError) as exc:
-            self._mark(False, status="unreachable", error=repr(exc))
-            raise EngineError(f"{self.name}: {path} failed: {exc!r}") from exc
-        if status >= 500:
-            message = _error_message(data, text)
-            self._mark(False, status=f"http {status}", error=message)
-            raise EngineError(f"{self.name}: {path} answered HTTP {status}: {message}")
-        self._mark(True, status="ok")
-        return status, data, text
-
     def _spawn(self, coro) -> None:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
@@ -419,31 +431,44 @@ class SGLangEngine:
             payload["session_id"] = session_id
         if on_tokens is not None:
             payload["stream"] = True
-        self._in_flight += 1
-        try:
-            if on_tokens is None:
-                status, data, text = await self._request("POST", "/generate", payload)
-            else:
-                status, data, text = await self._stream("/generate", payload, on_tokens)
-        except (asyncio.CancelledError, EngineError):
-            # The server may still be generating (a timeout, a cancelled caller): stop it.
-            self._spawn(self.abort(rid))
-            raise
-        finally:
-            self._in_flight -= 1
+        if on_tokens is None:
+            sent = self._request("POST", "/generate", payload)
+        else:
+            sent = self._stream("/generate", payload, on_tokens)
+        status, data, text = await self._sent(rid, sent)
         if status != 200:
             message = _error_message(data, text)
             if 400 <= status < 500 and status not in (404, 405):
                 raise ValueError(message)
             raise EngineError(f"{self.name}: /generate answered HTTP {status}: {message}")
+        return self._received(parse_generate_response, data)
+
+    async def _sent(self, rid: str, request: Any) -> tuple[int, Any, str]:
+        """Await a generate ``request`` (a coroutine of :meth:`_request`'s answer), counted
+        in flight; if the caller is cancelled or it fails, the server may still be
+        generating (a timeout, a cancelled caller): abort ``rid`` there."""
+        self._in_flight += 1
         try:
-            out = parse_generate_response(
+            return await request
+        except (asyncio.CancelledError, EngineError):
+            self._spawn(self.abort(rid))
+            raise
+        finally:
+            self._in_flight -= 1
+
+    def _received(self, parse: Callable[..., TokenOutput], data: Any, **kwargs: Any) -> TokenOutput:
+        """``parse(data, ...)`` checked against this client's version, vocabulary and
+        newest version (a malformed or impossible reply is this backend's fault, named),
+        then counted in :attr:`stats`."""
+        try:
+            out = parse(
                 data,
                 default_version=self._version or 0,
                 vocab_size=self.vocab_size,
                 max_version=None if self.max_version is None else self.max_version(),
+                **kwargs,
             )
-        except EngineError as exc:  # malformed or impossible: this backend's fault, named
+        except EngineError as exc:
             self._mark(False, status="bad reply", error=str(exc))
             raise type(exc)(f"{self.name}: {exc}") from exc
         self._counters["prefill_tokens"] += out.prompt_tokens - out.cached_tokens

@@ -164,14 +164,9 @@ class VLLMEngine(SGLangEngine):
             "sampling_params": vllm_sampling(sampling),
             "output_mode": "tokens",
         }
-        self._in_flight += 1
-        try:
-            status, data, text = await self._request("POST", "/inference/v1/generate", payload)
-        except (asyncio.CancelledError, EngineError):
-            self._spawn(self.abort(rid))  # the server may still be generating
-            raise
-        finally:
-            self._in_flight -= 1
+        status, data, text = await self._sent(
+            rid, self._request("POST", "/inference/v1/generate", payload)
+        )
         if status != 200:
             message = _error_message(data, text)
             if status == 400 and _TOO_LONG.search(message):
@@ -182,20 +177,7 @@ class VLLMEngine(SGLangEngine):
                 f"{self.name}: /inference/v1/generate answered HTTP {status}: {message}"
                 + (" (start vLLM with --enable-scale-out)" if status == 403 else "")
             )
-        try:
-            out = parse_vllm_response(
-                data,
-                default_version=self._version or 0,
-                stop_token_ids=sampling.stop_token_ids,
-                vocab_size=self.vocab_size,
-                max_version=None if self.max_version is None else self.max_version(),
-            )
-        except EngineError as exc:
-            self._mark(False, status="bad reply", error=str(exc))
-            raise type(exc)(f"{self.name}: {exc}") from exc
-        self._counters["prefill_tokens"] += out.prompt_tokens - out.cached_tokens
-        self._counters["cached_tokens"] += out.cached_tokens
-        self._counters["generated_tokens"] += len(out.token_ids)
+        out = self._received(parse_vllm_response, data, stop_token_ids=sampling.stop_token_ids)
         if on_tokens is not None and out.token_ids:
             on_tokens(list(out.token_ids))
         return out
