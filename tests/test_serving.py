@@ -463,6 +463,31 @@ async def test_a_client_that_knows_the_model_sends_safetensors_as_sglang_reads(
         engine.update_weights(original, max(engine.version, v))
 
 
+@in_module_loop
+async def test_a_foreign_safetensors_directory_is_refused_and_the_weights_kept(
+    engine, url, tmp_path
+):
+    """A directory without the model's tensors (the others missing, one misshaped) is a 400 naming
+    the fault; the engine keeps generating with what it had."""
+    from safetensors.numpy import save_file
+
+    prompt = [3, 1, 4, 1, 5]
+    before = await engine.generate(prompt, GREEDY)
+    version = engine.version
+    for name, tensors in {
+        "missing": {"model.norm.weight": np.ones(40, np.float32)},
+        "one-misshaped-tensor": {"model.embed_tokens.weight": np.ones((3, 5), np.float32)},
+    }.items():
+        (tmp_path / name).mkdir()
+        save_file(tensors, str(tmp_path / name / "model.safetensors"))
+        status, out = await call(
+            url, "/update_weights_from_disk", {"model_path": str(tmp_path / name)}
+        )
+        assert status == 400 and not out["success"] and "cannot load weights" in out["message"]
+    assert engine.version == version
+    assert (await engine.generate(prompt, GREEDY)).token_ids == before.token_ids
+
+
 def test_sglangs_weight_version_spans_label_each_token():
     """Real SGLang (0.5.23) labels tokens by spans, not by our ``output_token_versions``."""
     from tunix_agentic.serving.client import parse_generate_response
