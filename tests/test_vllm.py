@@ -12,6 +12,7 @@ refusals, and the one-line error where vLLM is missing.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -84,6 +85,14 @@ def test_an_impossible_or_malformed_reply_is_the_backends_fault(body, error):
         parse_vllm_response(body, stop_token_ids=(IM_END,), vocab_size=49152)
 
 
+def test_a_server_that_lost_the_runs_version_is_not_believed():
+    body = _reply([504, IM_END])  # labelled "default": a vLLM (re)started from its model dir
+    out = parse_vllm_response(body, default_version=0, stop_token_ids=(IM_END,))
+    assert out.versions == [0, 0]  # no version set yet: its weights are the start's
+    with pytest.raises(EngineError, match="restarted"):
+        parse_vllm_response(body, default_version=3, stop_token_ids=(IM_END,), versioned=True)
+
+
 def test_sampling_asks_for_our_semantics():
     sp = vllm_sampling(SamplingParams(temperature=0.7, top_k=0, max_new_tokens=9,
                                       stop_token_ids=(2,), seed=5))  # fmt: skip
@@ -96,14 +105,28 @@ def test_sampling_asks_for_our_semantics():
     )
 
 
-def test_a_server_backend_needs_its_urls_and_the_trainers_process(tmp_path):
+def test_a_server_backend_names_its_servers_where_rollout_runs(tmp_path):
+    vllm, nodes = ["engine.backend=vllm"], ["rollout.service.urls=[http://127.0.0.1:9000]"]
     with pytest.raises(ConfigError, match="serve-vllm"):
-        _check(["engine.backend=vllm"])
+        _check(vllm)
     with pytest.raises(ConfigError, match="engine.backend is 'jax'"):
         _check(["engine.urls=[http://127.0.0.1:8000]"])
-    with pytest.raises(ConfigError, match="in the trainer's process"):
-        _check(["engine.backend=vllm", "engine.urls=[http://127.0.0.1:8000]",
-                "rollout.service.urls=[http://127.0.0.1:9000]"])  # fmt: skip
+    # With rollout nodes the servers are the nodes' (engine.urls is the trainer's process).
+    with pytest.raises(ConfigError, match="not engine.urls"):
+        _check([*vllm, *nodes, "engine.urls=[http://127.0.0.1:8000]"])
+    with pytest.raises(ConfigError, match="rollout.service.engine_urls, or rollout.ray.engines"):
+        _check([*vllm, *nodes])
+    _check([*vllm, *nodes, "rollout.service.engine_urls=[http://127.0.0.1:8000]"])
+    # Ray starts vLLM servers only for a Hugging Face model; SGLang servers it cannot start.
+    ray = [
+        "rollout.ray.nodes=1",
+        "rollout.ray.engines=1",
+        "rollout.service.weights_dir=" + str(tmp_path),
+    ]
+    with pytest.raises(ConfigError, match="model.source=hf and model.path"):
+        _check([*vllm, *ray])
+    with pytest.raises(ConfigError, match="starts our JAX engines"):
+        _check(["engine.backend=sglang", *ray])
 
 
 def _check(overrides):
@@ -134,6 +157,119 @@ def test_the_command_turns_on_what_the_client_needs():
     for flag in ("--enable-scale-out", "--enforce-eager", "--generation-config"):
         assert flag in cmd
     assert cmd[cmd.index("--logprobs-mode") + 1] == "processed_logprobs"
+
+
+# -------------------------------------------------- the guard of a vLLM on Ray
+KEY = "test-api-key-0123456789"
+
+
+async def _guarded(tmp_path, seen: list):
+    """The guard in front of an upstream that records what reaches it (the real vLLM is
+    the heavy test's; this one checks what the guard lets through)."""
+    from aiohttp import web
+
+    from tunix_agentic.serving.vllm_guard import start_guard
+
+    async def record(request):
+        seen.append((request.method, request.path_qs, request.headers.get("Authorization"),
+                     await request.read()))  # fmt: skip
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", record)
+    upstream = web.AppRunner(app)
+    await upstream.setup()
+    site = web.TCPSite(upstream, "127.0.0.1", 0)
+    await site.start()
+    up_url = f"http://127.0.0.1:{upstream.addresses[0][1]}"
+    guard, port = await start_guard(up_url, host="127.0.0.1", port=0, api_key=KEY,
+                                    weight_dirs=[tmp_path / "w"], upstream_key="vllm-key")  # fmt: skip
+    return upstream, guard, f"http://127.0.0.1:{port}"
+
+
+def test_the_guard_serves_the_clients_routes_with_the_key_and_reloads_only_from_the_run(
+    tmp_path,
+):
+    import aiohttp
+
+    (tmp_path / "w" / "v1").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "w" / "link").symlink_to(tmp_path / "elsewhere")
+    seen: list = []
+    auth = {"Authorization": f"Bearer {KEY}"}
+
+    def rpc(path, **more):
+        return {"method": "reload_weights", "kwargs": {"weights_path": str(path)}, **more}
+
+    async def run():
+        upstream, guard, url = await _guarded(tmp_path, seen)
+        try:
+            async with aiohttp.ClientSession() as s:
+
+                async def call(method, path, body=None, headers=auth):
+                    async with s.request(method, url + path, json=body, headers=headers) as r:
+                        return r.status, await r.json()
+
+                out = {
+                    "health": await call("GET", "/health", headers={}),
+                    "no key": await call("POST", "/inference/v1/generate", {"token_ids": [1]}, {}),
+                    "generate": await call("POST", "/inference/v1/generate", {"token_ids": [1]}),
+                    "pause": await call("POST", "/pause?mode=keep"),
+                    "reload": await call("POST", "/collective_rpc", rpc(tmp_path / "w" / "v1")),
+                    "outside": await call("POST", "/collective_rpc", rpc(tmp_path / "elsewhere")),
+                    "via link": await call("POST", "/collective_rpc", rpc(tmp_path / "w" / "link")),
+                    "dotdot": await call(
+                        "POST", "/collective_rpc", rpc(tmp_path / "w/../elsewhere")
+                    ),
+                    "other method": await call(
+                        "POST", "/collective_rpc", {"method": "execute_model"}
+                    ),
+                    "more args": await call(
+                        "POST", "/collective_rpc", rpc(tmp_path / "w", timeout=1)
+                    ),
+                    "a string": await call("POST", "/collective_rpc", "x"),
+                    "sleep": await call("POST", "/sleep"),
+                    "completions": await call("POST", "/v1/completions", {"prompt": "x"}),
+                }
+        finally:
+            await guard.cleanup()
+            await upstream.cleanup()
+        return out
+
+    out = asyncio.run(run())
+    assert {k: s for k, (s, _) in out.items()} == {
+        "health": 200, "no key": 401, "generate": 200, "pause": 200, "reload": 200,
+        "outside": 403, "via link": 403, "dotdot": 403, "other method": 403, "more args": 403,
+        "a string": 403, "sleep": 404, "completions": 404,
+    }  # fmt: skip
+    # What reached vLLM: the allowed calls only, each with vLLM's key, the path resolved.
+    assert [(m, p) for m, p, _, _ in seen] == [
+        ("GET", "/health"), ("POST", "/inference/v1/generate"), ("POST", "/pause?mode=keep"),
+        ("POST", "/collective_rpc"),
+    ]  # fmt: skip
+    assert {a for _, _, a, _ in seen} == {"Bearer vllm-key"}
+    assert json.loads(seen[-1][3]) == rpc(os.path.realpath(tmp_path / "w" / "v1"))
+
+
+def test_a_node_adds_an_engine_by_the_api_it_speaks():
+    from tunix_agentic.rollout.service.engines import EngineSet
+    from tunix_agentic.serving.client import SGLangEngine
+    from tunix_agentic.serving.vllm_client import VLLMEngine
+
+    async def run():
+        engines = EngineSet([])
+        try:
+            assert engines.add("http://127.0.0.1:1", "vllm")
+            assert engines.add("http://127.0.0.1:2")
+            with pytest.raises(ValueError, match="sglang, vllm"):
+                engines.add("http://127.0.0.1:3", "openai")
+            return {u: type(c) for u, c in engines._clients.items()}
+        finally:
+            await engines.close()
+
+    assert asyncio.run(run()) == {
+        "http://127.0.0.1:1": VLLMEngine, "http://127.0.0.1:2": SGLangEngine
+    }  # fmt: skip
 
 
 # ------------------------------------------------------------- the real server (heavy)
@@ -331,3 +467,105 @@ def test_serve_vllm_prints_its_url_and_stops_vllm_on_sigterm(smollm2_dir):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.heavy
+def test_vllm_on_ray_behind_its_guard_follows_the_weights_and_dies_with_its_actor(
+    smollm2_dir, tmp_path, monkeypatch
+):
+    """``engine.backend: vllm`` with ``rollout.ray.engines``: Ray starts a real vLLM behind
+    the guard; the run's client generates and reloads through it, a path outside the run's
+    weights dir is refused; SIGKILL of the actor's process kills its vLLM too; Ray's restart
+    holds no version of the run, which the client refuses until it has reloaded one;
+    closing leaves no actor, vLLM or state."""
+    import signal
+    import time
+
+    import aiohttp
+    import psutil
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from tunix_agentic.cluster.errors import NAMESPACE
+    from tunix_agentic.cluster.fleet import RayVLLMEngines, wait_gone
+    from tunix_agentic.config import to_dict
+    from tunix_agentic.models.hf import load_hf_model
+    from tunix_agentic.rollout.config import RayConfig
+    from tunix_agentic.serving.vllm_client import VLLMEngine
+
+    monkeypatch.setenv(VLLM_PYTHON_ENV, _build_vllm_python())  # before the nodes start
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    cfg = load_config(
+        "configs/smollm2_capitals_tools_cpu.yaml",
+        [f"model.path={smollm2_dir}", "engine.backend=vllm", "engine.max_seq_len=512",
+         "engine.max_slots=4", "rollout.ray.nodes=1", "rollout.ray.engines=1",
+         f"rollout.service.weights_dir={weights}"],
+    )  # fmt: skip
+    model = load_hf_model(smollm2_dir)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    prompt = _prompts(smollm2_dir)[0]
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    ray.init(address=cluster.address, namespace=NAMESPACE)
+    fleet = RayVLLMEngines(
+        RayConfig(nodes=1, engines=1, start_timeout_s=600, state_root=str(tmp_path / "state")),
+        name=f"test-{os.getpid()}-v",
+        config=to_dict(cfg),
+        api_key=KEY,
+        weights_dir=str(weights),
+    )
+
+    def vllm_pids(actor_pid: int) -> set[int]:
+        return {p.pid for p in psutil.Process(actor_pid).children(recursive=True)}
+
+    async def run():
+        (placed,) = await asyncio.to_thread(fleet.start)
+        client = VLLMEngine(placed.url, api_key=KEY, model_cfg=model.cfg,
+                            weights_dir=str(weights), vocab_size=model.cfg.vocab_size)  # fmt: skip
+        try:
+            first = await client.generate(prompt, greedy)
+            await client.update_weights(_perturbed(model, 1), 1)
+            other = await client.generate(prompt, greedy)
+            async with aiohttp.ClientSession() as s:  # a reload from outside the run's dir
+                body = {"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path)}}
+                async with s.post(placed.url + "/collective_rpc", json=body,
+                                  headers={"Authorization": f"Bearer {KEY}"}) as r:  # fmt: skip
+                    refused = r.status
+            children = vllm_pids(placed.pid)
+            fleet.follow(None, every_s=0.5)
+            os.kill(placed.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 600
+            while fleet.placements[0].pid == placed.pid:
+                assert time.monotonic() < deadline, fleet.placements
+                await asyncio.sleep(1.0)
+            orphans = [p for p in children if psutil.pid_exists(p)
+                       and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]  # fmt: skip
+            with pytest.raises(EngineError, match="restarted"):  # not v1's tokens: v"default"
+                await client.generate(prompt, greedy)
+            await client.update_weights(_perturbed(model, 1), 2)  # what the pool's readmit does
+            again = await client.generate(prompt, greedy)
+            return placed, first, other, refused, orphans, again, vllm_pids(fleet.placements[0].pid)
+        finally:
+            await client.close()
+            await fleet.close()
+
+    try:
+        placed, first, other, refused, orphans, again, last = asyncio.run(run())
+        gone = wait_gone([s.name for s in fleet.specs])
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    assert not placed.jax_loaded  # vLLM in its own process; the actor only guards it
+    assert first.versions == [0] * len(first.token_ids)
+    assert other.versions == [1] * len(other.token_ids)
+    assert np.abs(np.subtract(other.logprobs, first.logprobs)).max() > 1e-2  # other weights
+    assert refused == 403
+    assert orphans == []  # the killed actor's vLLM died with it
+    assert again.token_ids == other.token_ids and again.versions == [2] * len(again.token_ids)
+    np.testing.assert_allclose(again.logprobs, other.logprobs, atol=1e-4)
+    assert gone == [] and last
+    deadline = time.monotonic() + 30  # the actor's stop: SIGTERM, then SIGKILL after 10 s
+    while [p for p in last if psutil.pid_exists(p)] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not [p for p in last if psutil.pid_exists(p)]
+    assert not any((tmp_path / "state").iterdir())

@@ -114,27 +114,47 @@ def check_run_config(
 
 
 def _check_backend(config: RunConfig) -> None:
-    """``engine.backend`` agrees with where rollout runs: a server backend needs its
-    ``engine.urls``, and runs in the trainer's process (rollout nodes and Ray engines are
-    given their engines otherwise)."""
-    engine = config.engine
+    """``engine.backend`` agrees with where rollout runs. A server backend's servers are
+    ``engine.urls`` when rollout runs in the trainer's process; with rollout nodes they are
+    ``rollout.service.engine_urls``, or (vLLM) ``rollout.ray.engines`` started by Ray."""
+    engine, rollout = config.engine, config.rollout
     if engine.backend == "jax":
         return
-    if not engine.urls:
+    backend = f"engine.backend={engine.backend}"
+    if rollout.service.enabled or rollout.ray.enabled:
+        if engine.urls:
+            raise ConfigError(
+                f"{backend} with rollout nodes: name the nodes' engines in "
+                "rollout.service.engine_urls, not engine.urls (those serve the trainer's "
+                "process)"
+            )
+        if rollout.ray.engines and engine.backend == "sglang":
+            raise ConfigError(
+                "rollout.ray.engines starts our JAX engines (they speak SGLang's API): set "
+                "engine.backend=jax, or name SGLang servers in rollout.service.engine_urls"
+            )
+        if rollout.ray.engines:
+            from tunix_agentic.cluster.vllm_actor import vllm_options
+
+            try:
+                vllm_options(config)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        elif not rollout.service.engine_urls:
+            ray = ", or rollout.ray.engines (vLLM servers Ray starts)"
+            raise ConfigError(
+                f"{backend} with rollout nodes needs the servers the nodes sample from: "
+                f"rollout.service.engine_urls{ray if engine.backend == 'vllm' else ''}"
+            )
+    elif not engine.urls:
         start = (
             "start one with `tunix-agentic serve-vllm --model DIR`"
             if engine.backend == "vllm"
             else "an SGLang server or `tunix-agentic serve-engine`"
         )
         raise ConfigError(
-            f"engine.backend={engine.backend} needs engine.urls (its servers): {start}, "
+            f"{backend} needs engine.urls (its servers): {start}, "
             f"then pass engine.urls=[http://127.0.0.1:PORT]"
-        )
-    if config.rollout.service.enabled or config.rollout.ray.enabled:
-        raise ConfigError(
-            f"engine.backend={engine.backend} runs rollout in the trainer's process: with "
-            "rollout nodes (rollout.service.urls, rollout.ray) name the nodes' engines in "
-            "rollout.service.engine_urls (SGLang's API) instead"
         )
     if config.cross_policy.stale_engines:
         raise ConfigError(
@@ -168,16 +188,15 @@ def build_engine(
 ) -> InferenceEngine:
     """One JAX engine, or a cross-policy pool of them when configured; with
     ``engine_urls`` (the run's Ray engines) or ``rollout.service.engine_urls``, a pool of
-    those servers; with ``engine.backend`` sglang or vllm, a pool of ``engine.urls`` (the
-    weights reach servers through ``rollout.service.weights_dir``, a directory they read)."""
+    those servers; with ``engine.backend`` sglang or vllm, a pool of clients for that API
+    of ``engine.urls`` (or of those servers, with rollout nodes). The weights reach servers
+    through ``rollout.service.weights_dir``, a directory they read."""
     service = config.rollout.service
     if config.engine.backend != "jax":
+        named = list(config.engine.urls or engine_urls or service.engine_urls)
         return EnginePool(
-            [
-                _server_client(config, url, model.cfg, service_api_key(service))
-                for url in config.engine.urls
-            ],
-            names=list(config.engine.urls),
+            [_server_client(config, url, model.cfg, service_api_key(service)) for url in named],
+            names=named,
         )
     urls = list(engine_urls or service.engine_urls)
     if urls:

@@ -326,6 +326,8 @@ class Trainer:
         or ``rollout.service.urls``), closed by ``stack``; None: groups run in process."""
         cfg = self.cfg
         info = {"model_path": f"tunix-agentic run {self.run_dir.name}"}
+        api = "vllm" if cfg.engine.backend == "vllm" else "sglang"  # what the engines speak
+        kw = {"version": version, "model_info": info, "engine_api": api}
         if cfg.rollout.ray.enabled:  # rollout nodes the trainer starts as Ray actors
             from tunix_agentic.cluster.connect import connect_ray_nodes
 
@@ -336,17 +338,14 @@ class Trainer:
                 cfg,
                 name=self._ray_name,
                 log=self._log,
-                version=version,
-                model_info=info,
                 engine_urls=fleet.urls if fleet else (),  # where they are now
+                **kw,
             )
             if fleet is not None:  # the nodes follow a moved engine too
                 fleet.moved_to.append(runner.replace_engine)
             return runner
         if cfg.rollout.service.enabled:
-            return await connect_service(
-                stack, engine, cfg.rollout, cfg.agent, version=version, model_info=info
-            )
+            return await connect_service(stack, engine, cfg.rollout, cfg.agent, **kw)
         return None
 
     async def _run_in(self, stack: contextlib.AsyncExitStack) -> TrainResult:

@@ -8,7 +8,8 @@ the trainer reaches them by URL through the existing clients: Ray adds placement
 cleanup, nothing to the protocol.
 
 :mod:`.node_actor` is the rollout node as a Ray actor (JAX-free: it runs on CPU
-machines) and :mod:`.engine_actor` the engine server (JAX: accelerator machines), both on
+machines), :mod:`.engine_actor` the engine server (JAX: accelerator machines) and
+:mod:`.vllm_actor` a real vLLM server behind a guard (``engine.backend: vllm``), all on
 :mod:`.server_thread`; :mod:`.fleet` starts a run's actors from the driver, follows their
 restarts and stops them; :mod:`.connect` holds the trainer's hooks. Ray itself is an optional extra
 (``pip install -e .[ray]``) imported only when ``rollout.ray.nodes`` is set.
@@ -26,6 +27,8 @@ _API = {
     "EngineActor": "tunix_agentic.cluster.engine_actor",
     "RayRolloutNodes": "tunix_agentic.cluster.fleet",
     "RayEngines": "tunix_agentic.cluster.fleet",
+    "RayVLLMEngines": "tunix_agentic.cluster.fleet",
+    "VLLMActor": "tunix_agentic.cluster.vllm_actor",
     "NAMESPACE": "tunix_agentic.cluster.errors",
     "connect_ray_nodes": "tunix_agentic.cluster.connect",
     "start_ray_engines": "tunix_agentic.cluster.connect",

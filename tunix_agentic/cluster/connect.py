@@ -26,7 +26,7 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-from tunix_agentic.cluster.fleet import RayEngines, RayRolloutNodes
+from tunix_agentic.cluster.fleet import RayEngines, RayRolloutNodes, RayVLLMEngines
 from tunix_agentic.config import RunConfig, to_dict
 from tunix_agentic.rollout.client.connect import connect_service, service_api_key
 from tunix_agentic.rollout.config import RayConfig
@@ -61,10 +61,12 @@ async def start_ray_engines(
     trainer's engine pool and the nodes, and whose ``moved_to`` callbacks (add the pool's
     ``repoint`` and the node runner's ``replace_engine``) follow an engine that Ray
     restarts at another address. They load the policy's versions from
-    ``rollout.service.weights_dir`` and are stopped by ``stack``."""
+    ``rollout.service.weights_dir`` and are stopped by ``stack``. With ``engine.backend:
+    vllm`` they are vLLM servers (:class:`~tunix_agentic.cluster.fleet.RayVLLMEngines`)."""
     service = cfg.rollout.service
     api_key, _ = run_keys(stack, service)
-    fleet = RayEngines(
+    kind = RayVLLMEngines if cfg.engine.backend == "vllm" else RayEngines
+    fleet = kind(
         cfg.rollout.ray,
         name=name,
         config=to_dict(cfg),
@@ -88,13 +90,14 @@ async def connect_ray_nodes(
     version: int = 0,
     model_info: dict[str, Any] | None = None,
     engine_urls: tuple[str, ...] = (),
+    engine_api: str = "sglang",
 ) -> Any:
     """Start ``cfg.rollout.ray.nodes`` rollout nodes on Ray for the run ``name`` (see
     :func:`~tunix_agentic.cluster.fleet.run_name`). Returns the connected
     :class:`~tunix_agentic.rollout.client.runner.ServiceEpisodeRunner` of groups on them,
     for the run's orchestrator. ``version``/``model_info``: as for ``connect_service``;
     ``engine_urls``: engines the nodes sample from (the run's Ray engines) instead of the
-    trainer's own engine."""
+    trainer's own engine, speaking ``engine_api`` (``sglang`` or ``vllm``)."""
     rollout = cfg.rollout
     service = rollout.service
     api_key, admin_key = run_keys(stack, service)
@@ -119,7 +122,13 @@ async def connect_ray_nodes(
             service = dataclasses.replace(service, engine_host=driver_ip)
     rollout = dataclasses.replace(rollout, service=service, ray=RayConfig())
     runner = await connect_service(
-        stack, engine, rollout, cfg.agent, version=version, model_info=model_info
+        stack,
+        engine,
+        rollout,
+        cfg.agent,
+        version=version,
+        model_info=model_info,
+        engine_api=engine_api,
     )
     fleet.follow(runner, every_s=max(1.0, rollout.service.health_every_s))
     return runner

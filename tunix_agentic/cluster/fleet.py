@@ -36,6 +36,7 @@ from tunix_agentic.cluster.engine_actor import EngineActor, EngineSpec
 from tunix_agentic.cluster.errors import NAMESPACE, ClusterTooSmall, require_ray
 from tunix_agentic.cluster.node_actor import NodeSpec, RolloutNodeActor
 from tunix_agentic.cluster.server_thread import Placement
+from tunix_agentic.cluster.vllm_actor import VLLMActor
 from tunix_agentic.rollout.config import RayConfig
 
 _log = logging.getLogger(__name__)
@@ -304,6 +305,14 @@ class RayEngines(RayActors):
                 callback(old, new)
             except Exception:  # one follower failing must not stop the others
                 _log.exception("telling %r that engine %s moved to %s failed", callback, old, new)
+
+
+class RayVLLMEngines(RayEngines):
+    """The run's engines as real vLLM servers (``engine.backend: vllm``), each behind its
+    guard (see :mod:`.vllm_actor`); started, followed and stopped as :class:`RayEngines`."""
+
+    noun = "vLLM engines"
+    actor_class = VLLMActor
 
 
 def wait_gone(names: list[str], timeout_s: float = 30.0) -> list[str]:

@@ -87,12 +87,16 @@ def parse_vllm_response(
     stop_token_ids: tuple[int, ...] = (),
     vocab_size: int | None = None,
     max_version: int | None = None,
+    versioned: bool = False,
 ) -> TokenOutput:
     """A vLLM ``/inference/v1/generate`` answer -> :class:`TokenOutput`; EngineError if
     malformed, :class:`~tunix_agentic.serving.client.BadReply` if impossible.
 
     Per-token versions come from the choice's ``weight_versions`` spans (labels that are
-    not integers, vLLM's ``"default"``, count as ``default_version``). ``finish_reason``
+    not integers, vLLM's ``"default"``, count as ``default_version``). ``versioned``: the
+    client has set a version on this server, so a ``"default"`` label means the server
+    came back without it (a restart: its model directory's weights): an EngineError, for
+    the pool to bring it up to date, never tokens under a version they are not. ``finish_reason``
     "stop" with a ``stop_reason`` in ``stop_token_ids`` is a stop token; "length" and
     "abort" are ours; anything else (vLLM's "error", "repetition") is an EngineError.
     """
@@ -101,13 +105,20 @@ def parse_vllm_response(
         ids = [int(t) for t in choice["token_ids"] or []]
         content = (choice.get("logprobs") or {}).get("content") or []
         logprobs = [float(c["logprob"]) for c in content]
-        versions = versions_of(choice.get("weight_versions"), len(ids), default_version)
+        spans = choice.get("weight_versions") or []
+        versions = versions_of(spans, len(ids), default_version)
+        unversioned = [s["version"] for s in spans if not str(s["version"]).lstrip("-").isdigit()]
         reason = choice.get("finish_reason") or "length"
         stop = choice.get("stop_reason")
         usage = body.get("usage") or {}
         details = usage.get("prompt_tokens_details") or {}
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise EngineError(f"malformed /inference/v1/generate response: {exc!r}") from exc
+    if versioned and unversioned:
+        raise EngineError(
+            f"vLLM answered with weights labelled {unversioned[0]!r:.40}, none of the run's "
+            "versions: it restarted at its model directory's weights"
+        )
     if reason not in ("stop", "length", "abort"):
         raise EngineError(f"vLLM ended the request with finish_reason {reason!r}")
     matched = None
@@ -177,7 +188,12 @@ class VLLMEngine(SGLangEngine):
                 f"{self.name}: /inference/v1/generate answered HTTP {status}: {message}"
                 + (" (start vLLM with --enable-scale-out)" if status == 403 else "")
             )
-        out = self._received(parse_vllm_response, data, stop_token_ids=sampling.stop_token_ids)
+        out = self._received(
+            parse_vllm_response,
+            data,
+            stop_token_ids=sampling.stop_token_ids,
+            versioned=self._version is not None,
+        )
         if on_tokens is not None and out.token_ids:
             on_tokens(list(out.token_ids))
         return out
@@ -196,14 +212,19 @@ class VLLMEngine(SGLangEngine):
         return status == 200
 
     async def model_info(self) -> dict[str, Any]:
-        """``GET /v1/models``'s first model (its ``id`` and ``max_model_len``)."""
+        """``GET /v1/models``'s first model (its ``id`` and ``max_model_len``) and the
+        ``weight_version`` it holds (``GET /weight_info``; ``"default"`` until one is set)."""
         status, data, text = await self._request("GET", "/v1/models")
         try:
-            return dict(data["data"][0])
+            info = dict(data["data"][0])
         except (KeyError, TypeError, IndexError) as exc:
             raise EngineError(
                 f"{self.name}: /v1/models answered HTTP {status}: {text[:200]}"
             ) from exc
+        status, data, text = await self._request("GET", "/weight_info")
+        if status == 200 and isinstance(data, dict):
+            info["weight_version"] = data.get("weight_version")
+        return info
 
     async def _call(self, path: str, payload: Any = None) -> Any:
         status, data, text = await self._request("POST", path, payload)

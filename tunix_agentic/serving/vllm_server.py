@@ -13,6 +13,7 @@ takes minutes to start. Nothing here imports vLLM or JAX.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -108,6 +109,26 @@ def vllm_env(*, kv_cache_gib: float | None = None, api_key: str | None = None) -
     return env
 
 
+# A watchdog process: SIGKILL to vLLM's process group (argv[1]) when its parent thread dies
+# (Linux's PR_SET_PDEATHSIG sends it SIGTERM) or has died already. vLLM's engine core is a
+# child of its API server, so a death signal armed on the API server alone would leave it.
+_WATCHDOG = """
+import ctypes, os, signal, sys
+group, parent = int(sys.argv[1]), int(sys.argv[2])
+def end(*_):
+    try:
+        os.killpg(group, signal.SIGKILL)
+    finally:
+        os._exit(0)
+signal.signal(signal.SIGTERM, end)
+ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)
+if os.getppid() != parent:
+    end()
+while True:
+    signal.pause()
+"""
+
+
 class VLLMServer:
     """A vLLM server process: :meth:`start`, :meth:`wait_ready`, :meth:`stop` (or use it as
     a context manager, which does all three). Its output goes to ``log_path`` (else ours)."""
@@ -127,6 +148,7 @@ class VLLMServer:
         log_path: str | Path | None = None,
         eager: bool = True,
         extra: list[str] | tuple[str, ...] = (),
+        die_with_parent: bool = False,
     ):
         if not (Path(model_dir) / "config.json").is_file():
             raise FileNotFoundError(f"{model_dir}: no config.json (not a Hugging Face model dir)")
@@ -145,7 +167,11 @@ class VLLMServer:
         )
         self.env = vllm_env(kv_cache_gib=kv_cache_gib, api_key=api_key)
         self.log_path = Path(log_path) if log_path else None
+        # Killed when the thread that started it dies (a Ray actor's process SIGKILLed):
+        # no vLLM is left holding memory and a port behind a restarted actor.
+        self.die_with_parent = die_with_parent
         self.proc: subprocess.Popen | None = None
+        self._watchdog: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
@@ -166,6 +192,10 @@ class VLLMServer:
         finally:
             if out is not None:
                 out.close()
+        if self.die_with_parent:
+            self._watchdog = subprocess.Popen(
+                [sys.executable, "-c", _WATCHDOG, str(self.proc.pid), str(os.getpid())]
+            )
         return self
 
     def _tail(self) -> str:
@@ -194,19 +224,26 @@ class VLLMServer:
         self.stop()
         raise RuntimeError(f"vLLM was not ready after {timeout_s:.0f}s:\n{self._tail()}")
 
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM to the server's process group, SIGKILL after ``timeout_s``."""
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM to the server's process group, then SIGKILL to what is left of it after
+        ``timeout_s`` or once the API server has ended (its engine core may outlive it).
+        The watchdog goes last: a process killed meanwhile still takes vLLM with it."""
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
+        watchdog, self._watchdog = self._watchdog, None
         try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        except ProcessLookupError:
-            pass
+            if proc is not None:
+                if proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGTERM)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout_s)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        finally:
+            if watchdog is not None:
+                watchdog.kill()
+                watchdog.wait()
 
     def __enter__(self) -> VLLMServer:
         self.start()

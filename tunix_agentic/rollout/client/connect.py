@@ -49,6 +49,7 @@ async def connect_service(
     *,
     version: int = 0,
     model_info: dict[str, Any] | None = None,
+    engine_api: str = "sglang",
 ) -> ServiceEpisodeRunner:
     """A runner of groups on the nodes of ``rollout.service``, connected: every node
     knows the engines and policy ``version``.
@@ -56,7 +57,8 @@ async def connect_service(
     ``engine``: the trainer's (a :class:`~tunix_agentic.inference.engine.JaxEngine`),
     served on ``service.engine_host:engine_port`` (an API key, ``service.api_key``, is
     required beyond loopback) and named to the nodes as ``service.engine_advertise`` or
-    its own URL. A resumed run's runner gets its checkpoint's state (the run id and the
+    its own URL. ``engine_api``: what ``service.engine_urls`` speak (``sglang``, or
+    ``vllm`` with ``engine.backend: vllm``); the served engine speaks ours. A resumed run's runner gets its checkpoint's state (the run id and the
     finished groups it trains on instead of generating them) through its orchestrator's
     ``restore_state``.
     """
@@ -87,6 +89,7 @@ async def connect_service(
         engine_urls=engine_urls,
         own_engines=served,
         weights_of=None if served else lambda version: weights_path_of(engine, version),
+        engine_api="sglang" if served else engine_api,
     )
     stack.push_async_callback(runner.close)
     await runner.connect()

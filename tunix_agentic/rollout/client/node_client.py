@@ -205,8 +205,11 @@ class NodeClient:
         """``GET /v1/status``: stages, engines, totals by status, groups in flight."""
         return await self._call("GET", "/v1/status")
 
-    async def add_engine(self, url: str) -> dict[str, Any]:
-        return await self._call("POST", "/v1/engines", {"url": url})
+    async def add_engine(self, url: str, api: str = "sglang") -> dict[str, Any]:
+        """``POST /v1/engines``: the node samples from the engine at ``url`` too, which
+        speaks ``api`` (``sglang``: SGLang's native API, ours too; ``vllm``)."""
+        body = {"url": url} if api == "sglang" else {"url": url, "api": api}
+        return await self._call("POST", "/v1/engines", body)
 
     async def remove_engine(self, url: str) -> dict[str, Any]:
         return await self._call("DELETE", "/v1/engines", {"url": url})

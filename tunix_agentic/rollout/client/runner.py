@@ -111,6 +111,7 @@ class ServiceEpisodeRunner:
         engine_urls: Iterable[str] = (),
         own_engines: bool = False,
         weights_of: Callable[[int], str | None] | None = None,
+        engine_api: str = "sglang",
     ):
         self.agent_config = agent_config
         self.config = config
@@ -120,10 +121,9 @@ class ServiceEpisodeRunner:
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.id_key: str | None = secrets.token_hex(16)  # the tags' key; None: no tags
         self.api_key = api_key or os.environ.get(API_KEY_ENV) or None
-        self.engine_urls = list(engine_urls)
+        self.engine_urls, self.engine_api = list(engine_urls), engine_api  # "sglang" or "vllm"
         self.own_engines = own_engines
-        # Where the engines loaded a version's weights from (None: unknown), told to the
-        # nodes with the version so they can push it to an engine that restarted.
+        # Where a version's weights were loaded from (None: unknown), for the nodes to push.
         self._weights_of = weights_of or (lambda version: None)
         self.pool = NodePool(
             list(urls),
@@ -176,11 +176,11 @@ class ServiceEpisodeRunner:
             self.engine_urls = [new if u == old else u for u in self.engine_urls]
             for node in self.nodes if self._connected else []:
                 if node.up:
-                    self._in_background(_swap_engine(self.pool, node, old, new))
+                    self._in_background(_swap_engine(self.pool, node, old, new, self.engine_api))
 
     async def _greet(self, node: NodeState) -> None:
         for url in self.engine_urls:
-            await node.client.add_engine(url)
+            await node.client.add_engine(url, self.engine_api)
         await node.client.set_policy(self.version, self._weights_of(self.version))
 
     async def close(self) -> None:
@@ -437,10 +437,10 @@ async def _bounded(coro, limit_s: float, node: NodeState) -> Any:
         raise NodeUnavailable(f"{node.url} did not answer within {limit_s:.0f}s") from None
 
 
-async def _swap_engine(pool: NodePool, node: NodeState, old: str, new: str) -> None:
+async def _swap_engine(pool: NodePool, node: NodeState, old: str, new: str, api: str) -> None:
     await _quietly(node.client.remove_engine(old))
     try:
-        await node.client.add_engine(new)
+        await node.client.add_engine(new, api)
     except NodeUnavailable as exc:  # taken out: greeted with ``new`` when it is back
         pool.take_out(node, exc)
 

@@ -22,6 +22,10 @@ from tunix_agentic.inference.pool import EnginePool
 from tunix_agentic.rollout.service.engine_gate import EngineGate
 from tunix_agentic.serving.client import SGLangEngine
 
+# The APIs a node's engines may speak: SGLang's native one (SGLang, serve-engine, the
+# trainer's served engine) or vLLM's (engine.backend: vllm).
+ENGINE_APIS = ("sglang", "vllm")
+
 # How a server says a prompt does not fit its context window (HTTP 400): ours
 # (serve-engine) and SGLang's.
 # How far a reply's policy version may run ahead of the node's published one: the trainer
@@ -79,12 +83,19 @@ class EngineSet:
     def urls(self) -> list[str]:
         return list(self._clients)
 
-    def add(self, url: str) -> bool:
-        """Add the engine at ``url``; False if it is already in the set."""
+    def add(self, url: str, api: str = "sglang") -> bool:
+        """Add the engine at ``url``, which speaks ``api`` (one of :data:`ENGINE_APIS`);
+        False if it is already in the set."""
         url = check_url(url)
+        if api not in ENGINE_APIS:
+            raise ValueError(f"api must be one of {', '.join(ENGINE_APIS)}, got {api!r:.100}")
         if url in self._clients:
             return False
-        self._clients[url] = SGLangEngine(
+        if api == "vllm":
+            from tunix_agentic.serving.vllm_client import VLLMEngine as client_class
+        else:
+            client_class = SGLangEngine
+        self._clients[url] = client_class(
             url,
             api_key=self.api_key,
             request_timeout_s=self.request_timeout_s,

@@ -368,10 +368,13 @@ async def handle_engines(request: web.Request) -> web.Response:
     node = request.app[NODE]
     body = await _json_body(request)
     if not isinstance(body, dict) or "url" not in body:
-        raise ValueError('url is required (a JSON object {"url": "http://host:port"})')
+        raise ValueError(
+            'url is required (a JSON object {"url": "http://host:port"}, and "api": '
+            '"sglang" (the default) or "vllm")'
+        )
     url = check_url(body["url"])
     if request.method == "POST":
-        changed = node.engines.add(url)
+        changed = node.engines.add(url, body.get("api", "sglang"))
     else:
         changed = node.engines.remove(url)
         if not changed:
