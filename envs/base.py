@@ -90,7 +90,7 @@ async def run_tool_calls(
     the agent's mistakes, see :func:`call_tool`), then one error per malformed call, as
     ``{"role": "tool"}`` messages (and ``<tool_response>`` text); reward 0, not done,
     ``info["tool_calls"]`` with each call's name, seconds, error flag and error ``kind``
-    (the agent loop records them as ``time/tool/<name>`` and ``count/tool/<name>/error``).
+    (the agent loop records them as ``time/tool/<name>`` and ``count/tool/<name>/error_total``).
     :class:`ToolUnavailable` propagates. :class:`~tunix_agentic.envs.ToolEnvironment`
     calls it for you."""
     outputs: list[str] = []
@@ -122,7 +122,7 @@ class Environment(abc.ABC):
     records them for the metrics; one written on this class directly answers a turn of
     calls with :func:`run_tool_calls` (or its own code, e.g. ``call_tool`` per call). The
     agent loop counts the calls from the agent's parsed action either way (``tool_use``,
-    ``count/tool/<name>/calls``); ``time/tool/<name>`` and the error counts come from the
+    ``count/tool/<name>/calls_total``); ``time/tool/<name>`` and the error counts come from the
     environment's report in ``info["tool_calls"]``, which :func:`run_tool_calls` fills,
     else from the ``call_tool`` calls the step made.
 

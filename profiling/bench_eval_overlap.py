@@ -5,7 +5,7 @@ real :class:`~tunix_agentic.trainer.Trainer` once per setting in one process:
 ``rl.eval_every=0`` (evaluation before and after RL only) and ``rl.eval_every=N``
 at each ``rl.eval_priority`` asked for, with the recipe's ``rl.eval_tasks`` (200)
 unless BENCH_EVAL_TASKS says otherwise. The RL step time is the median of
-``throughput/step_s`` over the steps after the first (which compiles; the median
+``step_time/wall_s`` over the steps after the first (which compiles; the median
 because a shared machine's load spikes single steps); the ratio on/off is printed
 (goal: within 15 %, i.e. <= 1.15), never asserted.
 
@@ -40,14 +40,15 @@ def run_once(overrides: list[str], run_dir: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     result = train(CONFIG, [*overrides, f"run_dir={run_dir}"], progress=False)
     scalars = read_scalars(Path(result.run_dir) / "tensorboard")
-    steps = [h["throughput/step_s"] for h in result.history]
-    held = sum(v for _, v in scalars.get("count/eval/held_weight_updates", []))
+    steps = [h["step_time/wall_s"] for h in result.history]
+    held = sum(v for _, v in scalars.get("count/eval/held_weight_updates_per_step", []))
     return {
         "step_s": steps,
         "median_step_s": statistics.median(steps[1:] or steps),
         "mean_step_s": statistics.mean(steps[1:] or steps),
-        "evaluated_at": [s for s, _ in scalars.get("eval/wall_s", [])],
-        "eval_wall_s": [round(v, 2) for _, v in scalars.get("eval/wall_s", [])],
+        # Beside training: every evaluation but the one before RL and the final one.
+        "evaluated_at": [s for s, _ in scalars.get("eval/wall_s", [])[1:-1]],
+        "eval_wall_s": [round(v, 2) for _, v in scalars.get("eval/wall_s", [])[1:-1]],
         "skipped_at": [s for s, _ in scalars.get("eval/skipped", [])],
         # What each evaluation ran (before, beside and after RL): how long its episodes were.
         "eval_generated_tokens": [(s, round(v, 1)) for s, v in scalars["eval/generated_tokens"]],

@@ -22,9 +22,9 @@ persistent compilation cache (under the warm start's directory) serves them from
 second run on, which takes a run's start from minutes to seconds.
 
 A step's time is the wall time from the previous step's metrics row to its own, the
-whole cycle of the loop: the ``throughput/step_s`` a run logs leaves out the loop's
-own bookkeeping between steps (writing the step's scalars, flushing its trace), which
-is where part of the instrumentation runs. Only steady steps count: the first
+whole cycle of the loop: the ``step_time/wall_s`` a run logs counts the loop's own
+bookkeeping after a step (writing its scalars, flushing its trace) in the next step's
+``other``, so the two differ by where that bookkeeping lands. Only steady steps count: the first
 ``BENCH_WARMUP_STEPS`` are left out, and so is every step during which XLA compiled
 anything (a new length bucket of the train step, say), found from JAX's own compile
 events (``jax.monitoring``). A pair's ratio is the median on-step over the median
@@ -233,11 +233,9 @@ class RunFigures:
 
 def step_periods(rows: list[dict]) -> list[tuple[int, float, float]]:
     """``(step, start, end)`` wall-clock interval of each RL step row (a row with
-    ``throughput/step_s``) that follows another: from the previous row's ``wall_time`` to
+    ``step_time/wall_s``) that follows another: from the previous row's ``wall_time`` to
     its own, the whole loop cycle (the step, then the bookkeeping that writes its row)."""
-    rl = sorted(
-        (r for r in rows if r.get("throughput/step_s") is not None), key=lambda r: r["step"]
-    )
+    rl = sorted((r for r in rows if r.get("step_time/wall_s") is not None), key=lambda r: r["step"])
     return [
         (row["step"], prev["wall_time"], row["wall_time"])
         for prev, row in itertools.pairwise(rl)
@@ -312,7 +310,7 @@ def measure(
     step_cpu.at.clear()
     train(None, overrides, resume_dir=str(run_dir), progress=False)
     rows = [json.loads(line) for line in (tb / "metrics.jsonl").open()]
-    by_step = {r["step"]: r for r in rows if r.get("throughput/step_s") is not None}
+    by_step = {r["step"]: r for r in rows if r.get("step_time/wall_s") is not None}
     figures = RunFigures({}, {}, {}, {}, {}, {}, len(by_step), wrote={})
     for step, start, end in step_periods(rows):
         if step > warmup and not compiles.overlaps(start, end):

@@ -214,9 +214,11 @@ async def test_tool_failures_are_counted_by_tool_and_kind_and_warned_once(caplog
         metrics, {"name": "made_up", "seconds": 0.0, "error": True, "kind": "unknown_tool"}
     )
     out = metrics.write_step(1)
-    assert out["count/tool/inverse/error"] == 4 and out["count/tool/inverse/raised"] == 4
-    assert out["count/tool/get/rejected"] == 10 and out["time/tool/get_count"] == 10
-    assert out["count/tool_calls/unknown_tool"] == 1 and "time/tool/made_up_s" not in out
+    assert (
+        out["count/tool/inverse/error_total"] == 4 and out["count/tool/inverse/raised_total"] == 4
+    )
+    assert out["count/tool/get/rejected_total"] == 10 and out["time/tool/get_count"] == 10
+    assert out["count/tool_calls/unknown_tool_total"] == 1 and "time/tool/made_up_s" not in out
 
 
 class _OwnInit(ToolEnvironment):

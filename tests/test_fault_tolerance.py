@@ -177,8 +177,8 @@ async def test_an_episode_that_raises_ends_alone_with_a_recorded_status(
     assert [t.status for t in group.trajectories] == ["ok", "ok"]
     assert all(t.reward == 1.0 for t in group.trajectories)
     row = metrics.write_step(1)
-    assert row["count/rollout/status/env_error"] == 1.0
-    assert row["count/rollout/status/ok"] == 2.0
+    assert row["count/rollout/status/env_error_total"] == 1.0
+    assert row["count/rollout/status/ok_total"] == 2.0
     metrics.close()
 
 
@@ -272,8 +272,9 @@ async def test_a_restarting_env_server_is_waited_for_and_its_failures_do_not_cou
     assert [t.status for t in group.trajectories] == ["ok", "ok"]
     assert group.dropped and all("unreachable" in t.error for t in group.dropped)
     row = metrics.write_step(1)
-    assert row["count/rollout/backend_down"] == 1.0  # one watch, shared by every member
-    assert row["count/rollout/infra_failures_excused"] >= len(group.dropped)  # other groups too
+    assert row["count/rollout/backend_down_total"] == 1.0  # one watch, shared by every member
+    # Other groups' too.
+    assert row["count/rollout/infra_failures_excused_total"] >= len(group.dropped)
     metrics.close()
 
 
@@ -415,6 +416,6 @@ def test_a_training_run_goes_on_through_a_sigkilled_and_restarted_env_server(tmp
     assert killed and killed[0] < 4, "the server was never killed mid-run"
     assert len(result.history) == 4
     last = result.history[-1]
-    assert last["count/rollout/infra_failures"] >= 1  # the kill hit open episodes
-    assert last["count/rollout/backend_down"] >= 1
-    assert last["count/rollout/infra_failures_excused"] >= 1
+    assert last["count/rollout/infra_failures_total"] >= 1  # the kill hit open episodes
+    assert last["count/rollout/backend_down_total"] >= 1
+    assert last["count/rollout/infra_failures_excused_total"] >= 1

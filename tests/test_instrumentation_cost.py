@@ -21,10 +21,10 @@ def bench():
 def test_a_step_lasts_from_the_previous_rl_row_to_its_own(bench):
     rows = [
         {"step": 0, "wall_time": 5.0, "eval/success": 0.1},  # not an RL step
-        {"step": 1, "wall_time": 10.0, "throughput/step_s": 3.0},
-        {"step": 2, "wall_time": 12.5, "throughput/step_s": 1.0},
-        {"step": 3, "wall_time": 14.0, "throughput/step_s": 1.0},
-        {"step": 5, "wall_time": 20.0, "throughput/step_s": 1.0},  # step 4 missing
+        {"step": 1, "wall_time": 10.0, "step_time/wall_s": 3.0},
+        {"step": 2, "wall_time": 12.5, "step_time/wall_s": 1.0},
+        {"step": 3, "wall_time": 14.0, "step_time/wall_s": 1.0},
+        {"step": 5, "wall_time": 20.0, "step_time/wall_s": 1.0},  # step 4 missing
     ]
     assert bench.step_periods(rows) == [(2, 10.0, 12.5), (3, 12.5, 14.0)]
 
@@ -85,7 +85,7 @@ def test_the_hook_clock_times_the_instrumentation_and_puts_it_back(bench, tmp_pa
     }
     # What the run wrote is what it writes untimed.
     rows = (tmp_path / "tb" / "metrics.jsonl").read_text()
-    assert "latency/train/p95" in rows
+    assert "latency/train/p95_ms" in rows
     assert {(o, n): o.__dict__[n] for o, n in bench.HOOKS} == originals
 
 

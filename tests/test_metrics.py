@@ -92,8 +92,8 @@ def test_counters_are_cumulative(tmp_path):
         rec.write_step(1)
         rec.write_step(2)
     got = read_scalars(tmp_path)
-    assert got["count/episodes"] == [(0, 1.0), (1, 2.0), (2, 2.0)]
-    assert got["count/tokens"] == [(0, 100.0), (1, 128.0), (2, 128.0)]
+    assert got["count/episodes_total"] == [(0, 1.0), (1, 2.0), (2, 2.0)]
+    assert got["count/tokens_total"] == [(0, 100.0), (1, 128.0), (2, 128.0)]
 
 
 def test_gauge_last_and_max():
@@ -146,7 +146,7 @@ def test_thread_safety():
     out = rec.write_step(0)
     assert out["time/op_s"] == n_threads * n_adds * 0.25
     assert out["time/op_count"] == n_threads * n_adds
-    assert out["count/ops"] == n_threads * n_adds
+    assert out["count/ops_total"] == n_threads * n_adds
     assert rec.totals() == {"op": n_threads * n_adds * 0.25}
 
 
@@ -191,7 +191,11 @@ def test_in_memory_mode_writes_no_files(tmp_path, monkeypatch):
     with MetricsRecorder(None) as rec:
         rec.scalar("loss", 1.0, step=0)
         rec.count("n")
-        assert rec.write_step(0, extra={"x": 2.0}) == {"count/n": 1.0, "x": 2.0}
+        assert rec.write_step(0, extra={"x": 2.0}) == {
+            "count/n_total": 1.0,
+            "count/n_per_step": 1.0,
+            "x": 2.0,
+        }
         rec.flush()
     assert os.listdir(tmp_path) == []
 

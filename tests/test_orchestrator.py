@@ -628,14 +628,14 @@ async def test_tool_use_is_counted_from_the_agents_calls_when_the_env_reports_no
     assert SleepTool.runs == 2 * 2 * 2  # 2 episodes of 2 turns of 2 calls, run by the env
     assert rollout_stats([group])["rollout/tool_use"] == 1.0
     out = recorder.write_step(1)
-    assert out["count/tool/sleep/calls"] == SleepTool.runs  # the per-tool count
-    assert out["count/tool_calls/unknown_tool"] == 2 * 2  # "nap": not one of its tools
+    assert out["count/tool/sleep/calls_total"] == SleepTool.runs  # the per-tool count
+    assert out["count/tool_calls/unknown_tool_total"] == 2 * 2  # "nap": not one of its tools
     # What the env's call_tool calls found, though it reported nothing: the seconds, and
     # the tool that raised, counted by tool and exception.
     assert out["time/tool/sleep_count"] == SleepTool.runs
-    assert out["count/tool/divide/error"] == out["count/tool/divide/raised"] == 2 * 2
-    assert out["count/tool/divide/exception/ZeroDivisionError"] == 2 * 2
-    assert "count/tool/sleep/error" not in out
+    assert out["count/tool/divide/error_total"] == out["count/tool/divide/raised_total"] == 2 * 2
+    assert out["count/tool/divide/exception/ZeroDivisionError_total"] == 2 * 2
+    assert "count/tool/sleep/error_total" not in out
 
 
 async def test_tool_calls_past_the_episode_deadline_are_the_agents_failure(random_model):

@@ -214,7 +214,7 @@ async def test_in_flight_counts_match_the_engines_mid_flight(engines, make_pool)
     assert column(pool, "in_flight") == [e.in_flight for e in engines] == [0, 0, 0]
     written = metrics.write_step(0)
     assert written["gauge/pool/in_flight"] == 0 and written["gauge/pool/in_flight_max"] == 12
-    assert written["count/pool/requests"] == 12
+    assert written["count/pool/requests_total"] == 12
 
 
 async def test_a_session_sticks_to_its_backend(engines, make_pool):
@@ -268,9 +268,9 @@ async def test_requests_fail_over_from_a_dead_backend_and_none_is_lost(model, en
     assert first.token_ids == (await live.generate([2, 1], SHORT)).token_ids
     assert column(pool, "served") == [0, 10] and column(pool, "in_flight") == [0, 0]
     written = metrics.write_step(0)
-    assert written["count/pool/requests"] == 10
-    assert written["count/pool/failovers"] == 2
-    assert written["count/pool/ejections"] == 1
+    assert written["count/pool/requests_total"] == 10
+    assert written["count/pool/failovers_total"] == 2
+    assert written["count/pool/ejections_total"] == 1
 
 
 async def test_a_bad_request_propagates_and_blames_no_backend(engines, make_pool):
@@ -282,7 +282,7 @@ async def test_a_bad_request_propagates_and_blames_no_backend(engines, make_pool
         await pool.generate([1] * 128, SHORT)
     assert column(pool, "healthy") == [True, True]
     assert column(pool, "failures") == [0, 0] and column(pool, "in_flight") == [0, 0]
-    assert "count/pool/failovers" not in metrics.write_step(0)
+    assert "count/pool/failovers_total" not in metrics.write_step(0)
     assert len((await pool.generate([1, 2], SHORT)).token_ids) == 9
 
 
@@ -303,7 +303,9 @@ async def test_an_ejected_backend_is_probed_back_into_rotation(engines, make_poo
     await asyncio.gather(pool.generate([3, 7], SHORT), pool.generate([3, 8], SHORT))
     assert column(pool, "served") == [1, 4] and column(pool, "failures") == [0, 0]
     written = metrics.write_step(0)
-    assert written["count/pool/ejections"] == 1 and written["count/pool/recoveries"] == 1
+    assert (
+        written["count/pool/ejections_total"] == 1 and written["count/pool/recoveries_total"] == 1
+    )
 
 
 @pytest.mark.parametrize(

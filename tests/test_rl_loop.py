@@ -76,7 +76,7 @@ async def test_a_failed_weight_sync_is_counted_and_the_loop_goes_on(tmp_path):
     )
     assert [r.step for r in reports] == [1, 2] and orch.version == 2
     try:
-        assert metrics.write_step(2)["count/weight_sync/failures"] == 2.0
+        assert metrics.write_step(2)["count/weight_sync/failures_total"] == 2.0
     finally:
         metrics.close()
         await engine.close()

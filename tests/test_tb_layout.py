@@ -11,9 +11,11 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
+from tensorboard.plugins.custom_scalar import layout_pb2
 
-from tunix_agentic.metrics import MetricsRecorder
+from tunix_agentic.metrics import MetricsRecorder, read_scalars
 from tunix_agentic.metrics.layout import (
     RUN_LAYOUT,
     layout_summary_value,
@@ -21,6 +23,8 @@ from tunix_agentic.metrics.layout import (
     visible_range,
     write_layout,
 )
+from tunix_agentic.metrics.recorder import event_runs
+from tunix_agentic.metrics.series import ENGINE_PARTS, STEP_PARTS
 
 CONFIG = str(Path(__file__).parents[1] / "configs" / "calculator_tiny.yaml")
 
@@ -67,19 +71,30 @@ def _tensorboard(logdir: Path, timeout_s: float = 90.0):
         proc.stderr.close()
 
 
-def _matched_tags(base: str, regex: str) -> set[str]:
-    """The tags of run "." a custom-scalars chart line draws, as the server resolves them."""
-    got = _get(base, "/data/plugin/custom_scalars/scalars", run=".", tag=regex)
-    assert got["regex_valid"], regex
-    return set(got["tag_to_events"])
+def _runs(base: str) -> list[str]:
+    return _get(base, "/data/runs")
+
+
+def _matched(base: str, regex: str) -> dict[str, list[tuple[int, float]]]:
+    """``{"run tag": [(step, value), ...]}`` of every line a custom-scalars chart line draws,
+    as the server resolves its regex in each run."""
+    out = {}
+    for run in _runs(base):
+        got = _get(base, "/data/plugin/custom_scalars/scalars", run=run, tag=regex)
+        assert got["regex_valid"], regex
+        for tag, events in got["tag_to_events"].items():
+            out[f"{run} {tag}"] = [(step, value) for _, step, value in events]
+    return out
 
 
 def _charts(base: str) -> dict[str, list[str]]:
     """``{chart title: its regexes}`` of the layout the server serves (titles unique)."""
     layout = _get(base, "/data/plugin/custom_scalars/layout")
-    assert [c["title"] for c in layout["category"]] == [title for title, _ in RUN_LAYOUT]
+    order = [title for title, _ in RUN_LAYOUT]
+    served = [c["title"] for c in layout["category"]]
+    assert served == [t for t in order if t in served]  # in the layout's order
     titles = [chart["title"] for category in layout["category"] for chart in category["chart"]]
-    assert len(titles) == len(set(titles)) == sum(len(charts) for _, charts in RUN_LAYOUT)
+    assert len(titles) == len(set(titles))
     return {
         chart["title"]: chart["multiline"]["tag"]
         for category in layout["category"]
@@ -87,67 +102,64 @@ def _charts(base: str) -> dict[str, list[str]]:
     }
 
 
-def test_layout_served_by_tensorboard_and_its_regexes_pick_the_right_tags(tmp_path):
+def test_layout_served_by_tensorboard_and_its_regexes_pick_one_line_per_series(tmp_path):
     # The names a run writes (see the naming contract), on a recorder of our own.
     with MetricsRecorder(tmp_path) as rec:
-        write_layout(rec)
-        for name in ("tool/bash", "tool/python", "env/sandbox_start", "episode", "stage/eval"):
+        for name in ("tool/bash", "env/sandbox_start", "episode", "stage/eval"):
             rec.add_time(name, 0.5)
-        rec.add_time("stage/run", 1.0)
+            rec.add_time(name, 1.5)
         rec.add_time("train", 0.2)
         rec.gauge("queue/ready_groups", 2)
         rec.gauge("queue/run_waiting", 3)
-        rec.gauge("queue/init_running", 1)
-        rec.scalars({"eval/success": 0.5, "eval/reward": 0.5, "eval/turns": 2.0}, 0)
+        rec.scalars({"eval/success": 0.5, "eval/reward": 0.5, "eval/success/calc": 1.0}, 0)
         rec.write_step(
             1,
             extra={
                 "rollout/reward_mean": 0.5,
                 "rollout/reward_mean/calc": 0.25,
-                "rollout/success/calc": 1.0,
                 "engine/busy_fraction": 0.75,
                 "engine/idle_fraction": 0.25,
-                "throughput/generated_tokens_per_accelerator_s": 9.0,
-                "throughput/step_s": 1.5,
+                "step_time/train_s": 1.0,
+                "step_time/generation_s": 0.5,
+                "step_time/wall_s": 1.5,
             },
         )
+        write_layout(rec, step=1)
     with _tensorboard(tmp_path) as base:
         charts = _charts(base)
+        step_time, engine = (
+            "where did step N's time go? (seconds by part, and the step)",
+            ("is the engine waiting? (share of its time in the step)"),
+        )
+        pcts = ("p50", "p95", "p99")
         expected = {
-            "reward per task": {"rollout/reward_mean", "rollout/reward_mean/calc"},
-            "success per task": {"rollout/success/calc"},
-            "share of wall time since RL started": {
-                "engine/busy_fraction",
-                "engine/idle_fraction",
+            step_time: {
+                "step_time/train step_time/part_s",
+                "step_time/generation step_time/part_s",
+                ". step_time/wall_s",
             },
-            "generated tokens per second": {"throughput/generated_tokens_per_accelerator_s"},
-            "episode stages (summed over episodes)": {"time/stage/eval_s", "time/stage/run_s"},
-            "held-out success and reward": {"eval/success", "eval/reward"},
-            "RL step wall seconds and the learner's parts": {"throughput/step_s", "time/train_s"},
-            "groups ready and in flight": {
-                "gauge/queue/ready_groups",
-                "gauge/queue/ready_groups_max",
+            engine: {"engine/busy engine/time_fraction", "engine/idle engine/time_fraction"},
+            "reward (training batches; each task a line)": {
+                ". rollout/reward_mean",
+                "task/calc rollout/reward_mean",
             },
-            "episodes waiting for a stage's workers (last value)": {"gauge/queue/run_waiting"},
-            "episodes waiting for a stage's workers (max in the step)": {
-                "gauge/queue/run_waiting_max"
-            },
-            "episodes in a stage's workers (INIT / RUN / EVAL)": {
-                "gauge/queue/init_running",
-                "gauge/queue/init_running_max",
-            },
-            "tool calls by tool": {
-                f"latency/tool/{t}/p{q}" for t in ("bash", "python") for q in (50, 95, 99)
-            },
-            "environment start-up (env/<key>)": {
-                f"latency/env/sandbox_start/p{q}" for q in (50, 95, 99)
-            },
-            "episode: admission to reward": {f"latency/episode/p{q}" for q in (50, 95, 99)},
-            "reward computation (EVAL)": {f"latency/stage/eval/p{q}" for q in (50, 95, 99)},
+            "held-out success (each task a line)": {". eval/success", "task/calc eval/success"},
+            "held-out reward (each task a line)": {". eval/reward"},
+            "groups ready and in flight": {"groups/ready gauge/queue/groups_max"},
+            "episodes waiting for a stage's workers": {"stage/run gauge/queue/waiting_max"},
+            "tool calls": {f"{q} latency/tool/bash_ms" for q in pcts},
+            "environment start-up (env/<key>)": {f"{q} latency/env/sandbox_start_ms" for q in pcts},
+            "episode: admission to reward": {f"{q} latency/episode_ms" for q in pcts},
+            "reward computation (EVAL stage)": {f"{q} latency/stage/eval_ms" for q in pcts},
         }
-        for chart, tags in expected.items():
+        # Only the charts with data, each a line per run (a colour per line).
+        assert set(charts) == set(expected)
+        for chart, lines in expected.items():
             (regex,) = charts[chart]
-            assert _matched_tags(base, regex) == tags, chart
+            assert set(_matched(base, regex)) == lines, chart
+        assert _matched(base, charts[step_time][0])["step_time/generation step_time/part_s"] == [
+            (1, 0.5)
+        ]
 
 
 def test_layout_value_is_the_plugins_config_tensor():
@@ -162,45 +174,33 @@ def test_layout_value_is_the_plugins_config_tensor():
         layout_summary_value({"category": []})
 
 
-# Charts a run fills only if its episodes call tools or its environments report start-up
-# times (the tiny calculator run may do neither): empty exactly when no such span was recorded.
-_SPAN_CHARTS = {"tool calls by tool": "time/tool/", "environment start-up (env/<key>)": "time/env/"}
-
-
-def _values(base: str, regex: str) -> list[float]:
-    got = _get(base, "/data/plugin/custom_scalars/scalars", run=".", tag=regex)
-    return [value for events in got["tag_to_events"].values() for _, _, value in events]
-
-
 @pytest.mark.slow
 def test_a_tiny_run_writes_percentiles_and_serves_its_layout(observed_run):
     run_dir = observed_run  # tests/conftest.py
     rows = [json.loads(line) for line in (run_dir / "tensorboard" / "metrics.jsonl").open()]
     (step_1,) = [row for row in rows if row["step"] == 1 and "learner/loss" in row]
     for key in (
-        "latency/model_call/p95",
-        "latency/episode/p50",
-        "latency/stage/eval/p99",
+        "latency/model_call/p95_ms",
+        "latency/episode/p50_ms",
+        "latency/stage/eval/p99_ms",
         "throughput/generated_tokens_per_accelerator_s",
     ):
         assert isinstance(step_1[key], float) and step_1[key] > 0, key
-    assert step_1["latency/episode/p50"] <= step_1["latency/episode/p99"]
+    assert step_1["latency/episode/p50_ms"] <= step_1["latency/episode/p99_ms"]
     for stage in ("init", "run", "eval"):  # every episode went through each pool
         assert step_1[f"gauge/queue/{stage}_running_max"] >= 1, stage
         assert step_1[f"gauge/queue/{stage}_waiting_max"] >= 0, stage
-    written = {key for row in rows for key in row}
     with _tensorboard(run_dir / "tensorboard") as base:
+        assert run_dir.name in _runs(base)  # the run is named after its directory, not "."
         for chart, regexes in _charts(base).items():
             (regex,) = regexes
-            values = _values(base, regex)
-            if chart in _SPAN_CHARTS:
-                recorded = any(k.startswith(_SPAN_CHARTS[chart]) for k in written)
-                assert bool(values) == recorded, chart
-                continue
+            values = [v for points in _matched(base, regex).values() for _, v in points]
             assert values, f"chart {chart!r}: {regex} matches no tag of the run"
             # Drawn on an axis that holds some of its points under TensorBoard's default
-            # outlier trimming (a lone line of two points would show an empty 0-1 axis).
-            assert visible_range(values) is not None, f"chart {chart!r} draws nothing visible"
+            # outlier trimming; a line of two distinct points (a figure of each of this
+            # run's two RL steps, alone in its chart) keeps neither, as in any 2-step run.
+            if len(values) > 2:
+                assert visible_range(values) is not None, f"chart {chart!r} draws nothing"
 
 
 @pytest.mark.parametrize(
@@ -216,3 +216,108 @@ def test_a_tiny_run_writes_percentiles_and_serves_its_layout(observed_run):
 )
 def test_visible_range_follows_tensorboards_outlier_trimming(values, expected):
     assert visible_range(values) == expected
+
+
+def _read_runs(log_dir: Path) -> tuple[dict[str, dict[str, list]], layout_pb2.Layout, set[str]]:
+    """Every run's scalars ``{run: {tag: [(step, value)]}}`` (runs by their directory
+    under ``log_dir``, as TensorBoard names them), the layout and the text tags, all read
+    with TensorBoard's own loader."""
+    from tensorboard.backend.event_processing import event_accumulator
+
+    runs, layout, texts = {}, None, set()
+    for directory, _ in event_runs(log_dir):
+        acc = event_accumulator.EventAccumulator(
+            directory, size_guidance={"scalars": 0, "tensors": 0}
+        )
+        acc.Reload()
+        name = str(Path(directory).relative_to(log_dir))
+        runs[name] = {
+            tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]
+        }
+        for tag in acc.Tags()["tensors"]:
+            if tag == "custom_scalars__config__" and layout is None:
+                value = acc.Tensors(tag)[0].tensor_proto.string_val[0]
+                layout = layout_pb2.Layout.FromString(value)
+            else:
+                texts.add(tag)
+    return runs, layout, texts
+
+
+# What a flat name ends with when it carries its unit, or says it is a share or a count.
+# MFU is a share of the peak by definition; peak_flops is in FLOP/s.
+_UNIT = re.compile(r"_(s|ms|gib|total|per_step|count|fraction|max|flops)$|/mfu_\w+$")
+
+
+@pytest.mark.slow
+def test_a_tiny_run_reads_at_a_glance(observed_run):
+    """The dashboards' contract, on a real run read back as TensorBoard reads it."""
+    run_dir = observed_run  # tests/conftest.py: 2 RL steps, version 1 evaluated beside
+    runs, layout, texts = _read_runs(run_dir / "tensorboard")
+    own = runs[run_dir.name]  # the run is named after its directory
+    assert "config/resolved" in texts  # the resolved config as a text card
+    assert "_hparams_/session_start_info" in texts  # and as HParams (tests/test_hparams.py)
+    # A colour per line: no chart draws two tags of one run, and none is empty.
+    assert [c.title for c in layout.category][:3] == [
+        "Step time and throughput",
+        "Reward and success",
+        "Learner health: is the policy collapsing?",
+    ]
+    for category in layout.category:
+        for chart in category.chart:
+            lines = 0
+            for name, tags in runs.items():
+                drawn = [t for t in tags if any(re.search(r, t) for r in chart.multiline.tag)]
+                assert len(drawn) <= 1, (chart.title, name, drawn)
+                lines += sum(len(tags[t]) > 0 for t in drawn)
+            assert lines, f"empty chart {chart.title!r}"
+    # The step's parts add up to its wall time.
+    scalars = read_scalars(run_dir / "tensorboard")
+    for step, wall in scalars["step_time/wall_s"]:
+        parts = [dict(scalars[f"step_time/{p}_s"])[step] for p in STEP_PARTS]
+        assert all(p >= 0 for p in parts) and sum(parts) == pytest.approx(wall, rel=0.05), step
+    assert [s for s, _ in scalars["step_time/wall_s"]] == [1, 2]
+    # The engine's busy / host gap / idle per step add up to 1.
+    for step in (1, 2):
+        shares = [dict(scalars[f"engine/{p}_fraction"])[step] for p in ENGINE_PARTS]
+        assert sum(shares) == pytest.approx(1.0, abs=0.01), step
+    # Every evaluation at the step it measured, with its wall time; the last one included.
+    assert [s for s, _ in scalars["eval/wall_s"]] == [0, 1, 2]
+    assert [(s, v) for s, v in scalars["eval/version_max"]] == [(0, 0), (1, 1), (2, 2)]
+    assert not any(n.startswith(("time/eval_", "latency/eval/")) for n in scalars)
+    # The warm start on its own run and axis (SFT steps), and its span at step 0, not 1.
+    assert set(runs["/".join((run_dir.name, "sft"))]) == {"sft/loss", "sft/token_accuracy"}
+    assert not any(t.startswith("sft/") for t in own)
+    assert [s for s, v in scalars["time/sft_s"] if v > 0] == [0]
+    # Running totals say so, beside their per-step rates.
+    total, per_step = (
+        scalars["count/rollout/episodes_total"],
+        scalars["count/rollout/episodes_per_step"],
+    )
+    assert [v for _, v in total] == list(np.cumsum([v for _, v in per_step]))
+    # Units in the names of the figures this contract covers.
+    for name in scalars:
+        if name.startswith(("step_time/", "latency/", "count/", "engine/", "perf/", "time/")):
+            assert _UNIT.search(name), name
+    # MFU of each step's training and decoding, against a peak logged once.
+    assert len(scalars["perf/peak_flops"]) == 1 and scalars["perf/peak_flops"][0][1] > 0
+    for name in ("perf/mfu_train", "perf/mfu_decode"):
+        assert [s for s, _ in scalars[name]] == [1, 2], name
+        assert all(v > 0 for _, v in scalars[name]), name
+    # Percentiles only for spans that ran several times a step (not the learner's).
+    assert not any(n.startswith(("latency/train/", "latency/weight_sync/")) for n in scalars)
+    # Learner health and the RL basics.
+    for name in (
+        "learner/loss",
+        "learner/approx_kl",
+        "learner/entropy",
+        "learner/grad_norm",
+        "learner/clip_fraction",
+        "rollout/response_tokens_mean",
+        "rollout/response_tokens_max",
+        "rollout/truncated_fraction",
+        "rollout/staleness_max",
+        "perf/peak_host_memory_gib",
+        "engine/prefix_cache_hit_fraction",
+        "engine/kv_occupancy_fraction",
+    ):
+        assert [s for s, _ in scalars[name]] == [1, 2], name

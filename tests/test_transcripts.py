@@ -139,11 +139,11 @@ def _metrics(run: Path, rewards: list[float], heldout: list[tuple[int, float]], 
             {
                 "step": step,
                 "wall_time": 0.0,
-                "throughput/step_s": 1.0,
+                "step_time/wall_s": 1.0,
                 "rollout/reward_mean": r,
-                "count/rollout/groups_filtered": 4.0 * step,
-                "count/rollout/episodes": 32.0 * step,
-                "count/rollout/status/max_tokens": float(cut * step),
+                "count/rollout/groups_filtered_total": 4.0 * step,
+                "count/rollout/episodes_total": 32.0 * step,
+                "count/rollout/status/max_tokens_total": float(cut * step),
             }
         )
     text = "".join(json.dumps(line) + "\n" for line in lines)

@@ -12,7 +12,7 @@ import pytest
 from tunix_agentic.config import ConfigError, load_config
 from tunix_agentic.metrics.config import MetricsConfig, WandbConfig
 from tunix_agentic.metrics.recorder import MetricsRecorder
-from tunix_agentic.metrics.wandb_mirror import STEP_KEY, WandbMirror
+from tunix_agentic.metrics.wandb_mirror import SFT_STEP_KEY, STEP_KEY, WandbMirror
 
 CONFIG = str(Path(__file__).parents[1] / "configs" / "calculator_tiny.yaml")
 _BLOCK = 32 * 1024  # the record log's block size (LevelDB's log format)
@@ -91,6 +91,13 @@ def test_a_run_mirrors_its_scalars_offline_into_its_dir(observed_run):
     # The same values at the same steps (the mirror gets them before float32 storage).
     assert [s for s, _ in losses] == [s for s, _ in expected] == [1, 2]
     assert [v for _, v in losses] == pytest.approx([v for _, v in expected])
+    # The same names as TensorBoard's flat ones: the step's parts at their RL step, and
+    # the warm start on its own axis of SFT steps.
+    steps = [r for r in rows if "step_time/wall_s" in r]
+    assert [r[STEP_KEY] for r in steps] == [1, 2]
+    assert all("step_time/train_s" in r and "engine/host_gap_fraction" in r for r in steps)
+    sft = [r for r in rows if "sft/loss" in r]
+    assert [r[SFT_STEP_KEY] for r in sft] == [0, 3]  # sft.steps=4: the first and the last
 
 
 @pytest.mark.parametrize(

@@ -58,9 +58,10 @@ def find_browser(given: str | None) -> str:
 
 
 def event_dir(run_dir: Path) -> Path:
-    """The directory TensorBoard reads: ``RUN_DIR/tensorboard`` or RUN_DIR itself."""
+    """The directory TensorBoard reads: ``RUN_DIR/tensorboard`` or RUN_DIR itself (the
+    event files are in the run's own directory below it, and its series' below that)."""
     for candidate in (run_dir / "tensorboard", run_dir):
-        if candidate.is_dir() and any(candidate.glob("*tfevents*")):
+        if candidate.is_dir() and any(candidate.rglob("*tfevents*")):
             return candidate
     raise SystemExit(f"{run_dir}: no TensorBoard event files there or in its tensorboard/")
 

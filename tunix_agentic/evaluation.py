@@ -15,6 +15,7 @@ evaluates a saved checkpoint (:mod:`tunix_agentic.cli.eval_cmd`).
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Literal
 
 from tunix_agentic.agent.loop import AgentConfig
@@ -40,7 +41,8 @@ class EvalResult:
     a single policy was measured); ``by_task``: the success rate per task source,
     ``reward_by_task`` the mean reward; ``per_task``: the whole result per task source;
     ``transcripts``: a few of its episodes as :mod:`~tunix_agentic.rollout.transcripts`
-    records (the best, the worst, one cut off, ...).
+    records (the best, the worst, one cut off, ...); ``wall_s``: how long it took (set by
+    :func:`evaluate`).
     """
 
     success: float
@@ -55,6 +57,7 @@ class EvalResult:
     per_task: dict[str, EvalResult] = dataclasses.field(default_factory=dict)
     reward_by_task: dict[str, float] = dataclasses.field(default_factory=dict)
     transcripts: list[dict] = dataclasses.field(default_factory=list, repr=False)
+    wall_s: float | None = None
 
 
 async def evaluate(
@@ -76,6 +79,7 @@ async def evaluate(
     the same at every evaluation. Cancelling the call cancels every episode under way
     (their environments are closed and their engine requests aborted).
     """
+    t0 = time.perf_counter()
     heldout = sources.heldout(n, seed=seed)
     tasks = [t for ts in heldout.values() for t in ts]
     if one_at_a_time:
@@ -98,6 +102,7 @@ async def evaluate(
     result.transcripts = group_records(
         in_order, orchestrator.template, agent_config.parser, transcripts, same_tasks=True
     )
+    result.wall_s = time.perf_counter() - t0
     return result
 
 
@@ -135,7 +140,8 @@ def log_eval(
     """Write ``eval/success`` (the success rate: share of episodes with reward > 0),
     ``eval/reward`` (the mean reward), ``eval/tool_use``, ``eval/turns``,
     ``eval/generated_tokens``, the share cut at the token limit (``eval/max_tokens``) and
-    the policy versions measured (``eval/version_min``, ``eval/version_max``) at ``step``,
+    the policy versions measured (``eval/version_min``, ``eval/version_max``) and its wall
+    time (``eval/wall_s``) at ``step``,
     and both figures per source when there are several; with ``transcripts``, the
     evaluation's episode records too (``RUN/transcripts/heldout_<step>.jsonl``)."""
     metrics.scalar("eval/success", ev.success, step)
@@ -145,6 +151,8 @@ def log_eval(
     metrics.scalar("eval/generated_tokens", ev.generated_tokens, step)
     if ev.episodes:
         metrics.scalar("eval/max_tokens", ev.statuses.get("max_tokens", 0) / ev.episodes, step)
+    if ev.wall_s is not None:
+        metrics.scalar("eval/wall_s", ev.wall_s, step)
     if ev.versions:
         metrics.scalar("eval/version_min", float(ev.versions[0]), step)
         metrics.scalar("eval/version_max", float(ev.versions[-1]), step)

@@ -57,7 +57,9 @@ class StepReport:
     wait_s: float  # waiting for the batch
     train_s: float
     sync_s: float  # publishing the weights, until the engine generates with them
-    wall_s: float
+    wall_s: float  # since the step before ended (the loop's start for the first)
+    other_s: float = 0.0  # the loop's own work since the step before ended (its on_step)
+    wait_start: float = 0.0  # time.perf_counter() when the wait for the batch began
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,6 +208,7 @@ async def run_rl_steps(
     orch.start()
     publisher.maybe_evaluate(start_step)
     try:
+        ended = time.perf_counter()  # when the step before ended
         for step in range(start_step, steps):
             t0 = time.perf_counter()
             with metrics.span("wait_for_batch"):
@@ -220,7 +223,11 @@ async def run_rl_steps(
             t3 = time.perf_counter()
             if publisher.error is not None:
                 raise publisher.error
-            on_step(StepReport(step + 1, groups, out, t1 - t0, t2 - t1, t3 - t2, t3 - t0))
+            report = StepReport(
+                step + 1, groups, out, t1 - t0, t2 - t1, t3 - t2, t3 - ended, t0 - ended, t0
+            )
+            ended = t3
+            on_step(report)
         finish = publisher.finish()
         await (race(finish) if race is not None else finish)
         if publisher.error is not None:

@@ -15,12 +15,15 @@ import dataclasses
 import functools
 import json
 import logging
+import resource
 import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import jax
+import yaml
 from tqdm.auto import tqdm
 
 from tunix_agentic.checkpoint import Checkpointer, set_aside
@@ -37,8 +40,11 @@ from tunix_agentic.inference.base import EngineError, InferenceEngine, WeightUpd
 from tunix_agentic.inference.engine import JaxEngine
 from tunix_agentic.learners.grpo import GRPOLearner
 from tunix_agentic.metrics.engine import EngineWindow
+from tunix_agentic.metrics.hparams import write_hparams
 from tunix_agentic.metrics.layout import write_layout
+from tunix_agentic.metrics.mfu import StepMfu, param_count, peak_flops
 from tunix_agentic.metrics.recorder import MetricsRecorder, drop_records
+from tunix_agentic.metrics.step_time import StepTime
 from tunix_agentic.metrics.trace import ProfileSteps, Timeline, open_timeline
 from tunix_agentic.metrics.wandb_mirror import WandbMirror
 from tunix_agentic.models.hf import build_model
@@ -232,6 +238,8 @@ class Trainer:
                 self.run_dir / "checkpoints_unreadable",
             )
         metrics, timeline = _open_metrics(stack, cfg, self.run_dir, start_step, self.profile_steps)
+        self.step_time = StepTime()  # where each RL step's time went
+        metrics.add_span_listener(self.step_time)
         ckpt = Checkpointer(self.run_dir / "checkpoints", max_to_keep=cfg.rl.keep_checkpoints)
         stack.callback(ckpt.close)  # runs before metrics.close: pending writes finish first
         self._log(f"model: {count_params(model):,} parameters; run dir {self.run_dir}")
@@ -361,10 +369,12 @@ class Trainer:
             by_task_before = dict(meta.get("success_before_by_task", {}))
             ctx.reward_before = float(meta.get("reward_before", before))
         else:
-            with metrics.span("eval"):
+            with metrics.span("eval", per_step=False):  # for the trace: logged at its step
                 ev = await self._signals.race(self.evaluate(orch, cfg.rl.eval_tasks))
             before, by_task_before, ctx.reward_before = ev.success, ev.by_task, ev.reward
             log_eval(metrics, ev, start_step, ctx.transcripts)
+            # The warm start's and this evaluation's spans at step 0, not RL step 1's.
+            metrics.write_step(start_step)
         ctx.before, ctx.by_task_before = before, by_task_before
         if not restored:
             self.checkpoints.done_step = 0
@@ -374,7 +384,7 @@ class Trainer:
         history = await self._rl_loop(ctx, ctx.engine, start_step)
         final_step = max(cfg.rl.steps, start_step)
         self.checkpoints.save(ctx, final_step)
-        with metrics.span("eval"):
+        with metrics.span("eval", per_step=False):
             after_eval = await self._signals.race(self.evaluate(orch, cfg.rl.eval_tasks))
         log_eval(metrics, after_eval, final_step, ctx.transcripts)
         return _finish(self.run_dir, cfg.rl.steps, ctx, after_eval, history)
@@ -394,14 +404,16 @@ class Trainer:
             disable=not self.progress,
             file=sys.stderr,
         )
-        # The engine's clock is read at the start of RL: its fractions are over the run so far
-        # (a device call is accounted when collected, so single short steps would be noisy).
-        window = EngineWindow(engine)
+        window = EngineWindow(engine)  # the engine's figures per step, from the start of RL
+        mfu = _step_mfu(ctx, cfg, start_step)  # logs perf/peak_flops
 
         def on_step(report: StepReport) -> None:
             step, groups, out = report.step, report.groups, report.out
             stats = rollout_stats(groups)
-            history.append(metrics.write_step(step, _step_scalars(report, stats, window)))
+            scalars = _step_scalars(report, stats, window, self.step_time, mfu)
+            history.append(metrics.write_step(step, scalars))
+            if step == start_step + 1 and cfg.metrics.layout:
+                write_layout(metrics, step=step)  # the custom-scalars dashboard, charts with data
             ctx.transcripts.write_step(step, groups)  # a few episodes, to read (tunix-agentic show)
             ctx.timeline.begin_step(step + 1)  # the step's trace to disk; the profile window
             self.checkpoints.step_done(ctx, step)
@@ -427,34 +439,33 @@ class Trainer:
                 on_step=on_step,
                 race=self._signals.race,  # a step under way finishes (and is kept) after a signal
                 metrics=metrics,
-                periodic=self._periodic_eval(ctx) if cfg.rl.eval_every else None,
+                periodic=_periodic_eval(self, ctx) if cfg.rl.eval_every else None,
             )
         finally:
             bar.close()
         return history
 
-    def _periodic_eval(self, ctx: RunContext) -> PeriodicEval:
-        """``rl.eval_every``: evaluations beside training, logged at the version they measure
-        (with ``eval/wall_s``; a due step never on the engine logs ``eval/skipped``)."""
-        metrics = ctx.metrics
-
-        async def run(version: int) -> tuple[EvalResult, float]:
-            t0 = time.perf_counter()
-            with metrics.span("eval"):  # the learner's eval track of the trace, beside the steps
-                ev = await self.evaluate(ctx.orch, self.cfg.rl.eval_tasks, beside_training=True)
-            return ev, time.perf_counter() - t0
-
-        def done(version: int, result: tuple[EvalResult, float]) -> None:
-            log_eval(metrics, result[0], version, ctx.transcripts)
-            metrics.scalar("eval/wall_s", result[1], version)
-
-        return PeriodicEval(
-            self.cfg.rl.eval_every, run, done, lambda v: metrics.scalar("eval/skipped", 1.0, v)
-        )
-
     def _log(self, msg: str) -> None:
         if self.progress:
             tqdm.write(msg, file=sys.stderr)
+
+
+def _periodic_eval(trainer: Trainer, ctx: RunContext) -> PeriodicEval:
+    """``rl.eval_every``: evaluations beside training, logged at the version they measure
+    (with ``eval/wall_s``; a due step never on the engine logs ``eval/skipped``)."""
+    metrics, every = ctx.metrics, trainer.cfg.rl.eval_every
+
+    async def run(version: int) -> EvalResult:
+        # The learner's eval track of the trace, beside the steps; logged at its version.
+        with metrics.span("eval", per_step=False), trainer.step_time.evaluating():
+            return await trainer.evaluate(ctx.orch, trainer.cfg.rl.eval_tasks, beside_training=True)
+
+    return PeriodicEval(
+        every,
+        run,
+        lambda v, ev: log_eval(metrics, ev, v, ctx.transcripts),
+        lambda v: metrics.scalar("eval/skipped", 1.0, v),
+    )
 
 
 def _finish(
@@ -490,14 +501,18 @@ def _open_metrics(
 ) -> tuple[MetricsRecorder, Timeline]:
     """The run's metrics recorder (TensorBoard, with a W&B mirror and the dashboard layout
     as configured) and its timeline (trace and profiler), both closed by ``stack``."""
-    metrics = MetricsRecorder(run_dir / "tensorboard", max_samples=cfg.metrics.latency_samples)
+    metrics = MetricsRecorder(
+        run_dir / "tensorboard",
+        max_samples=cfg.metrics.latency_samples,
+        run_name=run_dir.name,  # what TensorBoard calls the run
+    )
     stack.callback(metrics.close)
     if cfg.metrics.wandb.project is not None:
         mirror = WandbMirror(cfg.metrics.wandb, run_dir, to_dict(cfg))
         stack.callback(mirror.close)  # once the run is done writing (LIFO)
         metrics.add_write_listener(mirror)
-    if cfg.metrics.layout:
-        write_layout(metrics)  # the custom-scalars dashboard TensorBoard opens on
+    write_config_card(metrics, cfg, start_step)  # the resolved config, in the text plugin
+    write_hparams(metrics, to_dict(cfg), start_step, trial_id=run_dir.name)  # HPARAMS plugin
     timeline = open_timeline(
         run_dir, cfg.trace, metrics, step=start_step, profile_steps=profile_steps
     )
@@ -505,23 +520,76 @@ def _open_metrics(
     return metrics, timeline
 
 
+def _step_mfu(ctx: RunContext, cfg: RunConfig, step: int) -> StepMfu:
+    """The model's size and the peak FLOP/s of the run's MFU; the peak logged at ``step``
+    (``perf/peak_flops``, measured here on CPU)."""
+    model, learner = cfg.model, ctx.learner
+    mfu = StepMfu(
+        n_params=param_count(learner.state.params, learner.base),  # LoRA: base and adapters
+        peak=peak_flops(cfg.metrics.peak_flops),
+        layers=model.num_layers,
+        attn_dim=model.num_heads * model.head_dim,
+    )
+    ctx.metrics.scalar("perf/peak_flops", mfu.peak, step)
+    return mfu
+
+
 def _step_scalars(
-    report: StepReport, stats: dict[str, float], window: EngineWindow
+    report: StepReport,
+    stats: dict[str, float],
+    window: EngineWindow,
+    step_time: StepTime,
+    mfu: StepMfu,
 ) -> dict[str, float]:
     """What an RL step logs besides its step number: the rollout's figures (``stats``), the
-    learner's, the batch's staleness, throughput and the engine's window."""
+    learner's, the batch's staleness, throughput, the engine's, where the step's time went,
+    MFU and peak memory."""
+    parts = step_time.parts(
+        report.wait_start,
+        report.wait_start + report.wait_s,
+        train_s=report.train_s,
+        sync_s=report.sync_s,
+        other_s=report.other_s,
+    )
     versions = [
         t.min_version for g in report.groups for t in g.trajectories if t.min_version is not None
     ]
+    engine = window.scalars()
+    seq_lens = [len(t.token_ids) for g in report.groups for t in g.trajectories]
+    train_s = 0.0 if report.out.get("learner/skipped_steps") else report.train_s  # no update
     return {
         **stats,
-        **{f"learner/{k}": v for k, v in report.out.items()},
+        **{f"learner/{k.removeprefix('learner/')}": v for k, v in report.out.items()},
+        # Policy lag of the trained tokens: versions behind the policy trained.
         "rollout/staleness_max": float(report.step - 1 - min(versions)) if versions else 0.0,
         "throughput/generated_tokens_per_s": stats.get("rollout/generated_tokens", 0.0)
         / report.wall_s,
-        "throughput/step_s": report.wall_s,
-        **window.scalars(),
+        **engine,
+        **mfu.scalars(
+            seq_lens, train_s, engine.get("throughput/generated_tokens_per_accelerator_s")
+        ),
+        **peak_memory(),
+        **parts,
     }
+
+
+def peak_memory() -> dict[str, float]:
+    """``perf/peak_host_memory_gib`` (this process's peak resident memory) and, where the
+    device reports it (an accelerator), ``perf/peak_device_memory_gib``."""
+    out = {"perf/peak_host_memory_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    stats = jax.local_devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+        out["perf/peak_device_memory_gib"] = stats["peak_bytes_in_use"] / 2**30
+    return out
+
+
+def write_config_card(metrics: MetricsRecorder, cfg: RunConfig, step: int) -> None:
+    """The resolved config as YAML in TensorBoard's text plugin (``config/resolved``)."""
+    from tensorboard.plugins.text.summary_v2 import text_pb
+
+    body = yaml.safe_dump(to_dict(cfg), sort_keys=False)
+    text = "\n".join("    " + line for line in body.splitlines())  # a Markdown code block
+    metrics.write_summaries(list(text_pb("config/resolved", text).value), step)
 
 
 async def _give_weights(

@@ -33,7 +33,7 @@ class ToolCall:
 
 ERROR_PREFIX = "error: "
 
-# Why a call failed, as ``ToolResult.kind`` and the agent loop's ``count/tool/<name>/<kind>``:
+# Why a call failed, as ``ToolResult.kind`` and the agent loop's ``count/tool/<name>/<kind>_total``:
 # the agent's mistakes (``unknown_tool``, ``bad_arguments``, ``rejected``: a ToolError) and
 # the tool's own failures (``raised``: any other exception, ``timeout``).
 ErrorKind = Literal["unknown_tool", "bad_arguments", "rejected", "raised", "timeout"]

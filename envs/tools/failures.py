@@ -7,7 +7,7 @@ and its own failures (an exception other than
 :class:`~tunix_agentic.envs.tools.base.ToolError`, or a timeout) and logs a warning the
 first time their share passes a threshold. The agent's mistakes (an unknown tool, bad
 arguments, a refused call) never count against the tool. The per-run counts, by tool and
-kind, are the agent loop's ``count/tool/<name>/error`` and ``count/tool/<name>/<kind>``.
+kind, are the agent loop's ``count/tool/<name>/error_total`` and ``count/tool/<name>/<kind>_total``.
 """
 
 from __future__ import annotations

@@ -243,7 +243,7 @@ async def run_agent(
 
 def tool_call_records(action: Action, info: Mapping[str, Any], tools: Mapping) -> list[dict]:
     """One record per tool call of the turn, counted from the agent's parsed ``action``
-    (so ``rollout/tool_use`` and ``count/tool/<name>/calls`` see the calls of an
+    (so ``rollout/tool_use`` and ``count/tool/<name>/calls_total`` see the calls of an
     environment written on :class:`~tunix_agentic.envs.base.Environment` that runs them
     itself and reports nothing), each with what the environment reported of it in call
     order (``info["tool_calls"]``, as :func:`~tunix_agentic.envs.base.run_tool_calls`
@@ -295,11 +295,11 @@ def add_env_metrics(traj: Trajectory, info: Mapping[str, Any]) -> None:
 
 
 def _record_tool_call(metrics: MetricsSink, call: dict) -> None:
-    """``count/tool/<name>/calls`` of one call, ``time/tool/<name>`` when the environment
-    reported its seconds and, for a failed one, ``count/tool/<name>/error``,
-    ``count/tool/<name>/<kind>`` and, for one that raised,
-    ``count/tool/<name>/exception/<ExceptionClass>`` (a call to an unknown tool, a name the model made up, is
-    only ``count/tool_calls/unknown_tool``)."""
+    """``count/tool/<name>/calls_total`` of one call, ``time/tool/<name>`` when the environment
+    reported its seconds and, for a failed one, ``count/tool/<name>/error_total``,
+    ``count/tool/<name>/<kind>_total`` and, for one that raised,
+    ``count/tool/<name>/exception/<ExceptionClass>_total`` (a call to an unknown tool, a name the model made up, is
+    only ``count/tool_calls/unknown_tool_total``)."""
     name, kind = call.get("name", "?"), call.get("kind")
     if kind == "unknown_tool":
         metrics.count("tool_calls/unknown_tool")

@@ -81,10 +81,10 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     steps = []
     busy_before = math.nan
     for i, h in enumerate(result.history):
-        step_s = _num(h.get("throughput/step_s"))
+        step_s = _num(h.get("step_time/wall_s"))
         # The engine's device seconds in this step (they overlap training: asynchronous
         # RL): the step's share of its cumulative busy seconds; the first step's from its
-        # busy fraction since RL started (the counter includes the evaluation before RL).
+        # busy share of the step (the counter includes the evaluation before RL).
         busy = _num(h.get("engine/busy_s_total"))
         if i == 0:
             generation_s = _num(h.get("engine/busy_fraction")) * step_s

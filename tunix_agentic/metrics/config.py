@@ -2,7 +2,8 @@
 
 JAX-free, so configs load on a rollout node. ``latency_samples`` bounds the sample
 each span keeps per RL step for its percentiles and histogram (0 turns both off);
-``layout`` writes TensorBoard's custom-scalars layout; ``wandb`` mirrors every scalar
+``layout`` writes TensorBoard's custom-scalars layout; ``peak_flops`` is the FLOP/s
+MFU is measured against (:mod:`tunix_agentic.metrics.mfu`); ``wandb`` mirrors every scalar
 to Weights & Biases (:mod:`tunix_agentic.metrics.wandb_mirror`).
 """
 
@@ -44,6 +45,9 @@ class MetricsConfig:
     latency_samples: int = 2048
     layout: bool = True
     wandb: WandbConfig = WandbConfig()
+    # FLOP/s that MFU is measured against; None: the chip's published peak, or on CPU (or
+    # a chip not known) a matmul's measured rate (tunix_agentic.metrics.mfu).
+    peak_flops: float | None = None
 
     def __post_init__(self):
         n = self.latency_samples
@@ -51,3 +55,8 @@ class MetricsConfig:
             raise ValueError(f"metrics.latency_samples must be an integer >= 0, got {n!r}")
         if not isinstance(self.layout, bool):
             raise ValueError(f"metrics.layout must be true or false, got {self.layout!r}")
+        peak = self.peak_flops
+        if peak is not None and (
+            isinstance(peak, bool) or not isinstance(peak, int | float) or not 0 < peak < 1e30
+        ):
+            raise ValueError(f"metrics.peak_flops must be a number of FLOP/s > 0, got {peak!r}")

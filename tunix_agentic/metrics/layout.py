@@ -1,150 +1,162 @@
 """The custom-scalars layout every run writes: what TensorBoard shows first.
 
-TensorBoard's scalars dashboard lists a run's ~100 tags alphabetically; the
+TensorBoard's scalars dashboard lists a run's tags alphabetically; the
 custom-scalars dashboard ("CUSTOM SCALARS") instead opens on the categories
-below, each a few charts whose lines are picked by regular expressions (a
-chart draws every tag the regex matches in full), so per-task, per-tool and
-per-env names need no listing:
+below, in the order a researcher reads them, each a few charts whose lines are
+picked by regular expressions over the tags (a chart draws every tag the regex
+matches in full, in every run):
 
-* **Reward and success**: reward and success per task (training batches) and
-  held-out success and reward.
-* **Engine: busy / host gap / idle**: the engine's wall time split three ways,
-  and generated tokens per wall second and per accelerator second.
-* **Seconds per RL step by stage**: the step's wall time beside the learner's
-  parts (wait for batch, train, weight sync, evaluation), and the episode stages
-  (INIT / RUN / EVAL).
-* **Queue depths**: episodes waiting for each stage's worker pool (INIT / RUN /
-  EVAL) and running in it, groups ready and in flight, other gauges.
-* **Latency percentiles**: p50 / p95 / p99 of whole episodes (admission to
-  reward), the reward (EVAL), model calls, env steps, tool calls by tool and
-  environment start-up (``env/<key>``, e.g. a sandbox's start).
+* **Step time and throughput**: where each RL step's time went (generation,
+  environment, reward, evaluation, waiting, train, weight sync, other, and the
+  step's wall time), the engine's busy / host gap / idle share of the step,
+  generated tokens per second of the step and of device calls, and the model FLOPs
+  utilization of the train step and of decoding (:mod:`tunix_agentic.metrics.mfu`).
+* **Reward and success**: per training batch and held out, each task a line.
+* **Learner health**: loss, KL, entropy, gradient norm, clip fraction, response
+  length (mean, max), truncation, staleness, filtered groups, peak memory.
+* **Engine**: prefix-cache hits and KV occupancy.
+* **Queues**: episodes waiting for and running in each stage's workers (INIT /
+  RUN / EVAL, each a line), groups ready and in flight (max in the step).
+* **Latency**: p50 / p95 / p99 (each a line, in ms) of episodes, the reward,
+  model calls, env steps, tool calls and environment start-up, for the spans that
+  ran several times in the step.
 
-The layout is one ``custom_scalars__config__`` tensor event written with
-TensorBoard's own protos (no TensorFlow); see :func:`write_layout`. The
-custom-scalars charts draw lines, not stacked areas.
+Every chart draws at most one tag of a run: a breakdown's series are runs of
+their own (:mod:`tunix_agentic.metrics.series`), so TensorBoard gives each line its
+own colour and names it in the legend. A run writes its layout after its first RL
+step with the charts that have data by then (:func:`charts_with_data`): a chart of
+data the run does not write (no tool calls, no start-up reports) never appears
+empty. The layout is one ``custom_scalars__config__`` tensor event written with
+TensorBoard's own protos (no TensorFlow); see :func:`write_layout`.
 
 TensorBoard scales a chart's y axis to the values between their 5th and 95th
 percentiles by default ("Ignore outliers in chart scaling"): a chart of one
 line with two distinct values keeps neither and draws nothing visible (an empty
-axis from 0 to 1). So no chart is a lone line that a short run writes twice
-(the RL step's wall time, held-out success before and after RL): each shares
-its chart with related lines. :func:`visible_range` computes that axis range.
-
-Where the operating metrics live (``<q>`` is p50, p95 or p99, in seconds, over
-the spans of one RL step; ``hist/<span>`` holds the same samples):
-
-* trajectory completion (admission to reward): ``latency/episode/<q>``;
-* reward computation (EVAL): ``latency/stage/eval/<q>``;
-* tool call latency by tool: ``latency/tool/<name>/<q>``;
-* sandbox / environment start-up: ``latency/env/<key>/<q>`` (what the env reports);
-* model calls, env steps: ``latency/model_call/<q>``, ``latency/env_step/<q>``;
-* trainer wait, weight sync: ``time/wait_for_batch_s``, ``time/weight_sync_s`` (per
-  step) and ``latency/wait_for_batch/<q>``, ``latency/weight_sync/<q>``;
-* accelerator idle: ``engine/idle_fraction`` beside ``engine/busy_fraction`` and
-  ``engine/sched_gap_fraction`` (host gap);
-* rollout queue depth per stage: ``gauge/queue/<stage>_waiting`` (episodes waiting
-  for a worker of stage ``init``, ``run`` or ``eval``: ``rollout.<stage>_workers``)
-  and ``gauge/queue/<stage>_running`` (episodes holding one); groups:
-  ``gauge/queue/ready_groups``, ``gauge/queue/in_flight_groups`` (each gauge with
-  ``..._max``, its highest value within the step);
-* tokens per accelerator-second: ``throughput/generated_tokens_per_accelerator_s``
-  (tokens the engines generated since RL started / their busy seconds since then), beside
-  ``throughput/generated_tokens_per_s`` (the batch's tokens / the step's wall time).
+axis from 0 to 1); :func:`visible_range` computes that axis range.
 """
 
 from __future__ import annotations
+
+import re
+from collections.abc import Collection, Iterable
 
 import numpy as np
 from tensorboard.compat.proto import summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
 from tensorboard.plugins.custom_scalar import layout_pb2, metadata
 
+from tunix_agentic.metrics import series
 from tunix_agentic.metrics.recorder import MetricsRecorder
 
-_PCT = r"/p(50|95|99)$"
-
-# (category, ((chart title, (tag regex, ...)), ...)), in the order the UI shows them.
+# (category, ((chart title, (tag regex, ...)), ...)), in the order the UI shows them. A
+# regex matches TensorBoard tags (see tunix_agentic.metrics.series): each chart draws at
+# most one tag of each run, so its lines are runs, each its own colour.
 RUN_LAYOUT: tuple[tuple[str, tuple[tuple[str, tuple[str, ...]], ...]], ...] = (
+    (
+        "Step time and throughput",
+        (
+            (
+                "where did step N's time go? (seconds by part, and the step)",
+                (r"^step_time/(part|wall)_s$",),
+            ),
+            (
+                "is the engine waiting? (share of its time in the step)",
+                (r"^engine/time_fraction$",),
+            ),
+            ("generated tokens per second of the step", (r"^throughput/generated_tokens_per_s$",)),
+            (
+                "generated tokens per second of device calls",
+                (r"^throughput/generated_tokens_per_accelerator_s$",),
+            ),
+            ("MFU of the train step (share of peak FLOP/s)", (r"^perf/mfu_train$",)),
+            ("MFU of decoding (share of peak FLOP/s)", (r"^perf/mfu_decode$",)),
+        ),
+    ),
     (
         "Reward and success",
         (
-            ("reward per task", (r"^rollout/reward_mean(/.*)?$",)),
-            ("success per task", (r"^rollout/success(/.*)?$",)),
-            # With reward beside it: a run evaluates twice by default, and two points alone
-            # draw nothing under TensorBoard's outlier trimming (see the module docstring).
-            ("held-out success and reward", (r"^eval/(success|reward)(/.*)?$",)),
+            ("reward (training batches; each task a line)", (r"^rollout/reward_mean$",)),
+            ("success (training batches; each task a line)", (r"^rollout/success$",)),
+            ("held-out success (each task a line)", (r"^eval/success$",)),
+            ("held-out reward (each task a line)", (r"^eval/reward$",)),
         ),
     ),
     (
-        "Engine: busy / host gap / idle",
+        "Learner health: is the policy collapsing?",
         (
-            ("share of wall time since RL started", (r"^engine/\w+_fraction$",)),
-            ("generated tokens per second", (r"^throughput/generated_tokens_per_\w+$",)),
+            ("loss", (r"^learner/loss$",)),
+            ("KL to the sampling policy (approx.)", (r"^learner/approx_kl$",)),
+            ("entropy (nats per token)", (r"^learner/entropy$",)),
+            ("gradient norm", (r"^learner/grad_norm$",)),
+            ("clip fraction", (r"^learner/clip_fraction$",)),
+            ("response length, mean (tokens)", (r"^rollout/response_tokens_mean$",)),
+            ("response length, max (tokens)", (r"^rollout/response_tokens_max$",)),
+            ("truncated at the token limit (share)", (r"^rollout/truncated_fraction$",)),
+            (
+                "staleness: policy lag of the trained tokens (versions)",
+                (r"^rollout/staleness_max$",),
+            ),
+            ("groups filtered (per step)", (r"^count/rollout/groups_filtered_per_step$",)),
+            ("peak memory (GiB)", (r"^perf/peak_\w+_memory_gib$",)),
         ),
     ),
     (
-        "Seconds per RL step by stage",
+        "Engine",
         (
             (
-                "RL step wall seconds and the learner's parts",
-                (r"^(throughput/step_s|time/(wait_for_batch|train|weight_sync|eval)_s)$",),
+                "prefix-cache hits (share of prompt tokens)",
+                (r"^engine/prefix_cache_hit_fraction$",),
             ),
-            ("episode stages (summed over episodes)", (r"^time/stage/\w+_s$",)),
+            ("KV occupancy (share held)", (r"^engine/kv_occupancy_fraction$",)),
         ),
     ),
     (
-        "Queue depths",
+        "Queues (max in the step; each stage a line)",
         (
-            (
-                "episodes waiting for a stage's workers (max in the step)",
-                (r"^gauge/queue/(init|run|eval)_waiting_max$",),
-            ),
-            (
-                "episodes waiting for a stage's workers (last value)",
-                (r"^gauge/queue/(init|run|eval)_waiting$",),
-            ),
-            (
-                "episodes in a stage's workers (INIT / RUN / EVAL)",
-                (r"^gauge/queue/(init|run|eval)_running(_max)?$",),
-            ),
-            ("groups ready and in flight", (r"^gauge/queue/\w+_groups(_max)?$",)),
-            ("other gauges", (r"^gauge/(?!queue/).*$",)),
+            ("episodes waiting for a stage's workers", (r"^gauge/queue/waiting_max$",)),
+            ("episodes in a stage's workers", (r"^gauge/queue/running_max$",)),
+            ("groups ready and in flight", (r"^gauge/queue/groups_max$",)),
         ),
     ),
     (
-        "Latency percentiles (seconds)",
+        "Latency (ms; p50 / p95 / p99 over the step)",
         (
-            ("episode: admission to reward", (r"^latency/episode" + _PCT,)),
-            ("reward computation (EVAL)", (r"^latency/stage/eval" + _PCT,)),
-            ("model call", (r"^latency/model_call" + _PCT,)),
-            ("env step", (r"^latency/env_step" + _PCT,)),
-            ("tool calls by tool", (r"^latency/tool/.+" + _PCT,)),
-            ("environment start-up (env/<key>)", (r"^latency/env/.+" + _PCT,)),
-            (
-                "learner latency: wait for batch, train, weight sync",
-                (r"^latency/(wait_for_batch|train|weight_sync)" + _PCT,),
-            ),
-            ("every span's p95", (r"^latency/.+/p95$",)),
+            ("episode: admission to reward", (r"^latency/episode_ms$",)),
+            ("reward computation (EVAL stage)", (r"^latency/stage/eval_ms$",)),
+            ("model call", (r"^latency/model_call_ms$",)),
+            ("env step", (r"^latency/env_step_ms$",)),
+            ("tool calls", (r"^latency/tool/[^/]+_ms$",)),
+            ("environment start-up (env/<key>)", (r"^latency/env/.+_ms$",)),
         ),
     ),
 )
 
 
-def run_layout() -> layout_pb2.Layout:
-    """:data:`RUN_LAYOUT` as the custom-scalars plugin's ``Layout`` proto."""
-    return layout_pb2.Layout(
-        category=[
-            layout_pb2.Category(
-                title=title,
-                chart=[
-                    layout_pb2.Chart(
-                        title=chart, multiline=layout_pb2.MultilineChartContent(tag=list(tags))
-                    )
-                    for chart, tags in charts
-                ],
+def charts_with_data(names: Iterable[str]) -> set[str]:
+    """Titles of the :data:`RUN_LAYOUT` charts that draw one of the flat scalar ``names``."""
+    tags = {series.place(n)[1] for n in names}
+    return {
+        chart
+        for _, charts in RUN_LAYOUT
+        for chart, regexes in charts
+        if any(re.search(r, t) for r in regexes for t in tags)
+    }
+
+
+def run_layout(only: Collection[str] | None = None) -> layout_pb2.Layout:
+    """:data:`RUN_LAYOUT` as the custom-scalars plugin's ``Layout`` proto; with ``only``,
+    just those charts (and no category left without one)."""
+    categories = []
+    for title, charts in RUN_LAYOUT:
+        kept = [
+            layout_pb2.Chart(
+                title=chart, multiline=layout_pb2.MultilineChartContent(tag=list(tags))
             )
-            for title, charts in RUN_LAYOUT
+            for chart, tags in charts
+            if only is None or chart in only
         ]
-    )
+        if kept:
+            categories.append(layout_pb2.Category(title=title, chart=kept))
+    return layout_pb2.Layout(category=categories)
 
 
 def layout_summary_value(layout: layout_pb2.Layout) -> summary_pb2.Summary.Value:
@@ -164,13 +176,17 @@ def layout_summary_value(layout: layout_pb2.Layout) -> summary_pb2.Summary.Value
     )
 
 
-def write_layout(recorder: MetricsRecorder, layout: layout_pb2.Layout | None = None) -> None:
-    """Write ``layout`` (default :func:`run_layout`) into ``recorder``'s event file at step 0.
+def write_layout(
+    recorder: MetricsRecorder, layout: layout_pb2.Layout | None = None, *, step: int = 0
+) -> None:
+    """Write ``layout`` (default: :func:`run_layout` with the charts that have data among
+    what ``recorder`` wrote so far) into ``recorder``'s event file at ``step``.
 
-    A run resumed into the same directory writes it again; TensorBoard reads one of the
-    (identical) copies.
+    TensorBoard reads the first copy a run wrote (a resumed run writes it again).
     """
-    recorder.write_summaries([layout_summary_value(layout or run_layout())], step=0)
+    if layout is None:
+        layout = run_layout(only=charts_with_data(recorder.written_names()))
+    recorder.write_summaries([layout_summary_value(layout)], step=step)
 
 
 def visible_range(values: list[float]) -> tuple[float, float] | None:

@@ -9,13 +9,17 @@ something. There are two ways to record:
   `gauge/...`), so hot code only pays for a lock and a dict update.
 
 Every span is also kept as a sample until the next `write_step`, which adds
-`latency/<name>/p50`, `/p95` and `/p99` (seconds) and a TensorBoard histogram
-`hist/<name>` for each span name that had samples since the last one. Memory
+`latency/<name>/p50_ms`, `/p95_ms` and `/p99_ms` (milliseconds) and a TensorBoard
+histogram `hist/<name>` (seconds) for each span name that had several samples
+since the last one (a span that ran once has its `time/<name>_s`). Memory
 is bounded: at most `max_samples` samples per name per interval, a uniform
 reservoir sample once there are more (the percentiles are then estimates).
 
-Every write goes to a TensorBoard event file in `log_dir` (through
-TensorBoard's own `EventFileWriter`, so no TensorFlow is needed) and, unless
+Every write goes to TensorBoard event files under `log_dir` (through
+TensorBoard's own `EventFileWriter`, so no TensorFlow is needed): the run's own
+in `log_dir/<run_name>` (`log_dir` itself without a name), and a breakdown's
+series each in a directory of its own below it, so TensorBoard draws each in its
+own colour (:mod:`tunix_agentic.metrics.series`); and, unless
 `jsonl=False`, as one line `{"step": ..., "wall_time": ..., <name>: <value>}`
 to `log_dir/metrics.jsonl`. TensorBoard stores scalars as float32; the JSONL
 keeps full float64 precision and writes non-finite values as `null`; it holds
@@ -44,12 +48,16 @@ from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from tensorboard.summary.writer.record_writer import RecordWriter
 
+from tunix_agentic.metrics import series
+
 JSONL_NAME = "metrics.jsonl"
 # Keys every JSONL line carries; a metric may not shadow them.
 _RESERVED = frozenset({"step", "wall_time"})
 # Span samples kept per name per write_step interval, by default (~16 KiB each).
 DEFAULT_MAX_SAMPLES = 2048
 PERCENTILES = (50, 95, 99)
+# A span needs this many samples in a step for percentiles (a once-a-step span has p50 = p99).
+MIN_PERCENTILE_SAMPLES = 2
 _HIST_BUCKETS = 30
 
 
@@ -143,9 +151,11 @@ class MetricsRecorder:
     """The one place a run records what it measures.
 
     Args:
-      log_dir: directory for the event file and `metrics.jsonl` (created if
+      log_dir: directory for the event files and `metrics.jsonl` (created if
         missing). `None` keeps everything in memory: accumulators still work
         and `write_step` still returns its dict, but nothing is written.
+      run_name: the name TensorBoard shows for the run (its event files go to
+        `log_dir/run_name`); None writes them to `log_dir` (shown as ".").
       jsonl: also append each write to `log_dir/metrics.jsonl`.
       max_samples: span samples kept per span name between two `write_step`s,
         for the `latency/...` percentiles and `hist/...` histograms; 0 turns
@@ -158,17 +168,23 @@ class MetricsRecorder:
         *,
         jsonl: bool = True,
         max_samples: int = DEFAULT_MAX_SAMPLES,
+        run_name: str | None = None,
     ):
         if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 0:
             raise ValueError(f"max_samples must be an int >= 0, got {max_samples!r}")
         self._lock = threading.Lock()
         self._closed = False
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
+        if run_name is not None and (not run_name or os.sep in run_name or run_name in (".", "..")):
+            raise ValueError(f"run_name must be a plain directory name, got {run_name!r}")
         self._writer: EventFileWriter | None = None
+        self._series_writers: dict[str, EventFileWriter] = {}  # by run, under the run's dir
         self._jsonl: IO[str] | None = None
+        self.event_dir: str | None = None  # where the run's own event files go
         if self.log_dir is not None:
             os.makedirs(self.log_dir, exist_ok=True)
-            self._writer = EventFileWriter(self.log_dir, flush_secs=10)
+            self.event_dir = os.path.join(self.log_dir, run_name or "")
+            self._writer = EventFileWriter(self.event_dir, flush_secs=10)
             if jsonl:
                 # Line-buffered: a crashed run keeps every finished line.
                 self._jsonl = open(  # closed in close()
@@ -177,7 +193,9 @@ class MetricsRecorder:
         self._span_sum: dict[str, float] = {}
         self._span_count: dict[str, int] = {}
         self._span_total: dict[str, float] = {}
+        self._written: set[str] = set()  # every scalar name written so far
         self._counters: dict[str, float] = {}
+        self._counters_written: dict[str, float] = {}  # their values at the last write_step
         self._gauge_last: dict[str, float] = {}
         self._gauge_max: dict[str, float] = {}
         self._span_listeners: list[Callable[[str, float, float], None]] = []
@@ -214,20 +232,33 @@ class MetricsRecorder:
     # ---- accumulators, emitted by write_step -------------------------------
 
     @contextlib.contextmanager
-    def span(self, name: str) -> Iterator[None]:
-        """Times the block with `time.perf_counter`; recorded also if it raises."""
+    def span(self, name: str, *, per_step: bool = True) -> Iterator[None]:
+        """Times the block with `time.perf_counter`; recorded also if it raises.
+        `per_step=False`: only the span listeners (the trace, the step time) hear of it,
+        for a span whose figure its caller logs at a step of its own (an evaluation)."""
         _check_name(name, top_level=False)
         start = time.perf_counter()
         try:
             yield
         finally:
-            self.add_time(name, time.perf_counter() - start)
+            self.add_time(name, time.perf_counter() - start, per_step=per_step)
 
-    def add_time(self, name: str, seconds: float) -> None:
-        """Adds `seconds` to the span accumulator for `name` (as one span)."""
+    def add_time(self, name: str, seconds: float, *, per_step: bool = True) -> None:
+        """Adds `seconds` to the span accumulator for `name` (as one span); with
+        `per_step=False` only the span listeners hear of it."""
         _check_name(name, top_level=False)
         seconds = _as_float(name, seconds)
         end = time.perf_counter()
+        if per_step:
+            self._accumulate(name, seconds)
+        for fn in self._span_listeners:
+            try:
+                fn(name, end, seconds)
+            except Exception:
+                self._span_listeners.remove(fn)
+                raise
+
+    def _accumulate(self, name: str, seconds: float) -> None:
         with self._lock:
             self._span_sum[name] = self._span_sum.get(name, 0.0) + seconds
             self._span_count[name] = self._span_count.get(name, 0) + 1
@@ -237,12 +268,6 @@ class MetricsRecorder:
                 if reservoir is None:
                     reservoir = self._samples[name] = _Reservoir(self._max_samples)
                 reservoir.add(seconds, self._rng)
-        for fn in self._span_listeners:
-            try:
-                fn(name, end, seconds)
-            except Exception:
-                self._span_listeners.remove(fn)
-                raise
 
     def count(self, name: str, n: float = 1.0) -> None:
         """Adds `n` to a cumulative counter; counters are never reset."""
@@ -265,12 +290,14 @@ class MetricsRecorder:
 
         Emits `time/{name}_s` (seconds since the last write_step) and
         `time/{name}_count` for every span name seen so far,
-        `latency/{name}/p50|p95|p99` for every span name recorded since the last
-        write_step (finite durations only), `count/{name}` (cumulative) for every
-        counter, `gauge/{name}` and `gauge/{name}_max` for every gauge, then
-        `extra` as given (an `extra` key overrides a generated one). The event
-        file also gets a histogram `hist/{name}` per sampled span name (not in
-        the returned dict, nor in the JSONL). Span sums, counts and samples are
+        `latency/{name}/p50_ms|p95_ms|p99_ms` for every span name recorded at least
+        `MIN_PERCENTILE_SAMPLES` times since the last write_step (finite durations
+        only), `count/{name}_total` (cumulative) and `count/{name}_per_step` (since
+        the last write_step) for every counter, `gauge/{name}` and
+        `gauge/{name}_max` for every gauge, then `extra` as given (an `extra` key
+        overrides a generated one). The event files also get a histogram
+        `hist/{name}` (seconds) per span name with percentiles (not in the
+        returned dict, nor in the JSONL). Span sums, counts and samples are
         then reset, and gauge maxima restart from the gauge's current value,
         since the gauge keeps holding that value into the next interval.
         """
@@ -283,11 +310,15 @@ class MetricsRecorder:
                 out[f"time/{name}_count"] = float(self._span_count[name])
             histograms = []
             for name, reservoir in self._samples.items():
+                if reservoir.seen < MIN_PERCENTILE_SAMPLES:
+                    continue
                 for key, value in percentiles(reservoir.values).items():
-                    out[f"latency/{name}/{key}"] = value
+                    out[f"latency/{name}/{key}_ms"] = value * 1e3
                 histograms.append(histogram_value(f"hist/{name}", reservoir.values))
             for name, total in self._counters.items():
-                out[f"count/{name}"] = total
+                out[f"count/{name}_total"] = total
+                out[f"count/{name}_per_step"] = total - self._counters_written.get(name, 0.0)
+            self._counters_written = dict(self._counters)
             for name, last in self._gauge_last.items():
                 out[f"gauge/{name}"] = last
                 out[f"gauge/{name}_max"] = self._gauge_max[name]
@@ -317,6 +348,11 @@ class MetricsRecorder:
                     event_pb2.Event(wall_time=time.time(), step=step, summary=summary)
                 )
 
+    def written_names(self) -> set[str]:
+        """Every scalar name written so far (the JSONL's names)."""
+        with self._lock:
+            return set(self._written)
+
     def totals(self) -> dict[str, float]:
         """Cumulative seconds per span name since creation (not reset by write_step)."""
         with self._lock:
@@ -329,8 +365,8 @@ class MetricsRecorder:
         with self._lock:
             if self._closed:
                 return
-            if self._writer is not None:
-                self._writer.flush()
+            for writer in self._writers():
+                writer.flush()
             if self._jsonl is not None:
                 self._jsonl.flush()
 
@@ -340,8 +376,8 @@ class MetricsRecorder:
             if self._closed:
                 return
             self._closed = True
-            if self._writer is not None:
-                self._writer.close()  # flushes first
+            for writer in self._writers():
+                writer.close()  # flushes first
             if self._jsonl is not None:
                 self._jsonl.close()
 
@@ -350,6 +386,19 @@ class MetricsRecorder:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    def _writers(self) -> list[EventFileWriter]:
+        return [w for w in (self._writer, *self._series_writers.values()) if w is not None]
+
+    def _run_writer(self, run: str) -> EventFileWriter:
+        """The writer of the run's own events ("") or of a series' run (made on first use)."""
+        if not run:
+            return self._writer
+        writer = self._series_writers.get(run)
+        if writer is None:
+            writer = EventFileWriter(os.path.join(self.event_dir, run), flush_secs=10)
+            self._series_writers[run] = writer
+        return writer
 
     def _write_locked(
         self,
@@ -363,13 +412,21 @@ class MetricsRecorder:
             raise RuntimeError("MetricsRecorder is closed")
         if not values:
             return
+        self._written.update(values)
         wall_time = time.time()
         if self._writer is not None:
-            summary = summary_pb2.Summary(
-                value=[summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in values.items()]
-                + list(histograms)
-            )
-            self._writer.add_event(event_pb2.Event(wall_time=wall_time, step=step, summary=summary))
+            by_run: dict[str, list[summary_pb2.Summary.Value]] = {"": list(histograms)}
+            for k, v in values.items():
+                run, tag = series.place(k)
+                by_run.setdefault(run, []).append(
+                    summary_pb2.Summary.Value(tag=tag, simple_value=v)
+                )
+            for run, summary_values in by_run.items():
+                if summary_values:
+                    summary = summary_pb2.Summary(value=summary_values)
+                    self._run_writer(run).add_event(
+                        event_pb2.Event(wall_time=wall_time, step=step, summary=summary)
+                    )
         if self._jsonl is not None:
             row: dict[str, float | int | None] = {"step": step, "wall_time": wall_time}
             row.update({k: v if math.isfinite(v) else None for k, v in values.items()})
@@ -378,25 +435,51 @@ class MetricsRecorder:
             fn(values, step)
 
 
-def read_scalars(log_dir: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
-    """Reads every scalar in `log_dir`'s event files with TensorBoard's own loader.
+def event_runs(log_dir: str | os.PathLike) -> list[tuple[str, str]]:
+    """``(directory, series run)`` of every directory under ``log_dir`` holding event files:
+    the run's own (the shallowest, series run "") and its series' runs below it (see
+    :mod:`tunix_agentic.metrics.series`); profiler output (``plugins/``) is left out."""
+    found = []
+    for root, dirs, files in os.walk(os.fspath(log_dir)):
+        dirs[:] = sorted(d for d in dirs if d != "plugins")
+        if any("tfevents" in f for f in files):
+            found.append(root)
+    if not found:
+        return []
+    main = min(found, key=lambda d: (d.count(os.sep), d))
+    runs = []
+    for d in found:
+        rel = os.path.relpath(d, main)
+        if not rel.startswith(".."):
+            runs.append((d, "" if rel == "." else rel.replace(os.sep, "/")))
+    return sorted(runs, key=lambda r: (r[1] != "", r[1]))  # the run's own first
 
-    Returns `{tag: [(step, value), ...]}` sorted by step (values are float32,
-    as TensorBoard stores them). Nothing is sampled away or purged.
+
+def read_scalars(log_dir: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
+    """Reads every scalar under `log_dir` with TensorBoard's own loader, by its flat name.
+
+    Returns `{name: [(step, value), ...]}` sorted by step (values are float32,
+    as TensorBoard stores them), the series' runs' scalars under the names they were
+    recorded by (`step_time/train_s`, not run `step_time/train`'s `step_time/part_s`).
+    Nothing is sampled away or purged.
     """
     path = os.fspath(log_dir)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"no such log directory: {path}")
-    acc = event_accumulator.EventAccumulator(
-        path,
-        size_guidance={event_accumulator.SCALARS: 0},
-        purge_orphaned_data=False,
-    )
-    acc.Reload()
-    return {
-        tag: sorted(((e.step, e.value) for e in acc.Scalars(tag)), key=lambda p: p[0])
-        for tag in acc.Tags()[event_accumulator.SCALARS]
-    }
+    out: dict[str, list[tuple[int, float]]] = {}
+    for directory, run in event_runs(path):
+        acc = event_accumulator.EventAccumulator(
+            directory,
+            size_guidance={event_accumulator.SCALARS: 0},
+            purge_orphaned_data=False,
+        )
+        acc.Reload()
+        for tag in acc.Tags()[event_accumulator.SCALARS]:
+            name = series.flat_name(run, tag)
+            if name is not None:
+                points = out.setdefault(name, [])
+                points.extend((e.step, e.value) for e in acc.Scalars(tag))
+    return {name: sorted(points, key=lambda p: p[0]) for name, points in out.items()}
 
 
 def drop_records(log_dir: str | os.PathLike, late: Callable[[int, frozenset[str]], bool]) -> int:
@@ -433,16 +516,19 @@ def drop_records(log_dir: str | os.PathLike, late: Callable[[int, frozenset[str]
             else:
                 keep.append(line if line.endswith("\n") else line + "\n")
         _replace(jsonl, lambda f: f.writelines(keep), text=True)
-    for name in sorted(os.listdir(path)):
-        if "tfevents" not in name:
-            continue
-        events = os.path.join(path, name)
+    files = [
+        (os.path.join(directory, name), run)
+        for directory, run in event_runs(path)
+        for name in sorted(os.listdir(directory))
+        if "tfevents" in name
+    ]
+    for events, run in files:
         # The raw loader: the parsed one rewrites scalars into tensors as it reads.
         loader = event_file_loader.RawEventFileLoader(events)
         kept = []
         for record in loader.Load():  # stops quietly at a record cut short by a kill
             event = event_pb2.Event.FromString(record)
-            tags = frozenset(v.tag for v in event.summary.value)
+            tags = frozenset(series.flat_name(run, v.tag) or v.tag for v in event.summary.value)
             if event.HasField("summary") and late(event.step, tags):
                 dropped += 1
             else:

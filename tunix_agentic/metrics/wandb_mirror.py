@@ -2,9 +2,11 @@
 
 The recorder stays the source of truth (TensorBoard and ``metrics.jsonl``); the
 mirror gets each write as it happens (:meth:`MetricsRecorder.add_write_listener`).
-Scalars are logged against ``rl_step`` (W&B's ``define_metric``), not W&B's own
-step counter, because a run writes some steps late: an evaluation beside training
-logs at the step it started. ``wandb`` is an optional dependency (``pip install -e
+Scalars are logged under the same flat names as ``metrics.jsonl`` (W&B groups their
+panels by prefix, as TensorBoard groups tags) against ``rl_step`` (W&B's
+``define_metric``), not W&B's own step counter, because a run writes some steps late:
+an evaluation beside training logs at the step it measured. The warm start's
+``sft/*`` go against ``sft_step``, their own axis (their own run in TensorBoard). ``wandb`` is an optional dependency (``pip install -e
 '.[wandb]'``): asking for the mirror without it fails at start with that command.
 """
 
@@ -18,6 +20,7 @@ from typing import Any
 from tunix_agentic.metrics.config import WandbConfig
 
 STEP_KEY = "rl_step"
+SFT_STEP_KEY = "sft_step"  # the warm start's scalars (sft/*), by SFT step
 
 
 class WandbMirror:
@@ -45,12 +48,15 @@ class WandbMirror:
             settings=wandb.Settings(silent=True, console="off"),
         )
         self._run.define_metric(STEP_KEY)
+        self._run.define_metric(SFT_STEP_KEY)
         self._run.define_metric("*", step_metric=STEP_KEY)
+        self._run.define_metric("sft/*", step_metric=SFT_STEP_KEY)  # its own axis, as in TB
         self._closed = False
 
     def __call__(self, values: Mapping[str, float], step: int) -> None:
         if not self._closed:  # a write after close stays in TensorBoard and the JSONL
-            self._run.log({**values, STEP_KEY: step})
+            sft = all(k.startswith("sft/") for k in values)
+            self._run.log({**values, SFT_STEP_KEY if sft else STEP_KEY: step})
 
     @property
     def run_path(self) -> str | None:

@@ -8,7 +8,7 @@
 * ``step_time.png``: seconds per RL step, stacked: the learner's parts (waiting for a
   batch, train step, weight sync) and the episodes' stages (INIT, model calls, each
   tool, EVAL);
-* ``engine.png``: the engine's busy / host gap / idle shares since RL started;
+* ``engine.png``: the engine's busy / host gap / idle shares per RL step;
 * ``latency.png``: p50 / p95 / p99 per stage, tool and learner part;
 * ``episodes.png``: a Gantt chart of the trace's sampled episodes (INIT / RUN / EVAL);
 * ``report.md``: the speed verdict (:mod:`tunix_agentic.report.verdict`) and the
@@ -134,7 +134,7 @@ _CAPTIONS = {
     "step_time": "Seconds per RL step. Left: the learner's step (waiting for a batch, the "
     "train step, the weight sync). Right: where the episodes' time went (summed over the "
     "step's episodes).",
-    "engine": "The engine's share of the wall time since RL started: busy (device calls), "
+    "engine": "The engine's share of its time per RL step (mean over the steps): busy (device calls), "
     "host gap (work was waiting but the host had not launched it) and idle (no work).",
     "latency": "p50 / p95 / p99 seconds per stage, tool and learner part (each RL step's "
     "percentile, averaged over the steps).",
@@ -191,7 +191,7 @@ def _markdown(
         ]
     lines += [
         "",
-        f"Engine busy / host gap / idle since RL started: {100 * fig.busy:.0f} / "
+        f"Engine busy / host gap / idle per RL step: {100 * fig.busy:.0f} / "
         f"{100 * fig.host_gap:.0f} / {100 * fig.idle:.0f} %. Episode figures are summed over "
         "the step's episodes, which run at once.",
     ]

@@ -3,9 +3,9 @@ the verdict rests on.
 
 :func:`load_run` reads the JSON lines the metrics sink writes (one per write:
 ``{"step", "wall_time", name: value, ...}``) into per-name series; an RL step's row
-is the one holding ``throughput/step_s``. :func:`extract_figures` turns the RL
+is the one holding ``step_time/wall_s``. :func:`extract_figures` turns the RL
 steps into a :class:`Figures`: per-step means of the ``time/<span>_s`` totals, the
-engine's busy / host-gap / idle shares, and each span's p95 (``latency/<span>/p95``
+engine's busy / host-gap / idle shares, and each span's p95 (``latency/<span>/p95_ms``
 when the run wrote it, else the mean seconds per call, ``time/<span>_s`` over
 ``time/<span>_count``). The first RL step is left out of the means when there are
 more (it compiles).
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-STEP_KEY = "throughput/step_s"  # present in every RL step's row, and only there
+STEP_KEY = "step_time/wall_s"  # present in every RL step's row, and only there
 
 
 class ReportError(ValueError):
@@ -59,7 +59,7 @@ class Figures:
 
     ``step_s``, ``wait_s``, ``train_s``, ``sync_s``: the learner's step and its parts
     (waiting for a batch, the train step, the weight sync). ``busy``, ``host_gap``,
-    ``idle``: the engine's shares of wall time since RL started (0-1). ``init_s``,
+    ``idle``: the engine's shares of its time per RL step, averaged (0-1). ``init_s``,
     ``model_s``, ``reward_s``: the episodes' seconds per RL step in INIT (environment
     start), model calls and EVAL (the reward), summed over episodes; ``tools`` the same
     per tool, ``startup`` per environment start-up key (``env/<key>``). ``*_p95``: the
@@ -140,8 +140,9 @@ def mean_of(rows: list[dict[str, float]], name: str) -> float:
 
 def span_p95(rows: list[dict[str, float]], span: str) -> tuple[float, str]:
     """``(seconds, "p95")``: the mean over the steps that have it of
-    ``latency/<span>/p95``; else ``(seconds, "mean")``: the mean seconds per call."""
-    values = [r[f"latency/{span}/p95"] for r in rows if f"latency/{span}/p95" in r]
+    ``latency/<span>/p95_ms``; else ``(seconds, "mean")``: the mean seconds per call (a
+    span that ran once a step has no percentiles)."""
+    values = [r[f"latency/{span}/p95_ms"] / 1e3 for r in rows if f"latency/{span}/p95_ms" in r]
     if values:
         return float(np.mean(values)), "p95"
     total = sum(r.get(f"time/{span}_s", 0.0) for r in rows)
@@ -167,8 +168,12 @@ def _spans(metrics: RunMetrics, rows: list[dict[str, float]], prefix: str) -> li
 def extract_figures(metrics: RunMetrics) -> Figures:
     """The :class:`Figures` of a run's RL steps (see the module docstring)."""
     rows = steady_rows(metrics)
-    last = metrics.rl_rows[-1]
-    fractions = [last.get(f"engine/{k}_fraction", math.nan) for k in ("busy", "sched_gap", "idle")]
+    fractions = [
+        float(np.mean([r[f"engine/{k}_fraction"] for r in rows if f"engine/{k}_fraction" in r]))
+        if any(f"engine/{k}_fraction" in r for r in rows)
+        else math.nan
+        for k in ("busy", "host_gap", "idle")
+    ]
     busy, host_gap, idle = (0.0 if math.isnan(v) else v for v in fractions)
     init_p95, quantile = span_p95(rows, "stage/init")
     train = [r["time/train_s"] for r in rows if r.get("time/train_count", 0) > 0]

@@ -5,9 +5,9 @@ The figures (:func:`learning_figures`): the training reward's trend (``rollout/r
 the mean of the last third of the RL steps minus that of the first third), the held-out
 trend (``eval/success``, the success rate: the share of held-out episodes with reward
 > 0, last evaluation minus the first; ``eval/reward`` beside it), the share of groups the
-uniform-reward filter dropped (``count/rollout/groups_filtered`` against the groups
+uniform-reward filter dropped (``count/rollout/groups_filtered_total`` against the groups
 trained on, ``rl.steps x rollout.groups_per_batch``), and the share of episodes cut at
-the token limit (``count/rollout/status/max_tokens`` over ``count/rollout/episodes``).
+the token limit (``count/rollout/status/max_tokens_total`` over ``count/rollout/episodes_total``).
 
 The verdict (:func:`learning_verdict`): held-out success decides when there are two
 evaluations: it rose by at least :data:`RISE` (``learning``), or it did not
@@ -96,13 +96,13 @@ def learning_figures(metrics: RunMetrics, groups_per_batch: int | None = None) -
     last = rows[-1]
     if groups_per_batch is None:
         groups_per_batch = _groups_per_batch(metrics.run_dir)
-    filtered = int(last.get("count/rollout/groups_filtered", 0.0))
+    filtered = int(last.get("count/rollout/groups_filtered_total", 0.0))
     filtered_share = None
     if groups_per_batch:
         judged = filtered + len(rows) * groups_per_batch
         filtered_share = filtered / judged if judged else None
-    episodes = last.get("count/rollout/episodes", 0.0)
-    cut = int(last.get("count/rollout/status/max_tokens", 0.0))
+    episodes = last.get("count/rollout/episodes_total", 0.0)
+    cut = int(last.get("count/rollout/status/max_tokens_total", 0.0))
     return LearningFigures(
         steps=len(rows),
         reward_first=float(rewards[:third].mean()) if rows else 0.0,

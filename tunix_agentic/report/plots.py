@@ -116,7 +116,7 @@ def plot_step_time(metrics: RunMetrics, path: Path) -> Path:
     """Seconds per RL step, stacked: the learner's parts, and the episodes' stages."""
     steps = _rl_steps(metrics)
     fig, (ax_l, ax_e) = plt.subplots(1, 2, figsize=(12, 5.2))
-    total = _rl_values(metrics, "throughput/step_s")
+    total = _rl_values(metrics, "step_time/wall_s")
     parts = {
         "waiting for a batch": _rl_values(metrics, "time/wait_for_batch_s"),
         "train step": _rl_values(metrics, "time/train_s"),
@@ -164,8 +164,8 @@ def plot_step_time(metrics: RunMetrics, path: Path) -> Path:
 
 
 def plot_engine(metrics: RunMetrics, path: Path) -> Path | None:
-    """The engine's busy / host gap / idle shares of the wall time since RL started."""
-    names = ["engine/busy_fraction", "engine/sched_gap_fraction", "engine/idle_fraction"]
+    """The engine's busy / host gap / idle shares of its time in each RL step."""
+    names = ["engine/busy_fraction", "engine/host_gap_fraction", "engine/idle_fraction"]
     if not any(n in metrics.rl_rows[-1] for n in names):
         return None
     steps = _rl_steps(metrics)
@@ -177,9 +177,9 @@ def plot_engine(metrics: RunMetrics, path: Path) -> Path | None:
         colors=["#31a354", "#fd8d3c", "#d9d9d9"],
     )
     ax.set(
-        title="Engine time since RL started",
+        title="Engine time per RL step",
         xlabel="RL step",
-        ylabel="% of wall time (cumulative)",
+        ylabel="% of the step's engine time",
         ylim=(0, 100),
     )
     _step_axis(ax)
@@ -195,10 +195,15 @@ _LEARNER = ("wait_for_batch", "train", "weight_sync")
 def latency_table(metrics: RunMetrics) -> dict[str, dict[str, float]]:
     """``{span: {"p50", "p95", "p99"}}``: each RL step's percentile averaged over the RL
     steps that have the span (the first left out when there are more); from
-    ``latency/<span>/pNN``, or, for a run without them, the mean seconds per call under
+    ``latency/<span>/pNN_ms`` (in seconds here), or, for a run without them, the mean seconds per call under
     all three."""
     rows = steady_rows(metrics)
     spans = {n.removeprefix("latency/").rsplit("/", 1)[0] for n in metrics.names("latency/")}
+    spans |= {  # spans that ran once a step have no percentiles: their seconds per call
+        n.removeprefix("time/").removesuffix("_s")
+        for n in metrics.names("time/")
+        if n.endswith("_s") and n.removeprefix("time/").removesuffix("_s") in _LEARNER
+    }
     if not spans:  # an older run: means per call
         spans = {
             n.removeprefix("time/").removesuffix("_s")
@@ -212,7 +217,8 @@ def latency_table(metrics: RunMetrics) -> dict[str, dict[str, float]]:
     for span in wanted:
         qs = {}
         for q in ("p50", "p95", "p99"):
-            values = [r[f"latency/{span}/{q}"] for r in rows if f"latency/{span}/{q}" in r]
+            key = f"latency/{span}/{q}_ms"
+            values = [r[key] / 1e3 for r in rows if key in r]
             if values:
                 qs[q] = float(np.mean(values))
         if not qs:

@@ -57,7 +57,7 @@ def verdict(fig: Figures) -> Verdict:
     wait = fig.wait_s / fig.step_s
     engine = (
         f"the engine was busy {_pct(fig.busy)}, in host gaps {_pct(fig.host_gap)} and idle "
-        f"{_pct(fig.idle)} of the time since RL started"
+        f"{_pct(fig.idle)} of its time per RL step"
     )
     if wait < WAIT_SHARE:
         return _learner_verdict(fig, wait, engine)
@@ -115,7 +115,7 @@ def verdict(fig: Figures) -> Verdict:
         return Verdict(
             "host-bound",
             f"host gap {_pct(gap)} of the engine's working time (busy {_pct(fig.busy)}, "
-            f"host gap {_pct(fig.host_gap)} of the time since RL started); {model}",
+            f"host gap {_pct(fig.host_gap)} of its time per RL step); {model}",
             "run more tokens per device call (raise engine.decode_steps), keep engine.overlap "
             "on, and keep other work off the host's cores",
         )
@@ -126,7 +126,7 @@ def verdict(fig: Figures) -> Verdict:
     )
     return Verdict(
         "generation-bound",
-        f"the engine was busy {_pct(fig.busy)} of the time since RL started; {model}",
+        f"the engine was busy {_pct(fig.busy)} of its time per RL step; {model}",
         "generate less (agent.max_new_tokens, agent.max_turns), give the engine more slots "
         "(engine.max_slots) or a faster accelerator" + more,
     )

@@ -13,7 +13,8 @@ from tunix_agentic.rollout.episode import Group
 
 def rollout_stats(groups: list[Group]) -> dict[str, float]:
     """``rollout/*`` figures of a batch: reward, success (reward > 0) and their means per
-    task source, tool use, turns, step rewards, generated tokens and episodes, and
+    task source, tool use, turns, step rewards, generated tokens and episodes, response
+    length (mean and max) and the share truncated at the token limit, and
     ``rollout/env/<name>``: the mean over the episodes that reported it of an environment's
     own figure (``StepResult.info["metrics"]``, summed over each episode's steps)."""
     trajs = [t for g in groups for t in g.trajectories]
@@ -43,5 +44,10 @@ def rollout_stats(groups: list[Group]) -> dict[str, float]:
             np.mean([sum(s.reward for s in t.steps) for t in trajs])
         ),
         "rollout/generated_tokens": float(sum(t.num_generated for t in trajs)),
+        # Response length (tokens the policy generated per episode) and the share cut off
+        # at the token limit.
+        "rollout/response_tokens_mean": float(np.mean([t.num_generated for t in trajs])),
+        "rollout/response_tokens_max": float(max(t.num_generated for t in trajs)),
+        "rollout/truncated_fraction": float(np.mean([t.status == "max_tokens" for t in trajs])),
         "rollout/trajectories": float(len(trajs)),
     }
