@@ -16,7 +16,7 @@ from flax import nnx
 
 from tunix_agentic.checkpoint import Checkpointer, save_params
 from tunix_agentic.cli.main import main
-from tunix_agentic.config import load_config
+from tunix_agentic.config import ConfigError, load_config
 from tunix_agentic.export import engine_from_config
 from tunix_agentic.inference import EngineConfig, EngineError, JaxEngine, SamplingParams
 from tunix_agentic.learners.state import make_optimizer
@@ -802,3 +802,46 @@ async def test_weights_load_only_from_directories_named_at_start(engine, tmp_pat
         assert status == 403 and "none was named" in out["message"]
     finally:
         await runner.cleanup()
+
+
+@in_module_loop
+async def test_a_run_waits_for_a_server_that_is_not_up_yet_to_load_its_weights(
+    engine, tmp_path_factory
+):
+    """The trainer hands its starting weights to its engine servers and waits until they
+    hold them; one not listening yet (a Ray actor restarting) is asked again until it
+    is, not the end of the run."""
+    from tunix_agentic.inference.pool import EnginePool
+    from tunix_agentic.metrics.recorder import MetricsRecorder
+    from tunix_agentic.trainer import _give_weights
+
+    class Learner:  # what _give_weights asks of the learner: its policy's weights
+        def params_for_engine(self):
+            return nnx.state(tiny_model(seed=3), nnx.Param)
+
+    port = free_port()
+    weights = tmp_path_factory.mktemp("starting-weights")
+    pool = EnginePool([SGLangEngine(f"http://127.0.0.1:{port}", weights_dir=str(weights))])
+    later = None
+
+    async def come_up():  # the server starts listening 2 s after the trainer first asks
+        nonlocal later
+        await asyncio.sleep(2.0)
+        later, _ = await start_server(engine, port=port, weight_dirs=[weights])
+
+    starting = asyncio.ensure_future(come_up())
+    version = engine.version + 1
+    try:
+        await _give_weights([pool], Learner(), version, MetricsRecorder(None), wait_s=60.0)
+        assert engine.version == version  # the server loaded them once it was up
+        dead = EnginePool([SGLangEngine(f"http://127.0.0.1:{free_port()}")])
+        try:  # none comes up within wait_s: the run cannot sample its own policy
+            with pytest.raises(ConfigError, match="could not load the run's weights"):
+                await _give_weights([dead], Learner(), version, MetricsRecorder(None), wait_s=0.0)
+        finally:
+            await dead.close()
+    finally:
+        await starting
+        await pool.close()
+        if later is not None:
+            await later.cleanup()

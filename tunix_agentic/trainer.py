@@ -62,6 +62,7 @@ from tunix_agentic.run_setup import build_engine, chat_template, run_sources, wa
 from tunix_agentic.signals import RunInterrupted, Stopped, StopSignals
 
 _log = logging.getLogger(__name__)
+_GIVE_RETRY_S = 3.0  # how often the starting weights are offered again to servers not ready
 
 
 @dataclasses.dataclass
@@ -280,9 +281,10 @@ class Trainer:
                     stop_requested=lambda: bool(self._signals and self._signals.requested),
                 )
             learner = GRPOLearner(model, cfg.learner, seed=cfg.seed)
+        wait_s = cfg.rollout.backend_wait_s if external else None  # servers: until they load
         if not restored or external:  # servers hold whatever they were started with
             await self._signals.race(
-                _give_weights(members or [engine], learner, start_step, metrics, wait=external)
+                _give_weights(members or [engine], learner, start_step, metrics, wait_s=wait_s)
             )
         with metrics.span("engine_warmup_wait"):
             warmed = await self._signals.race(asyncio.shield(warm))
@@ -593,20 +595,35 @@ def write_config_card(metrics: MetricsRecorder, cfg: RunConfig, step: int) -> No
 
 
 async def _give_weights(
-    engines: list, learner: GRPOLearner, version: int, metrics: MetricsRecorder, *, wait: bool
+    engines: list,
+    learner: GRPOLearner,
+    version: int,
+    metrics: MetricsRecorder,
+    *,
+    wait_s: float | None = None,
 ) -> None:
-    """The run's starting weights to its engines; with ``wait`` (engine servers, which
-    load them over seconds: nothing may be sampled before) until they hold them, a
-    ConfigError (the run cannot sample its own policy) if none could load them."""
+    """The run's starting weights to its engines; with ``wait_s`` (engine servers, which
+    load them over seconds: nothing may be sampled before) until they hold them. Servers
+    that cannot take them yet (one Ray is restarting) are asked again every few seconds
+    for up to ``wait_s``; then a ConfigError (the run cannot sample its own policy)."""
     params = learner.params_for_engine()
     updates = [e.update_weights(params, version) for e in engines]
-    if not wait:
+    if wait_s is None:
         return
-    try:
-        with metrics.span("weight_sync"):
-            await WeightUpdate.of(updates[0], version)
-    except EngineError as exc:
-        raise ConfigError(f"the engine servers could not load the run's weights: {exc}") from exc
+    deadline = time.monotonic() + wait_s
+    with metrics.span("weight_sync"):
+        while True:
+            try:
+                await WeightUpdate.of(updates[0], version)
+                return
+            except EngineError as exc:
+                if time.monotonic() >= deadline:
+                    raise ConfigError(
+                        f"the engine servers could not load the run's weights: {exc}"
+                    ) from exc
+                _log.warning("the engine servers cannot load the run's weights yet: %s", exc)
+            await asyncio.sleep(_GIVE_RETRY_S)
+            updates = [engines[0].update_weights(params, version)]
 
 
 async def _settle(fut: asyncio.Future) -> None:
