@@ -236,8 +236,23 @@ class _BadPrompt(ArithmeticEnv):
         return task.prompt.replace("Compute ", "Compute: ")
 
 
+class _NumberCalculator(CalculatorTool):  # its schema takes a number; the demos pass text
+    parameters = {
+        "type": "object",
+        "properties": {"expression": {"type": "number"}},
+        "required": ["expression"],
+    }
+
+
+class _SchemaDisagrees(ArithmeticEnv):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.tools = {"calculator": _NumberCalculator()}
+
+
 register_env("_test_own_init", tasks=ArithmeticTasks())(_OwnInit)
 register_env("_test_bad_prompt", tasks=ArithmeticTasks())(_BadPrompt)
+register_env("_test_schema_disagrees", tasks=ArithmeticTasks())(_SchemaDisagrees)
 
 
 def test_env_tool_timeout_reaches_a_user_environment():
@@ -274,8 +289,14 @@ def test_env_tool_timeout_reaches_a_user_environment():
             "tasks source 'kv': a demonstration (kv-train-",
             None,
         ),
+        (
+            ["env.name=_test_schema_disagrees"],
+            "which its tool refuses: argument 'expression' of tool 'calculator' must be of "
+            "type number, got string; fix the tool's parameters or the demonstrations",
+            "Traceback",
+        ),
     ],
-    ids=["env-kwarg-typo", "config-key-typo", "reset-prompt", "too-long"],
+    ids=["env-kwarg-typo", "config-key-typo", "reset-prompt", "too-long", "demo-vs-schema"],
 )
 def test_start_up_checks_name_the_mistake(overrides, expected, absent):
     with pytest.raises(ConfigError) as info:

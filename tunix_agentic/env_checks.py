@@ -25,6 +25,7 @@ from tunix_agentic.agent.chat import ChatFormat
 from tunix_agentic.data.demos import demonstration_trajectory
 from tunix_agentic.data.tasks import task_dataset
 from tunix_agentic.envs.base import Action, StepResult
+from tunix_agentic.envs.tools.base import validate_arguments
 
 _log = logging.getLogger(__name__)
 
@@ -43,7 +44,8 @@ def check_sources(sources: Any, template: ChatFormat, config: Any) -> None:
     """Raises :class:`EnvContractError` when a task source's environment breaks the
     contract (``reset`` not returning a ``str``, ``step`` not a ``StepResult``), and
     ``ValueError`` naming the task source whose ``reset`` gives another prompt than its
-    demonstrations' (where they first differ), or whose demonstrations do not fit
+    demonstrations' (where they first differ), whose demonstrations call a tool with
+    arguments its schema refuses, or whose demonstrations do not fit
     ``engine.max_seq_len`` (by how many tokens). The contract is checked for every source,
     the rest only for sources with demonstrations when ``sft.steps > 0``; remote
     environments are not probed here, and a probe that raises is only logged (the run
@@ -71,6 +73,7 @@ def check_sources(sources: Any, template: ChatFormat, config: Any) -> None:
                 messages = source.demonstration(task, rng=rng, use_tools=use_tools)
                 if messages is None:
                     continue
+                _check_calls(name, task, messages, tools)
                 try:
                     traj = demonstration_trajectory(
                         task.prompt,
@@ -95,6 +98,27 @@ def check_sources(sources: Any, template: ChatFormat, config: Any) -> None:
                 "which bounds a whole episode (prompt, every turn, every tool output): shorten "
                 "the prompts, tool outputs or answers, or raise engine.max_seq_len"
             )
+
+
+def _check_calls(name: str, task: Any, messages: list, tools: list[dict[str, Any]]) -> None:
+    """ValueError in one line when a demonstration calls a tool the environment does not
+    have, or with arguments its schema refuses: SFT would teach calls every episode's
+    tool rejects, and RL would learn nothing from them."""
+    schemas = {t["function"]["name"]: t["function"].get("parameters", {}) for t in tools}
+    for message in messages:
+        for call in message.get("tool_calls") or ():
+            tool, arguments = call.get("name"), call.get("arguments")
+            if tool not in schemas:
+                why = f"the environment has no tool {tool!r} (its tools: {', '.join(schemas)})"
+            else:
+                why = validate_arguments(tool, schemas[tool], arguments)
+            if why is not None:
+                raise ValueError(
+                    f"tasks source {name!r}: the demonstration of task "
+                    f"{getattr(task, 'task_id', task)!r} calls {tool}({arguments!r:.200}), "
+                    f"which its tool refuses: {why}; fix the tool's parameters or the "
+                    "demonstrations"
+                )
 
 
 def where(env: Any, method: str) -> str:
