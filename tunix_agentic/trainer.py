@@ -610,11 +610,11 @@ async def _give_weights(
     updates = [e.update_weights(params, version) for e in engines]
     if wait_s is None:
         return
-    deadline = time.monotonic() + wait_s
+    deadline, update = time.monotonic() + wait_s, updates[0]
     with metrics.span("weight_sync"):
         while True:
             try:
-                await WeightUpdate.of(updates[0], version)
+                await WeightUpdate.of(update, version)
                 return
             except EngineError as exc:
                 if time.monotonic() >= deadline:
@@ -623,7 +623,7 @@ async def _give_weights(
                     ) from exc
                 _log.warning("the engine servers cannot load the run's weights yet: %s", exc)
             await asyncio.sleep(_GIVE_RETRY_S)
-            updates = [engines[0].update_weights(params, version)]
+            update = engines[0].update_weights(params, version)
 
 
 async def _settle(fut: asyncio.Future) -> None:

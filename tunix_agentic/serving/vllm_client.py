@@ -37,6 +37,7 @@ from tunix_agentic.serving.client import (
     _ABORT_TIMEOUT_S,
     BadReply,
     SGLangEngine,
+    _as_int,
     _error_message,
     check_reply,
     versions_of,
@@ -107,7 +108,7 @@ def parse_vllm_response(
         logprobs = [float(c["logprob"]) for c in content]
         spans = choice.get("weight_versions") or []
         versions = versions_of(spans, len(ids), default_version)
-        unversioned = [s["version"] for s in spans if not str(s["version"]).lstrip("-").isdigit()]
+        unversioned = [s["version"] for s in spans if _as_int(s["version"], None) is None]
         reason = choice.get("finish_reason") or "length"
         stop = choice.get("stop_reason")
         usage = body.get("usage") or {}

@@ -24,6 +24,7 @@ from aiohttp import web
 
 from tunix_agentic.serving.http import api_key_guard, json_error, load_json, serve_app
 from tunix_agentic.serving.timeouts import ServerTimeouts
+from tunix_agentic.serving.weights_dir import inside
 
 # What VLLMEngine calls, and nothing else.
 ROUTES = frozenset(
@@ -76,7 +77,7 @@ def reload_request(raw: bytes, roots: tuple[Path, ...]) -> tuple[int, str | byte
     if not isinstance(path, str) or not path or "\x00" in path:
         return 400, "weights_path must be a non-empty string"
     real = Path(os.path.realpath(path))
-    if not any(real == root or real.is_relative_to(root) for root in roots):
+    if not inside(real, roots):
         named = ", ".join(map(str, roots)) or "none was named"
         return 403, f"{path!r} is outside the weight directories named at start: {named}"
     forwarded = {"method": "reload_weights", "kwargs": {"weights_path": str(real)}}
@@ -148,9 +149,7 @@ def build_guard_app(
     app[_UPSTREAM] = _Upstream(upstream.rstrip("/"), upstream_key, roots)
     app.on_startup.append(_open)
     app.on_cleanup.append(_close)
-    for method, path in sorted(ROUTES):
-        app.router.add_route(method, path, _forward)
-    app.router.add_route("*", "/{tail:.*}", _forward)  # the rest: a 404 in the API's shape
+    app.router.add_route("*", "/{tail:.*}", _forward)  # ROUTES forwarded, the rest a 404
     return app
 
 

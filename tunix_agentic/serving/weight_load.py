@@ -15,11 +15,7 @@ import jax
 
 from tunix_agentic.checkpoint import load_params
 from tunix_agentic.models.hf import is_hf_dir, load_hf_params
-
-
-def inside(real: str, roots: tuple[Path, ...]) -> bool:
-    """Whether ``real`` (a path without links) lies inside one of ``roots``."""
-    return any(Path(real) == root or Path(real).is_relative_to(root) for root in roots)
+from tunix_agentic.serving.weights_dir import inside
 
 
 def open_inside(path: str, roots: tuple[Path, ...]) -> int | None:

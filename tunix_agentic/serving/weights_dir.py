@@ -31,6 +31,11 @@ _LOCK_PREFIX = ".lock-"
 _OWN_PREFIX = "tunix-weights-"
 
 
+def inside(real: str | Path, roots: tuple[Path, ...]) -> bool:
+    """Whether ``real`` (a path without links) lies inside one of ``roots``."""
+    return any(Path(real) == root or Path(real).is_relative_to(root) for root in roots)
+
+
 class WeightsDirs:
     """The weights directories of one writer (see the module docstring). ``root``: a
     shared ``weights_dir``, or None for a temporary directory of its own."""
