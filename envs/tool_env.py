@@ -4,7 +4,7 @@
 the configured timeout (``env.tool_timeout_s``), malformed calls, bad arguments and tool
 exceptions come back to the agent as ``error: ...`` observations, outputs are framed as
 ``{"role": "tool"}`` messages, and every call is recorded in ``info["tool_calls"]``, which
-gives ``rollout/tool_use``, ``eval/tool_use``, ``time/tool/<name>`` and
+gives ``rollout/tool_use_fraction``, ``eval/tool_use_fraction``, ``time/tool/<name>`` and
 ``count/tool/<name>/error_total`` without extra code. A tool is an environment method (or a
 function) marked with :func:`tool`, whose JSON schema is read from its type hints or given
 whole, or a :class:`~tunix_agentic.envs.tools.Tool` subclass listed in ``tools``::

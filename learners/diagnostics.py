@@ -66,11 +66,11 @@ def mi_from_scores(scores: np.ndarray) -> dict[str, float]:
 
     - retrieval_accuracy: the fraction of responses whose own prompt scores strictly
       highest (ties count as misses, so a fully collapsed policy reads 0, not 1/k);
-    - mutual_information: the InfoNCE estimate ``mean_i[scores[i, i] - logsumexp_j
+    - mutual_information_nats: the InfoNCE estimate ``mean_i[scores[i, i] - logsumexp_j
       scores[i, j] + log k]`` (van den Oord et al. 2018, "Representation Learning with
       Contrastive Predictive Coding"): about ``log k`` when responses identify their
       prompts, 0 when a response is equally likely under every prompt (RAGEN-2, 2025);
-    - mutual_information_max: ``log k``, the estimate's ceiling.
+    - mutual_information_nats_max: ``log k``, the estimate's ceiling.
     """
     s = np.asarray(scores, np.float64)
     k = s.shape[0]
@@ -83,6 +83,6 @@ def mi_from_scores(scores: np.ndarray) -> dict[str, float]:
     lse = top[:, 0] + np.log(np.exp(s - top).sum(axis=1))
     return {
         "retrieval_accuracy": float(hits.mean()),
-        "mutual_information": float(np.mean(own - lse + np.log(k))),
-        "mutual_information_max": float(np.log(k)),
+        "mutual_information_nats": float(np.mean(own - lse + np.log(k))),
+        "mutual_information_nats_max": float(np.log(k)),
     }

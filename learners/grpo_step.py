@@ -145,7 +145,7 @@ def loss_fn(
         seq_kl = sequence_kl(old, ref, mb["mask"], cfg.kl_estimator)
         adv = kl_penalized_advantages(adv, seq_kl, cfg.kl_coef)
         # The advantage subtracted, averaged over the batch's rows with tokens.
-        extra["kl_penalty_mean"] = jnp.sum(cfg.kl_coef * seq_kl * mb["row_w"])
+        extra["kl_penalty_reward_mean"] = jnp.sum(cfg.kl_coef * seq_kl * mb["row_w"])
     entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
     if not cfg.entropy_coef:
         entropy = jax.lax.stop_gradient(entropy)
@@ -161,7 +161,7 @@ def loss_fn(
         behaviour_logprobs=behaviour,
         entropy=entropy,
     )
-    aux.setdefault("entropy", jnp.sum(jax.lax.stop_gradient(entropy) * mb["metric_w"]))
+    aux.setdefault("entropy_nats", jnp.sum(jax.lax.stop_gradient(entropy) * mb["metric_w"]))
     return loss, ({**aux, **extra}, jax.lax.stop_gradient(lp))
 
 

@@ -219,9 +219,9 @@ def policy_loss(
     4. entropy bonus: ``- entropy_coef * entropy``. ``entropy`` ``[B, T]`` comes from the
        caller; it must carry gradient when ``entropy_coef > 0``, otherwise it is a metric.
 
-    Metrics (all token means): clip_fraction, approx_kl (to ``old``), ratio_mean; and when
+    Metrics (all token means): clip_fraction, approx_kl_nats (to ``old``), ratio_mean; and when
     on: dual_clip_fraction, tis_weight_mean, tis_capped_fraction, off_policy_kept_fraction,
-    ref_kl, entropy.
+    ref_kl_nats, entropy_nats.
     """
     if cfg.off_policy_mask != "none" and behaviour_logprobs is None:
         raise ValueError(
@@ -246,7 +246,7 @@ def policy_loss(
 
     aux = {
         "clip_fraction": mean(clipped),
-        "approx_kl": mean(0.5 * token_log_ratio**2),
+        "approx_kl_nats": mean(0.5 * token_log_ratio**2),
         "ratio_mean": mean(ratio),
     }
     if cfg.dual_clip > 0:
@@ -275,11 +275,11 @@ def policy_loss(
             kl = kl * jax.lax.stop_gradient(jnp.exp(token_log_ratio))
         if cfg.kl_penalty == "loss":
             per_token = per_token + cfg.kl_coef * kl
-        aux["ref_kl"] = mean(jax.lax.stop_gradient(kl))
+        aux["ref_kl_nats"] = mean(jax.lax.stop_gradient(kl))
     if entropy is not None:
         if cfg.entropy_coef > 0:
             per_token = per_token - cfg.entropy_coef * entropy
-        aux["entropy"] = mean(jax.lax.stop_gradient(entropy))
+        aux["entropy_nats"] = mean(jax.lax.stop_gradient(entropy))
     return jnp.sum(per_token * loss_weights), aux
 
 
@@ -349,7 +349,7 @@ def mismatch_metrics(
     micro-batches: call this once, outside the gradient).
 
     ``logprobs`` is the trainer's (proximal), ``other_logprobs`` the sampler's; the ratio
-    is ``p_train / p_infer``. Returns mismatch_abs_logp (mean ``|Δ logp|``), mismatch_k3
+    is ``p_train / p_infer``. Returns mismatch_abs_logp_nats (mean ``|Δ logp|``), mismatch_k3_nats
     (mean k3 KL(infer || train) estimate) and ratio quantiles mismatch_ratio_p05 / p50 /
     p95 (NaN when the mask is empty).
     """
@@ -359,8 +359,8 @@ def mismatch_metrics(
     ratio = jnp.where(mask > 0, jnp.exp(d), jnp.nan)
     p05, p50, p95 = jnp.nanquantile(ratio, jnp.asarray([0.05, 0.5, 0.95]))
     return {
-        "mismatch_abs_logp": jnp.sum(jnp.abs(d) * mask) / n,
-        "mismatch_k3": jnp.sum((jnp.exp(d) - d - 1.0) * mask) / n,
+        "mismatch_abs_logp_nats": jnp.sum(jnp.abs(d) * mask) / n,
+        "mismatch_k3_nats": jnp.sum((jnp.exp(d) - d - 1.0) * mask) / n,
         "mismatch_ratio_p05": p05,
         "mismatch_ratio_p50": p50,
         "mismatch_ratio_p95": p95,

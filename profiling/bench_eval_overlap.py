@@ -51,8 +51,10 @@ def run_once(overrides: list[str], run_dir: Path) -> dict[str, Any]:
         "eval_wall_s": [round(v, 2) for _, v in scalars.get("eval/wall_s", [])[1:-1]],
         "skipped_at": [s for s, _ in scalars.get("eval/skipped", [])],
         # What each evaluation ran (before, beside and after RL): how long its episodes were.
-        "eval_generated_tokens": [(s, round(v, 1)) for s, v in scalars["eval/generated_tokens"]],
-        "eval_success": [(s, round(v, 3)) for s, v in scalars["eval/success"]],
+        "eval_generated_tokens": [
+            (s, round(v, 1)) for s, v in scalars["eval/generated_tokens_mean"]
+        ],
+        "eval_success": [(s, round(v, 3)) for s, v in scalars["eval/success_fraction"]],
         "held_weight_updates": held,
         "run_s": time.perf_counter() - t0,
     }

@@ -246,7 +246,7 @@ async def grpo_step(engine: JaxEngine, learner: GRPOLearner, step: int) -> dict[
         "gen_tokens": sum(len(o.token_ids) for o in outs),
         "width": batch.input_ids.shape[1],
         "loss": metrics["loss"],
-        "ref_kl": metrics.get("ref_kl", 0.0),
+        "ref_kl_nats": metrics.get("ref_kl_nats", 0.0),
     }
 
 
@@ -298,7 +298,7 @@ async def ours_full(peak: float) -> tuple[dict[str, float], OursGRPO]:
         f"RESULT ours_grpo split: generate {fig['generate']:.3f}s ({100 * fig['generate'] / fig['total']:.0f}%), "
         f"train step {fig['train']:.3f}s ({100 * fig['train'] / fig['total']:.0f}%, rows padded to "
         f"{first['width']}), weight sync {fig['sync']:.3f}s; every completion {NEW} tokens: "
-        f"{all_full}; loss {steps[-1]['loss']:+.4f}, ref_kl {steps[-1]['ref_kl']:.2e}"
+        f"{all_full}; loss {steps[-1]['loss']:+.4f}, ref_kl_nats {steps[-1]['ref_kl_nats']:.2e}"
     )
     return fig, ours
 

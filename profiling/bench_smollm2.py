@@ -88,12 +88,12 @@ def _last_eval(run_dir: Path) -> dict[str, float]:
     import json
 
     rows = [json.loads(line) for line in (run_dir / "tensorboard" / "metrics.jsonl").open()]
-    tags = ("eval/tool_use", "rollout/tool_use")
+    tags = ("eval/tool_use_fraction", "rollout/tool_use_fraction")
     if not any(row.get(tag) for row in rows for tag in tags):
         return {}
     out = {}
-    for key in ("tool_use", "turns"):
-        values = [row[f"eval/{key}"] for row in rows if f"eval/{key}" in row]
+    for key, tag in (("tool_use", "tool_use_fraction"), ("turns", "turns_mean")):
+        values = [row[f"eval/{tag}"] for row in rows if f"eval/{tag}" in row]
         if values:
             out[key] = values[-1]
     return out

@@ -65,7 +65,7 @@ def train(mesh, **kw) -> dict:
     return {
         "loss": [m["loss"] for m in metrics],
         "grad_norm": [m["grad_norm"] for m in metrics],
-        "mi": metrics[-1].get("collapse/mutual_information"),
+        "mi": metrics[-1].get("collapse/mutual_information_nats"),
         "params": np.asarray(flat).tolist(),
         "specs": shardings,
     }

@@ -202,13 +202,13 @@ def test_kl_estimators(estimator, per_token):
     cfg = PolicyLossConfig(kl_coef=0.1, kl_estimator=estimator)
     zero = np.zeros(1, np.float32)  # no policy term: the loss is the KL alone
     loss, aux, _ = _whole(cfg, KL_LP, KL_LP, zero, KL_MASK, ref_logprobs=jnp.asarray(KL_REF))
-    np.testing.assert_allclose(aux["ref_kl"], sum(per_token) / 3, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(aux["ref_kl_nats"], sum(per_token) / 3, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(loss, 0.1 * sum(per_token) / 3, rtol=1e-5, atol=1e-7)
     # as a reward penalty the loss has no KL term; the metric stays
     reward = PolicyLossConfig(kl_coef=0.1, kl_estimator=estimator, kl_penalty="reward")
     loss, aux, _ = _whole(reward, KL_LP, KL_LP, zero, KL_MASK, ref_logprobs=jnp.asarray(KL_REF))
     assert loss == 0.0
-    np.testing.assert_allclose(aux["ref_kl"], sum(per_token) / 3, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(aux["ref_kl_nats"], sum(per_token) / 3, rtol=1e-5, atol=1e-7)
 
 
 def test_kl_as_a_reward_penalty():
@@ -234,11 +234,11 @@ def test_entropy_bonus_lowers_the_loss_and_carries_gradient():
     cfg = PolicyLossConfig(entropy_coef=0.1)
     loss, aux, (_, g_ent) = _whole(cfg, lp, lp, zero, mask, entropy=entropy)
     np.testing.assert_allclose(loss, -0.1 * 6 / 3, rtol=1e-6)
-    np.testing.assert_allclose(aux["entropy"], 2.0, rtol=1e-6)
+    np.testing.assert_allclose(aux["entropy_nats"], 2.0, rtol=1e-6)
     np.testing.assert_allclose(g_ent, [[-0.1 / 3, -0.1 / 3], [-0.1 / 3, 0.0]], rtol=1e-6)
     # off: entropy is a metric only
     loss, aux, (_, g_ent) = _whole(PolicyLossConfig(), lp, lp, zero, mask, entropy=entropy)
-    assert loss == 0.0 and aux["entropy"] == pytest.approx(2.0)
+    assert loss == 0.0 and aux["entropy_nats"] == pytest.approx(2.0)
     np.testing.assert_array_equal(g_ent, np.zeros((2, 2)))
 
 
@@ -290,8 +290,8 @@ def test_mismatch_metrics_literal():
     a = np.array([[LN2, -LN2], [0.0, 7.0]], np.float32)  # ratios 2, 0.5, 1 (7 is padding)
     mask = np.array([[1, 1], [1, 0]], np.float32)
     m = {k: float(v) for k, v in mismatch_metrics(a, b, mask).items()}
-    np.testing.assert_allclose(m["mismatch_abs_logp"], 2 * LN2 / 3, rtol=1e-6)
-    np.testing.assert_allclose(m["mismatch_k3"], 0.5 / 3, rtol=1e-5)  # (1-ln2)+(ln2-0.5)+0
+    np.testing.assert_allclose(m["mismatch_abs_logp_nats"], 2 * LN2 / 3, rtol=1e-6)
+    np.testing.assert_allclose(m["mismatch_k3_nats"], 0.5 / 3, rtol=1e-5)  # (1-ln2)+(ln2-0.5)+0
     # linear-interpolation quantiles of [0.5, 1, 2]
     np.testing.assert_allclose(m["mismatch_ratio_p05"], 0.55, rtol=1e-5)
     np.testing.assert_allclose(m["mismatch_ratio_p50"], 1.0, rtol=1e-6)
@@ -547,8 +547,8 @@ def test_cross_pairs_literal():
 def test_mi_from_scores(scores, accuracy, mi):
     out = mi_from_scores(np.asarray(scores))
     assert out["retrieval_accuracy"] == pytest.approx(accuracy)
-    assert out["mutual_information"] == pytest.approx(mi, abs=1e-9)
-    assert out["mutual_information_max"] == pytest.approx(math.log(len(scores)))
+    assert out["mutual_information_nats"] == pytest.approx(mi, abs=1e-9)
+    assert out["mutual_information_nats_max"] == pytest.approx(math.log(len(scores)))
 
 
 def test_mi_from_scores_rejects_non_square():

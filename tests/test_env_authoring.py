@@ -354,5 +354,5 @@ def test_the_readme_example_trains_from_the_cli_with_tool_metrics(tmp_path, caps
     assert code == 0, capsys.readouterr().err
     rows = [json.loads(line) for line in (run_dir / "tensorboard" / "metrics.jsonl").open()]
     seen = {k: v for row in rows for k, v in row.items()}
-    assert seen["rollout/tool_use"] > 0 and seen["eval/tool_use"] > 0
+    assert seen["rollout/tool_use_fraction"] > 0 and seen["eval/tool_use_fraction"] > 0
     assert seen["time/tool/get_count"] > 0

@@ -332,7 +332,7 @@ def test_a_mixed_two_environment_run_reports_each(tmp_path):
     assert "\n  countdown: " in result.summary() and "\n  arithmetic: " in result.summary()
     scalars = read_scalars(run / "tensorboard")
     for name in ("arithmetic", "countdown"):
-        assert f"eval/success/{name}" in scalars
+        assert f"eval/success_fraction/{name}" in scalars
         assert f"rollout/reward_mean/{name}" in scalars
     summary = json.loads((run / "summary.json").read_text())
     assert set(summary["eval_after"]["by_task"]) == {"arithmetic", "countdown"}

@@ -165,7 +165,7 @@ def test_a_run_evaluates_beside_training_and_eval_reads_its_checkpoint(tmp_path,
     train(CONFIG, [*overrides, "rl.eval_every=1", f"run_dir={run_dir}"], progress=False)
     assert (run_dir / "summary.json").is_file()
     scalars = read_scalars(run_dir / "tensorboard")
-    evaluated = [s for s, _ in scalars["eval/success"]]
+    evaluated = [s for s, _ in scalars["eval/success_fraction"]]
     # Before RL, at version 1 beside training (nothing else was under way when it reached
     # the engine), and after RL (the last step: the trainer's own final evaluation).
     assert evaluated == [0, 1, 2] and "eval/skipped" not in scalars

@@ -327,7 +327,7 @@ def test_a_short_rl_run_raises_the_success_rate(tmp_path):
 
     config = Path(__file__).parents[1] / "configs" / "frozenlake_tiny.yaml"
     result = train(str(config), [f"run_dir={tmp_path}", "rl.eval_tasks=16"], progress=False)
-    success = [v for _, v in read_scalars(tmp_path / "tensorboard")["rollout/success"]]
+    success = [v for _, v in read_scalars(tmp_path / "tensorboard")["rollout/success_fraction"]]
     assert len(success) == 40
     first, last = float(np.mean(success[:10])), float(np.mean(success[-10:]))
     print(f"rollout success {first:.3f} -> {last:.3f}; {result.summary()}")

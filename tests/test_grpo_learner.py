@@ -126,7 +126,7 @@ def test_every_step_logs_the_sampler_mismatch_and_the_collapse_diagnostic():
     expected = mi_from_scores((lp * pair_mask[:, 1:]).sum(-1).reshape(4, 4))
     metrics = learner.train_step(batch)
     # On-policy data scored by the same model: no mismatch.
-    assert metrics["mismatch_abs_logp"] == pytest.approx(0.0, abs=1e-5)
+    assert metrics["mismatch_abs_logp_nats"] == pytest.approx(0.0, abs=1e-5)
     assert metrics["mismatch_ratio_p50"] == pytest.approx(1.0, abs=1e-5)
     for key, value in expected.items():
         assert metrics[f"collapse/{key}"] == pytest.approx(value, abs=1e-4), key
@@ -151,7 +151,7 @@ def test_kl_as_a_reward_penalty_uses_the_configured_estimator(estimator):
     per_row = (k * batch.loss_mask[:, 1:]).sum(-1)
     config = GRPOConfig(kl_coef=0.1, kl_penalty="reward", kl_estimator=estimator, mi_pairs=0)
     metrics = GRPOLearner(tiny_model(), config).train_step(batch)
-    assert metrics["kl_penalty_mean"] == pytest.approx(0.1 * per_row.mean(), rel=1e-4)
+    assert metrics["kl_penalty_reward_mean"] == pytest.approx(0.1 * per_row.mean(), rel=1e-4)
 
 
 def test_overlong_penalty_settings_match_dapo():

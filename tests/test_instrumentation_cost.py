@@ -20,7 +20,7 @@ def bench():
 
 def test_a_step_lasts_from_the_previous_rl_row_to_its_own(bench):
     rows = [
-        {"step": 0, "wall_time": 5.0, "eval/success": 0.1},  # not an RL step
+        {"step": 0, "wall_time": 5.0, "eval/success_fraction": 0.1},  # not an RL step
         {"step": 1, "wall_time": 10.0, "step_time/wall_s": 3.0},
         {"step": 2, "wall_time": 12.5, "step_time/wall_s": 1.0},
         {"step": 3, "wall_time": 14.0, "step_time/wall_s": 1.0},

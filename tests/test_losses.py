@@ -63,9 +63,9 @@ def test_ratio_one_aggregations(aggregation, expected):
     )
     np.testing.assert_allclose(float(loss), expected, rtol=1e-6)
     np.testing.assert_allclose(float(aux["clip_fraction"]), 0.0, atol=0)
-    np.testing.assert_allclose(float(aux["approx_kl"]), 0.0, atol=0)
+    np.testing.assert_allclose(float(aux["approx_kl_nats"]), 0.0, atol=0)
     np.testing.assert_allclose(float(aux["ratio_mean"]), 1.0, rtol=1e-6)
-    assert "ref_kl" not in aux
+    assert "ref_kl_nats" not in aux
 
 
 @pytest.mark.parametrize(
@@ -122,7 +122,7 @@ def test_clipping_batch_literal():
     np.testing.assert_allclose(float(aux["clip_fraction"]), 2 / 6, rtol=1e-6)
     np.testing.assert_allclose(float(aux["ratio_mean"]), 1.0, rtol=1e-5)
     half_sq = 0.5 * np.log([1.5, 0.5, 1.1, 0.5, 1.5, 0.9]) ** 2
-    np.testing.assert_allclose(float(aux["approx_kl"]), half_sq.mean(), rtol=1e-5)
+    np.testing.assert_allclose(float(aux["approx_kl_nats"]), half_sq.mean(), rtol=1e-5)
 
 
 def test_clip_high_above_clip_low():
@@ -167,7 +167,7 @@ def test_kl_k3_term():
         ref_logprobs=jnp.asarray(ref),
         kl_coef=0.1,
     )
-    np.testing.assert_allclose(float(aux["ref_kl"]), 0.5 / 3, rtol=1e-5)
+    np.testing.assert_allclose(float(aux["ref_kl_nats"]), 0.5 / 3, rtol=1e-5)
     np.testing.assert_allclose(float(loss), 0.1 * 0.5 / 3, rtol=1e-5)
 
 
@@ -183,7 +183,7 @@ def test_kl_coef_zero_ignores_reference():
         kl_coef=0.0,
     )
     np.testing.assert_allclose(float(loss), -1.0, rtol=1e-6)
-    assert "ref_kl" not in aux
+    assert "ref_kl_nats" not in aux
 
 
 @pytest.mark.parametrize("aggregation", AGGREGATIONS, ids=str)

@@ -27,21 +27,32 @@ async def test_slots_count_waiters_only_while_every_slot_is_taken():
             await release.wait()
 
     first = metrics.write_step(0)  # reported from the start
-    assert first["gauge/queue/run_waiting"] == first["gauge/queue/run_running"] == 0
+    assert (
+        first["gauge/queue/run_waiting_episodes"] == first["gauge/queue/run_running_episodes"] == 0
+    )
     holders = [asyncio.create_task(hold()) for _ in range(5)]
     await asyncio.sleep(0.01)
     assert (slots.in_flight, slots.waiting) == (2, 3)
     release.set()
     await asyncio.gather(*holders)
     out = metrics.write_step(1)
-    assert out["gauge/queue/run_waiting_max"] == 3 and out["gauge/queue/run_waiting"] == 0
-    assert out["gauge/queue/run_running_max"] == 2 and out["gauge/queue/run_running"] == 0
+    assert (
+        out["gauge/queue/run_waiting_episodes_max"] == 3
+        and out["gauge/queue/run_waiting_episodes"] == 0
+    )
+    assert (
+        out["gauge/queue/run_running_episodes_max"] == 2
+        and out["gauge/queue/run_running_episodes"] == 0
+    )
     # Episodes that find a free slot never count as waiting.
     for _ in range(2):
         async with slots:
             pass
     again = metrics.write_step(2)
-    assert again["gauge/queue/run_waiting_max"] == 0 and again["gauge/queue/run_running_max"] == 1
+    assert (
+        again["gauge/queue/run_waiting_episodes_max"] == 0
+        and again["gauge/queue/run_running_episodes_max"] == 1
+    )
 
 
 async def test_a_cancelled_waiter_leaves_the_queue():
@@ -54,7 +65,7 @@ async def test_a_cancelled_waiter_leaves_the_queue():
         waiter.cancel()
         await asyncio.gather(waiter, return_exceptions=True)
     assert (slots.waiting, slots.in_flight) == (0, 0)
-    assert metrics.write_step(1)["gauge/queue/init_waiting"] == 0
+    assert metrics.write_step(1)["gauge/queue/init_waiting_episodes"] == 0
 
 
 class SlowStartEnv(ArithmeticEnv):
@@ -88,13 +99,15 @@ async def test_a_stage_pool_smaller_than_the_episodes_shows_them_waiting(make_en
     )
     narrow = await _episode_gauges(engine, workers=1)
     # Four episodes start together and INIT takes a while: three wait for its one slot.
-    assert narrow["gauge/queue/init_waiting_max"] == 3
+    assert narrow["gauge/queue/init_waiting_episodes_max"] == 3
     for stage in STAGES:
-        assert narrow[f"gauge/queue/{stage}_running_max"] == 1, stage  # bounded by the pool
-        assert narrow[f"gauge/queue/{stage}_waiting"] == 0, stage  # all done: nobody waits
-        assert narrow[f"gauge/queue/{stage}_running"] == 0, stage
+        assert narrow[f"gauge/queue/{stage}_running_episodes_max"] == 1, (
+            stage
+        )  # bounded by the pool
+        assert narrow[f"gauge/queue/{stage}_waiting_episodes"] == 0, stage  # all done: nobody waits
+        assert narrow[f"gauge/queue/{stage}_running_episodes"] == 0, stage
 
     wide = await _episode_gauges(engine, workers=4)
     for stage in STAGES:
-        assert wide[f"gauge/queue/{stage}_waiting_max"] == 0, stage  # a slot for everyone
-    assert wide["gauge/queue/init_running_max"] == 4
+        assert wide[f"gauge/queue/{stage}_waiting_episodes_max"] == 0, stage  # a slot for everyone
+    assert wide["gauge/queue/init_running_episodes_max"] == 4

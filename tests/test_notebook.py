@@ -37,7 +37,7 @@ def test_the_quickstart_notebook_runs_top_to_bottom(tmp_path, monkeypatch):
         for out in cell.get("outputs", [])
     )
     assert "held-out success:" in text and "(2 steps" in text
-    assert "eval/success" in text
+    assert "eval/success_fraction" in text
     assert "'config.json'" in text and "'tokenizer.json'" in text
     assert "set RUN_REAL = True" in text
     assert (tmp_path / "runs" / "colab_tiny_hf" / "model.safetensors").is_file()

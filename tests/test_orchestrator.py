@@ -626,7 +626,7 @@ async def test_tool_use_is_counted_from_the_agents_calls_when_the_env_reports_no
     group = await orch.run_group(TASKS[0])
     await orch.engine.close()
     assert SleepTool.runs == 2 * 2 * 2  # 2 episodes of 2 turns of 2 calls, run by the env
-    assert rollout_stats([group])["rollout/tool_use"] == 1.0
+    assert rollout_stats([group])["rollout/tool_use_fraction"] == 1.0
     out = recorder.write_step(1)
     assert out["count/tool/sleep/calls_total"] == SleepTool.runs  # the per-tool count
     assert out["count/tool_calls/unknown_tool_total"] == 2 * 2  # "nap": not one of its tools

@@ -305,7 +305,8 @@ def finished_run(tmp_path_factory) -> Path:
 def _tag_steps(run: Path) -> dict[str, list[int]]:
     scalars = read_scalars(run / "tensorboard")
     return {
-        tag: [s for s, _ in scalars[tag]] for tag in ("sft/loss", "eval/success", "learner/loss")
+        tag: [s for s, _ in scalars[tag]]
+        for tag in ("sft/loss", "eval/success_fraction", "learner/loss")
     }
 
 
@@ -326,7 +327,7 @@ def test_a_resume_falls_back_past_an_unreadable_newest_checkpoint(finished_run, 
     assert len(resumed.history) == 2  # steps 2 and 3 redone / done
     assert _tag_steps(run) == {
         "sft/loss": [0, 4],
-        "eval/success": [0, 3],
+        "eval/success_fraction": [0, 3],
         "learner/loss": [1, 2, 3],
     }
     assert (run / "checkpoints_unreadable" / "2" / "params").is_dir()
@@ -370,16 +371,22 @@ def test_a_resume_drops_records_by_step_whatever_their_wall_time(finished_run, t
     _set_wall_times(run / "tensorboard", wall_time)
     resumed = train(None, [], resume_dir=str(run), progress=False)
     assert len(resumed.history) == 1
-    assert _tag_steps(run) == {"sft/loss": [0, 4], "eval/success": [0, 2], "learner/loss": [1, 2]}
+    assert _tag_steps(run) == {
+        "sft/loss": [0, 4],
+        "eval/success_fraction": [0, 2],
+        "learner/loss": [1, 2],
+    }
     assert _rl_steps((run / "tensorboard" / "metrics.jsonl").read_text()) == [1, 2]
 
 
 def test_logged_after_decides_by_step_and_phase():
     late = logged_after(3)
     assert not late(29, frozenset({"sft/loss"}))  # SFT steps precede every checkpoint
-    assert not late(0, frozenset({"eval/success"}))  # the evaluation before RL
+    assert not late(0, frozenset({"eval/success_fraction"}))  # the evaluation before RL
     assert not late(3, frozenset({"learner/loss"}))
     assert late(4, frozenset({"learner/loss"}))
-    assert late(3, frozenset({"eval/success"}))  # the final evaluation follows checkpoint 3
-    assert not logged_after(0)(0, frozenset({"eval/success"}))
+    assert late(
+        3, frozenset({"eval/success_fraction"})
+    )  # the final evaluation follows checkpoint 3
+    assert not logged_after(0)(0, frozenset({"eval/success_fraction"}))
     assert logged_after(None)(0, frozenset({"sft/loss"}))  # no checkpoint: all is redone

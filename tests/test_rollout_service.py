@@ -143,7 +143,7 @@ def test_the_trainer_trains_through_one_node_with_the_in_process_metrics(tmp_pat
     missing = {t for t in set(in_process) - set(served) if not t.startswith(nodes_own)}
     assert not missing, "\n".join(sorted(missing))
     assert [s for s, _ in served["learner/loss"]] == [1, 2]
-    assert served["count/rollout/episodes_total"] and served["eval/success"]
+    assert served["count/rollout/episodes_total"] and served["eval/success_fraction"]
 
 
 async def test_groups_go_to_the_node_with_the_fewest_members_in_flight(tmp_path, nodes):

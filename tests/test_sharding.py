@@ -182,7 +182,7 @@ def test_a_disaggregated_run_trains_from_the_cli_on_eight_fake_devices(tmp_path)
     assert summary["steps"] == 2
     scalars = read_scalars(run / "tensorboard")
     assert len(scalars["learner/loss"]) == 2
-    assert "learner/collapse/mutual_information" in scalars
+    assert "learner/collapse/mutual_information_nats" in scalars
 
 
 def test_a_learner_mesh_the_machine_cannot_hold_fails_before_any_work(tmp_path):

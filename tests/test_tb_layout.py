@@ -18,13 +18,14 @@ from tensorboard.plugins.custom_scalar import layout_pb2
 from tunix_agentic.metrics import MetricsRecorder, read_scalars
 from tunix_agentic.metrics.layout import (
     RUN_LAYOUT,
+    LayoutWriter,
     layout_summary_value,
     run_layout,
     visible_range,
-    write_layout,
 )
 from tunix_agentic.metrics.recorder import event_runs
 from tunix_agentic.metrics.series import ENGINE_PARTS, STEP_PARTS
+from tunix_agentic.metrics.units import says_its_unit
 
 CONFIG = str(Path(__file__).parents[1] / "configs" / "calculator_tiny.yaml")
 
@@ -105,13 +106,20 @@ def _charts(base: str) -> dict[str, list[str]]:
 def test_layout_served_by_tensorboard_and_its_regexes_pick_one_line_per_series(tmp_path):
     # The names a run writes (see the naming contract), on a recorder of our own.
     with MetricsRecorder(tmp_path) as rec:
-        for name in ("tool/bash", "env/sandbox_start", "episode", "stage/eval"):
+        for name in ("tool/bash", "tool/grep", "episode", "stage/eval"):
             rec.add_time(name, 0.5)
             rec.add_time(name, 1.5)
         rec.add_time("train", 0.2)
         rec.gauge("queue/ready_groups", 2)
-        rec.gauge("queue/run_waiting", 3)
-        rec.scalars({"eval/success": 0.5, "eval/reward": 0.5, "eval/success/calc": 1.0}, 0)
+        rec.gauge("queue/run_waiting_episodes", 3)
+        rec.scalars(
+            {
+                "eval/success_fraction": 0.5,
+                "eval/reward_mean": 0.5,
+                "eval/success_fraction/calc": 1.0,
+            },
+            0,
+        )
         rec.write_step(
             1,
             extra={
@@ -124,7 +132,16 @@ def test_layout_served_by_tensorboard_and_its_regexes_pick_one_line_per_series(t
                 "step_time/wall_s": 1.5,
             },
         )
-        write_layout(rec, step=1)
+        layouts = LayoutWriter()
+        layouts.after_step(rec, 1)
+        # A chart whose data first appears at step 2 joins the dashboard then.
+        rec.add_time("env/sandbox_start", 0.5)
+        rec.add_time("env/sandbox_start", 1.5)
+        rec.write_step(2)
+        layouts.after_step(rec, 2)
+        layouts.after_step(rec, 3)  # nothing new: no layout written
+    assert {run for _, run in event_runs(tmp_path)} >= {"layout/2"}
+    assert "layout/3" not in {run for _, run in event_runs(tmp_path)}
     with _tensorboard(tmp_path) as base:
         charts = _charts(base)
         step_time, engine = (
@@ -143,12 +160,21 @@ def test_layout_served_by_tensorboard_and_its_regexes_pick_one_line_per_series(t
                 ". rollout/reward_mean",
                 "task/calc rollout/reward_mean",
             },
-            "held-out success (each task a line)": {". eval/success", "task/calc eval/success"},
-            "held-out reward (each task a line)": {". eval/reward"},
+            "held-out success (each task a line)": {
+                ". eval/success_fraction",
+                "task/calc eval/success_fraction",
+            },
+            "held-out reward (each task a line)": {". eval/reward_mean"},
             "groups ready and in flight": {"groups/ready gauge/queue/groups_max"},
-            "episodes waiting for a stage's workers": {"stage/run gauge/queue/waiting_max"},
-            "tool calls": {f"{q} latency/tool/bash_ms" for q in pcts},
-            "environment start-up (env/<key>)": {f"{q} latency/env/sandbox_start_ms" for q in pcts},
+            "episodes waiting for a stage's workers": {
+                "stage/run gauge/queue/waiting_episodes_max"
+            },
+            "tool calls (each tool a line per percentile)": {
+                f"tool/{t}/{q} latency/tool_ms" for t in ("bash", "grep") for q in pcts
+            },
+            "environment start-up (env/<key>)": {
+                f"env/sandbox_start/{q} latency/env_start_ms" for q in pcts
+            },
             "episode: admission to reward": {f"{q} latency/episode_ms" for q in pcts},
             "reward computation (EVAL stage)": {f"{q} latency/stage/eval_ms" for q in pcts},
         }
@@ -188,8 +214,8 @@ def test_a_tiny_run_writes_percentiles_and_serves_its_layout(observed_run):
         assert isinstance(step_1[key], float) and step_1[key] > 0, key
     assert step_1["latency/episode/p50_ms"] <= step_1["latency/episode/p99_ms"]
     for stage in ("init", "run", "eval"):  # every episode went through each pool
-        assert step_1[f"gauge/queue/{stage}_running_max"] >= 1, stage
-        assert step_1[f"gauge/queue/{stage}_waiting_max"] >= 0, stage
+        assert step_1[f"gauge/queue/{stage}_running_episodes_max"] >= 1, stage
+        assert step_1[f"gauge/queue/{stage}_waiting_episodes_max"] >= 0, stage
     with _tensorboard(run_dir / "tensorboard") as base:
         assert run_dir.name in _runs(base)  # the run is named after its directory, not "."
         for chart, regexes in _charts(base).items():
@@ -235,17 +261,26 @@ def _read_runs(log_dir: Path) -> tuple[dict[str, dict[str, list]], layout_pb2.La
             tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]
         }
         for tag in acc.Tags()["tensors"]:
-            if tag == "custom_scalars__config__" and layout is None:
+            if tag == "custom_scalars__config__":  # each run's first, merged as TensorBoard does
                 value = acc.Tensors(tag)[0].tensor_proto.string_val[0]
-                layout = layout_pb2.Layout.FromString(value)
+                layout = _merged(layout, layout_pb2.Layout.FromString(value))
             else:
                 texts.add(tag)
     return runs, layout, texts
 
 
-# What a flat name ends with when it carries its unit, or says it is a share or a count.
-# MFU is a share of the peak by definition; peak_flops is in FLOP/s.
-_UNIT = re.compile(r"_(s|ms|gib|total|per_step|count|fraction|max|flops)$|/mfu_\w+$")
+def _merged(layout: layout_pb2.Layout | None, more: layout_pb2.Layout) -> layout_pb2.Layout:
+    """``more``'s charts added to ``layout``'s categories of the same title (new ones at the
+    end): the custom-scalars plugin's merge of the runs' layouts."""
+    if layout is None:
+        return more
+    by_title = {c.title: c for c in layout.category}
+    for category in more.category:
+        if category.title in by_title:
+            by_title[category.title].chart.extend(category.chart)
+        else:
+            layout.category.add().CopyFrom(category)
+    return layout
 
 
 @pytest.mark.slow
@@ -294,12 +329,11 @@ def test_a_tiny_run_reads_at_a_glance(observed_run):
         scalars["count/rollout/episodes_per_step"],
     )
     assert [v for _, v in total] == list(np.cumsum([v for _, v in per_step]))
-    # Units in the names of the figures this contract covers.
-    for name in scalars:
-        if name.startswith(("step_time/", "latency/", "count/", "engine/", "perf/", "time/")):
-            assert _UNIT.search(name), name
+    # Every tag of every run says its unit, or that it is a share, ratio or count.
+    no_unit = {t for tags in runs.values() for t in tags if not says_its_unit(t)}
+    assert not no_unit, sorted(no_unit)
     # MFU of each step's training and decoding, against a peak logged once.
-    assert len(scalars["perf/peak_flops"]) == 1 and scalars["perf/peak_flops"][0][1] > 0
+    assert len(scalars["perf/peak_flops_per_s"]) == 1 and scalars["perf/peak_flops_per_s"][0][1] > 0
     for name in ("perf/mfu_train", "perf/mfu_decode"):
         assert [s for s, _ in scalars[name]] == [1, 2], name
         assert all(v > 0 for _, v in scalars[name]), name
@@ -308,14 +342,14 @@ def test_a_tiny_run_reads_at_a_glance(observed_run):
     # Learner health and the RL basics.
     for name in (
         "learner/loss",
-        "learner/approx_kl",
-        "learner/entropy",
+        "learner/approx_kl_nats",
+        "learner/entropy_nats",
         "learner/grad_norm",
         "learner/clip_fraction",
         "rollout/response_tokens_mean",
         "rollout/response_tokens_max",
         "rollout/truncated_fraction",
-        "rollout/staleness_max",
+        "rollout/staleness_versions_max",
         "perf/peak_host_memory_gib",
         "engine/prefix_cache_hit_fraction",
         "engine/kv_occupancy_fraction",

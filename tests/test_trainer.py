@@ -57,7 +57,7 @@ def test_tiny_run_writes_events_checkpoints_and_resumes(tmp_path):
         "engine/host_gap_fraction",
         "engine/idle_fraction",
         "learner/clip_fraction",
-        "eval/success",
+        "eval/success_fraction",
         "sft/loss",
     ):
         assert tag in scalars, tag

@@ -133,7 +133,7 @@ def test_success_rate_and_mean_reward_are_told_apart():
 def _metrics(run: Path, rewards: list[float], heldout: list[tuple[int, float]], cut: int):
     (run / "tensorboard").mkdir(parents=True)
     (run / "config.yaml").write_text("rollout:\n  groups_per_batch: 4\n")
-    lines = [{"step": s, "wall_time": 0.0, "eval/success": v} for s, v in heldout]
+    lines = [{"step": s, "wall_time": 0.0, "eval/success_fraction": v} for s, v in heldout]
     for step, r in enumerate(rewards, 1):
         lines.append(
             {

@@ -58,7 +58,7 @@ def test_k3_kl_ratio_corrected_as_trl():
     )
     weighted = k3 * np.exp(lp - old)  # ratios 1.2214, 0.6065
     assert float(corrected) == pytest.approx(0.5 * weighted.mean(), rel=1e-5)
-    assert float(aux["ref_kl"]) == pytest.approx(k3.mean(), rel=1e-5)
+    assert float(aux["ref_kl_nats"]) == pytest.approx(k3.mean(), rel=1e-5)
 
 
 def test_the_learner_config_validates_the_new_knobs():
@@ -81,4 +81,4 @@ def test_a_learner_step_with_trl_semantics():
         kl_ratio_corrected=True,
     )
     out = GRPOLearner(model, config, seed=0).train_step(batch)
-    assert np.isfinite(out["loss"]) and out["ref_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert np.isfinite(out["loss"]) and out["ref_kl_nats"] == pytest.approx(0.0, abs=1e-6)

@@ -70,14 +70,16 @@ def test_every_write_is_mirrored_against_the_rl_step(tmp_path):
     recorder.add_time("model_call", 0.25)
     recorder.write_step(1, {"reward": 0.5})
     recorder.write_step(2, {"reward": 0.75})
-    recorder.scalars({"eval/success": 0.4}, step=1)  # late: an evaluation that started at 1
+    recorder.scalars(
+        {"eval/success_fraction": 0.4}, step=1
+    )  # late: an evaluation that started at 1
     mirror.close()
     recorder.scalars({"after/close": 1.0}, step=3)  # kept here, not mirrored
     recorder.close()
     rows = [{k: v for k, v in r.items() if not k.startswith("_")} for r in _history(tmp_path)]
     assert [r[STEP_KEY] for r in rows] == [1, 2, 1]
     assert rows[0]["reward"] == 0.5 and rows[0]["time/model_call_s"] == 0.25
-    assert rows[1]["reward"] == 0.75 and rows[2] == {"eval/success": 0.4, STEP_KEY: 1}
+    assert rows[1]["reward"] == 0.75 and rows[2] == {"eval/success_fraction": 0.4, STEP_KEY: 1}
 
 
 def test_a_run_mirrors_its_scalars_offline_into_its_dir(observed_run):

@@ -2,8 +2,8 @@
 
 The trainer evaluates before and after RL with the same orchestrator (on seeds of
 its own, so evaluating never shifts a training episode's seed). Two figures, named for
-what they are: the **success rate** (``success``, ``eval/success``) is the share of
-episodes whose reward is above 0, and the **mean reward** (``reward``, ``eval/reward``)
+what they are: the **success rate** (``success``, ``eval/success_fraction``) is the share of
+episodes whose reward is above 0, and the **mean reward** (``reward``, ``eval/reward_mean``)
 is the mean of their rewards; with a 0/1 reward the two agree, with a shaped one they
 differ. An episode lost to infrastructure counts as a failure in the success rate. With
 ``rl.eval_every`` it also evaluates while training goes on (see
@@ -36,7 +36,8 @@ class EvalResult:
 
     ``success``: the success rate, the share of every episode asked for whose reward is
     above 0 (one lost to infrastructure counts as a failure); ``reward`` (the mean
-    reward), ``turns`` and ``generated_tokens``: means over the episodes that could be
+    reward), ``turns``, ``tool_calls`` and ``generated_tokens``: means over the episodes
+    that could be
     scored; ``versions``: the policy versions that sampled its tokens (one, ``[v]``, when
     a single policy was measured); ``by_task``: the success rate per task source,
     ``reward_by_task`` the mean reward; ``per_task``: the whole result per task source;
@@ -52,6 +53,7 @@ class EvalResult:
     by_task: dict[str, float] = dataclasses.field(default_factory=dict)
     reward: float = 0.0
     turns: float = 0.0
+    tool_calls: float = 0.0
     generated_tokens: float = 0.0
     versions: list[int] = dataclasses.field(default_factory=list)
     per_task: dict[str, EvalResult] = dataclasses.field(default_factory=dict)
@@ -126,6 +128,7 @@ def score(groups: list[Group]) -> EvalResult:
         statuses=statuses,
         reward=sum(t.reward for t in trajs) / scored,
         turns=sum(len(t.steps) for t in trajs) / scored,
+        tool_calls=sum(len(s.tool_calls) for t in trajs for s in t.steps) / scored,
         generated_tokens=sum(t.num_generated for t in trajs) / scored,
         versions=sorted({v for t in trajs for s in t.steps for v in s.versions}),
     )
@@ -137,20 +140,22 @@ def log_eval(
     step: int,
     transcripts: TranscriptLog | None = None,
 ) -> None:
-    """Write ``eval/success`` (the success rate: share of episodes with reward > 0),
-    ``eval/reward`` (the mean reward), ``eval/tool_use``, ``eval/turns``,
-    ``eval/generated_tokens``, the share cut at the token limit (``eval/max_tokens``) and
-    the policy versions measured (``eval/version_min``, ``eval/version_max``) and its wall
-    time (``eval/wall_s``) at ``step``,
-    and both figures per source when there are several; with ``transcripts``, the
+    """Write ``eval/success_fraction`` (the success rate: share of episodes with reward > 0),
+    ``eval/reward_mean`` (the mean reward), ``eval/tool_use_fraction``, ``eval/turns_mean``,
+    ``eval/tool_calls_mean`` (per episode), ``eval/generated_tokens_mean``, the share cut at
+    the token limit (``eval/truncated_fraction``), the policy versions measured
+    (``eval/version_min``, ``eval/version_max``) and its wall time (``eval/wall_s``) at
+    ``step``, and success and reward per source when there are several; with ``transcripts``, the
     evaluation's episode records too (``RUN/transcripts/heldout_<step>.jsonl``)."""
-    metrics.scalar("eval/success", ev.success, step)
-    metrics.scalar("eval/tool_use", ev.tool_use, step)
-    metrics.scalar("eval/reward", ev.reward, step)
-    metrics.scalar("eval/turns", ev.turns, step)
-    metrics.scalar("eval/generated_tokens", ev.generated_tokens, step)
+    metrics.scalar("eval/success_fraction", ev.success, step)
+    metrics.scalar("eval/tool_use_fraction", ev.tool_use, step)
+    metrics.scalar("eval/reward_mean", ev.reward, step)
+    metrics.scalar("eval/turns_mean", ev.turns, step)
+    metrics.scalar("eval/tool_calls_mean", ev.tool_calls, step)
+    metrics.scalar("eval/generated_tokens_mean", ev.generated_tokens, step)
     if ev.episodes:
-        metrics.scalar("eval/max_tokens", ev.statuses.get("max_tokens", 0) / ev.episodes, step)
+        truncated = ev.statuses.get("max_tokens", 0) / ev.episodes
+        metrics.scalar("eval/truncated_fraction", truncated, step)
     if ev.wall_s is not None:
         metrics.scalar("eval/wall_s", ev.wall_s, step)
     if ev.versions:
@@ -158,8 +163,8 @@ def log_eval(
         metrics.scalar("eval/version_max", float(ev.versions[-1]), step)
     if len(ev.by_task) > 1:
         for name, success in ev.by_task.items():
-            metrics.scalar(f"eval/success/{name}", success, step)
-            metrics.scalar(f"eval/reward/{name}", ev.reward_by_task.get(name, 0.0), step)
+            metrics.scalar(f"eval/success_fraction/{name}", success, step)
+            metrics.scalar(f"eval/reward_mean/{name}", ev.reward_by_task.get(name, 0.0), step)
     if transcripts is not None:
         transcripts.write_eval(step, ev.transcripts)
 

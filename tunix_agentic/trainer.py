@@ -41,7 +41,7 @@ from tunix_agentic.inference.engine import JaxEngine
 from tunix_agentic.learners.grpo import GRPOLearner
 from tunix_agentic.metrics.engine import EngineWindow
 from tunix_agentic.metrics.hparams import write_hparams
-from tunix_agentic.metrics.layout import write_layout
+from tunix_agentic.metrics.layout import LayoutWriter
 from tunix_agentic.metrics.mfu import StepMfu, param_count, peak_flops
 from tunix_agentic.metrics.recorder import MetricsRecorder, drop_records
 from tunix_agentic.metrics.step_time import StepTime
@@ -407,15 +407,16 @@ class Trainer:
             file=sys.stderr,
         )
         window = EngineWindow(engine)  # the engine's figures per step, from the start of RL
-        mfu = _step_mfu(ctx, cfg, start_step)  # logs perf/peak_flops
+        mfu = _step_mfu(ctx, cfg, start_step)  # logs perf/peak_flops_per_s
+        layouts = LayoutWriter()
 
         def on_step(report: StepReport) -> None:
             step, groups, out = report.step, report.groups, report.out
             stats = rollout_stats(groups)
             scalars = _step_scalars(report, stats, window, self.step_time, mfu)
             history.append(metrics.write_step(step, scalars))
-            if step == start_step + 1 and cfg.metrics.layout:
-                write_layout(metrics, step=step)  # the custom-scalars dashboard, charts with data
+            if cfg.metrics.layout:
+                layouts.after_step(metrics, step)  # the custom-scalars dashboard, charts with data
             ctx.transcripts.write_step(step, groups)  # a few episodes, to read (tunix-agentic show)
             ctx.timeline.begin_step(step + 1)  # the step's trace to disk; the profile window
             self.checkpoints.step_done(ctx, step)
@@ -524,7 +525,7 @@ def _open_metrics(
 
 def _step_mfu(ctx: RunContext, cfg: RunConfig, step: int) -> StepMfu:
     """The model's size and the peak FLOP/s of the run's MFU; the peak logged at ``step``
-    (``perf/peak_flops``, measured here on CPU)."""
+    (``perf/peak_flops_per_s``, measured here on CPU)."""
     model, learner = cfg.model, ctx.learner
     mfu = StepMfu(
         n_params=param_count(learner.state.params, learner.base),  # LoRA: base and adapters
@@ -532,7 +533,7 @@ def _step_mfu(ctx: RunContext, cfg: RunConfig, step: int) -> StepMfu:
         layers=model.num_layers,
         attn_dim=model.num_heads * model.head_dim,
     )
-    ctx.metrics.scalar("perf/peak_flops", mfu.peak, step)
+    ctx.metrics.scalar("perf/peak_flops_per_s", mfu.peak, step)
     return mfu
 
 
@@ -563,7 +564,9 @@ def _step_scalars(
         **stats,
         **{f"learner/{k.removeprefix('learner/')}": v for k, v in report.out.items()},
         # Policy lag of the trained tokens: versions behind the policy trained.
-        "rollout/staleness_max": float(report.step - 1 - min(versions)) if versions else 0.0,
+        "rollout/staleness_versions_max": float(report.step - 1 - min(versions))
+        if versions
+        else 0.0,
         "throughput/generated_tokens_per_s": stats.get("rollout/generated_tokens", 0.0)
         / report.wall_s,
         **engine,

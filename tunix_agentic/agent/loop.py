@@ -243,7 +243,7 @@ async def run_agent(
 
 def tool_call_records(action: Action, info: Mapping[str, Any], tools: Mapping) -> list[dict]:
     """One record per tool call of the turn, counted from the agent's parsed ``action``
-    (so ``rollout/tool_use`` and ``count/tool/<name>/calls_total`` see the calls of an
+    (so ``rollout/tool_use_fraction`` and ``count/tool/<name>/calls_total`` see the calls of an
     environment written on :class:`~tunix_agentic.envs.base.Environment` that runs them
     itself and reports nothing), each with what the environment reported of it in call
     order (``info["tool_calls"]``, as :func:`~tunix_agentic.envs.base.run_tool_calls`

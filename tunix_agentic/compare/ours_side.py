@@ -54,7 +54,7 @@ def _num(x: Any) -> float:
 
 
 def heldout_success(run_dir: str | Path) -> dict[int, float]:
-    """``eval/success`` by the step it was logged at (0: before RL), from the run's
+    """``eval/success_fraction`` by the step it was logged at (0: before RL), from the run's
     ``tensorboard/metrics.jsonl``; steps whose version was never on the engine while an
     evaluation could measure it are absent."""
     path = Path(run_dir) / "tensorboard" / "metrics.jsonl"
@@ -63,8 +63,8 @@ def heldout_success(run_dir: str | Path) -> dict[int, float]:
         return out
     for line in path.read_text().splitlines():
         row = json.loads(line)
-        if "eval/success" in row:
-            out[int(row["step"])] = float(row["eval/success"])
+        if "eval/success_fraction" in row:
+            out[int(row["step"])] = float(row["eval/success_fraction"])
     return out
 
 

@@ -11,6 +11,12 @@ from typing import Any
 
 # The clock's parts, and the names they are logged under (``engine/<name>_fraction``).
 _PARTS = {"busy_s": "busy", "sched_gap_s": "host_gap", "idle_s": "idle"}
+# The engine's KV counters as gauges, each name ending in its unit.
+_KV_GAUGES = (
+    ("kv_tokens_held", "kv_held_tokens"),
+    ("kv_blocks_used", "kv_used_blocks"),
+    ("kv_blocks_peak", "kv_peak_blocks"),
+)
 
 
 def engine_fractions(clock: dict[str, float], before: dict[str, float]) -> dict[str, float]:
@@ -48,11 +54,7 @@ class EngineWindow:
             "count/engine/cached_tokens_total": counters.get("cached_tokens", 0.0),
             "count/engine/void_decode_steps_total": counters.get("void_decode_steps", 0.0),
             # KV the engine holds now (paged layout: the blocks in use, and their peak).
-            **{
-                f"gauge/engine/{k}": counters[k]
-                for k in ("kv_tokens_held", "kv_blocks_used", "kv_blocks_peak")
-                if k in counters
-            },
+            **{f"gauge/engine/{name}": counters[k] for k, name in _KV_GAUGES if k in counters},
             # Where the engine's time in this step went: device calls, host-side gaps
             # while work waited, and idle (nothing to generate).
             **engine_fractions(clock, self._clock),

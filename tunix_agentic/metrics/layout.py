@@ -24,7 +24,8 @@ matches in full, in every run):
 Every chart draws at most one tag of a run: a breakdown's series are runs of
 their own (:mod:`tunix_agentic.metrics.series`), so TensorBoard gives each line its
 own colour and names it in the legend. A run writes its layout after its first RL
-step with the charts that have data by then (:func:`charts_with_data`): a chart of
+step with the charts that have data by then (:func:`charts_with_data`), and a chart
+whose data first appears later when it does (:class:`LayoutWriter`): a chart of
 data the run does not write (no tool calls, no start-up reports) never appears
 empty. The layout is one ``custom_scalars__config__`` tensor event written with
 TensorBoard's own protos (no TensorFlow); see :func:`write_layout`.
@@ -75,17 +76,17 @@ RUN_LAYOUT: tuple[tuple[str, tuple[tuple[str, tuple[str, ...]], ...]], ...] = (
         "Reward and success",
         (
             ("reward (training batches; each task a line)", (r"^rollout/reward_mean$",)),
-            ("success (training batches; each task a line)", (r"^rollout/success$",)),
-            ("held-out success (each task a line)", (r"^eval/success$",)),
-            ("held-out reward (each task a line)", (r"^eval/reward$",)),
+            ("success (training batches; each task a line)", (r"^rollout/success_fraction$",)),
+            ("held-out success (each task a line)", (r"^eval/success_fraction$",)),
+            ("held-out reward (each task a line)", (r"^eval/reward_mean$",)),
         ),
     ),
     (
         "Learner health: is the policy collapsing?",
         (
             ("loss", (r"^learner/loss$",)),
-            ("KL to the sampling policy (approx.)", (r"^learner/approx_kl$",)),
-            ("entropy (nats per token)", (r"^learner/entropy$",)),
+            ("KL to the sampling policy (approx.)", (r"^learner/approx_kl_nats$",)),
+            ("entropy (nats per token)", (r"^learner/entropy_nats$",)),
             ("gradient norm", (r"^learner/grad_norm$",)),
             ("clip fraction", (r"^learner/clip_fraction$",)),
             ("response length, mean (tokens)", (r"^rollout/response_tokens_mean$",)),
@@ -93,7 +94,7 @@ RUN_LAYOUT: tuple[tuple[str, tuple[tuple[str, tuple[str, ...]], ...]], ...] = (
             ("truncated at the token limit (share)", (r"^rollout/truncated_fraction$",)),
             (
                 "staleness: policy lag of the trained tokens (versions)",
-                (r"^rollout/staleness_max$",),
+                (r"^rollout/staleness_versions_max$",),
             ),
             ("groups filtered (per step)", (r"^count/rollout/groups_filtered_per_step$",)),
             ("peak memory (GiB)", (r"^perf/peak_\w+_memory_gib$",)),
@@ -112,8 +113,8 @@ RUN_LAYOUT: tuple[tuple[str, tuple[tuple[str, tuple[str, ...]], ...]], ...] = (
     (
         "Queues (max in the step; each stage a line)",
         (
-            ("episodes waiting for a stage's workers", (r"^gauge/queue/waiting_max$",)),
-            ("episodes in a stage's workers", (r"^gauge/queue/running_max$",)),
+            ("episodes waiting for a stage's workers", (r"^gauge/queue/waiting_episodes_max$",)),
+            ("episodes in a stage's workers", (r"^gauge/queue/running_episodes_max$",)),
             ("groups ready and in flight", (r"^gauge/queue/groups_max$",)),
         ),
     ),
@@ -124,8 +125,8 @@ RUN_LAYOUT: tuple[tuple[str, tuple[tuple[str, tuple[str, ...]], ...]], ...] = (
             ("reward computation (EVAL stage)", (r"^latency/stage/eval_ms$",)),
             ("model call", (r"^latency/model_call_ms$",)),
             ("env step", (r"^latency/env_step_ms$",)),
-            ("tool calls", (r"^latency/tool/[^/]+_ms$",)),
-            ("environment start-up (env/<key>)", (r"^latency/env/.+_ms$",)),
+            ("tool calls (each tool a line per percentile)", (r"^latency/tool_ms$",)),
+            ("environment start-up (env/<key>)", (r"^latency/env_start_ms$",)),
         ),
     ),
 )
@@ -187,6 +188,30 @@ def write_layout(
     if layout is None:
         layout = run_layout(only=charts_with_data(recorder.written_names()))
     recorder.write_summaries([layout_summary_value(layout)], step=step)
+
+
+class LayoutWriter:
+    """The run's layout, kept up with its data: after the first RL step the charts with
+    data by then (:func:`write_layout`); after a later step, the charts whose data first
+    appeared in it (a tool first called at step 30) as a layout of their own, in a run
+    ``layout/<step>`` below the run's. TensorBoard reads only the first layout a run
+    writes, and merges every run's into one dashboard: a late chart joins its category,
+    after the charts already there."""
+
+    def __init__(self) -> None:
+        self._shown: set[str] | None = None
+
+    def after_step(self, recorder: MetricsRecorder, step: int) -> None:
+        charts = charts_with_data(recorder.written_names())
+        if self._shown is None:
+            write_layout(recorder, run_layout(only=charts), step=step)
+            self._shown = charts
+            return
+        new = charts - self._shown
+        if new:
+            value = layout_summary_value(run_layout(only=new))
+            recorder.write_summaries([value], step=step, run=f"layout/{step}")
+            self._shown |= new
 
 
 def visible_range(values: list[float]) -> tuple[float, float] | None:

@@ -11,7 +11,7 @@ own arithmetic used.
   peak`` (its device calls, prefills included; none for an engine over HTTP, whose
   device is not seen from here).
 
-The peak (``perf/peak_flops``, logged once) is ``metrics.peak_flops`` when set, else the
+The peak (``perf/peak_flops_per_s``, logged once) is ``metrics.peak_flops`` when set, else the
 chip's published dense bf16 peak from :data:`PUBLISHED_PEAK` by
 ``jax.devices()[0].device_kind``, else (CPU, or a chip not in the table) a jitted matmul's
 rate, measured once after a warm-up call (the compile is never timed): there MFU is

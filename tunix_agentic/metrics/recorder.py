@@ -289,7 +289,7 @@ class MetricsRecorder:
         """Writes all accumulators as scalars at `step` and returns what it wrote.
 
         Emits `time/{name}_s` (seconds since the last write_step) and
-        `time/{name}_count` for every span name seen so far,
+        `time/{name}_count` for every span name timed since the last write_step,
         `latency/{name}/p50_ms|p95_ms|p99_ms` for every span name recorded at least
         `MIN_PERCENTILE_SAMPLES` times since the last write_step (finite durations
         only), `count/{name}_total` (cumulative) and `count/{name}_per_step` (since
@@ -306,6 +306,8 @@ class MetricsRecorder:
         with self._lock:
             out: dict[str, float] = {}
             for name in self._span_sum:
+                if not self._span_count[name]:
+                    continue  # not timed in this step: no zero to chart
                 out[f"time/{name}_s"] = self._span_sum[name]
                 out[f"time/{name}_count"] = float(self._span_count[name])
             histograms = []
@@ -330,10 +332,13 @@ class MetricsRecorder:
             self._gauge_max = dict(self._gauge_last)
         return out
 
-    def write_summaries(self, values: list[summary_pb2.Summary.Value], step: int) -> None:
+    def write_summaries(
+        self, values: list[summary_pb2.Summary.Value], step: int, *, run: str = ""
+    ) -> None:
         """Writes TensorBoard summary values (a plugin's tensors, e.g. the custom-scalars
         layout of :mod:`~tunix_agentic.metrics.layout`) at ``step`` to the event file
-        only; the JSONL holds scalars alone. No-op without a ``log_dir``."""
+        only (of the series run ``run`` below the run's directory, "" for the run's own);
+        the JSONL holds scalars alone. No-op without a ``log_dir``."""
         step = _as_step(step)
         for v in values:
             if not isinstance(v, summary_pb2.Summary.Value):
@@ -344,7 +349,7 @@ class MetricsRecorder:
                 raise RuntimeError("MetricsRecorder is closed")
             if self._writer is not None and values:
                 summary = summary_pb2.Summary(value=values)
-                self._writer.add_event(
+                self._run_writer(run).add_event(
                     event_pb2.Event(wall_time=time.time(), step=step, summary=summary)
                 )
 

@@ -96,14 +96,28 @@ SERIES: tuple[Series, ...] = (
         "{source}/{metric}/{task}",
         "task/{task}",
         "{source}/{metric}",
-        (("source", "rollout|eval"), ("metric", "reward_mean|success|reward")),
+        (("source", "rollout|eval"), ("metric", "reward_mean|success_fraction")),
+    ),
+    # Each tool's and each environment start-up key's percentiles a run of their own, so the
+    # chart of all tools (or of all start-ups) still draws one tag per run.
+    Series(
+        "latency/tool/{tool}/{q}_ms",
+        "tool/{tool}/{q}",
+        "latency/tool_ms",
+        (("tool", r"[^/]+"), ("q", r"p\d\d")),
+    ),
+    Series(
+        "latency/env/{key}/{q}_ms",
+        "env/{key}/{q}",
+        "latency/env_start_ms",
+        (("key", r".+"), ("q", r"p\d\d")),
     ),
     Series("latency/{span}/{q}_ms", "{q}", "latency/{span}_ms", (("span", r".+"), ("q", r"p\d\d"))),
     Series(
         "gauge/queue/{stage}_{kind}",
         "stage/{stage}",
         "gauge/queue/{kind}",
-        (("stage", "init|run|eval"), ("kind", r"(waiting|running)(_max)?")),
+        (("stage", "init|run|eval"), ("kind", r"(waiting|running)_episodes(_max)?")),
     ),
     Series(
         "gauge/queue/{kind}_groups{max}",

@@ -102,7 +102,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Report:
     }
     pictures = {k: v for k, v in drawn.items() if v is not None}
     skipped = {
-        "reward": "the run logged no rollout/success",
+        "reward": "the run logged no rollout/success_fraction",
         "engine": "the run logged no engine/*_fraction",
         "latency": "the run logged no latency/* nor time/* spans",
         "episodes": why_no_trace or "the trace holds no sampled episode",

@@ -3,8 +3,8 @@ speed verdict of :mod:`tunix_agentic.report.verdict`.
 
 The figures (:func:`learning_figures`): the training reward's trend (``rollout/reward_mean``,
 the mean of the last third of the RL steps minus that of the first third), the held-out
-trend (``eval/success``, the success rate: the share of held-out episodes with reward
-> 0, last evaluation minus the first; ``eval/reward`` beside it), the share of groups the
+trend (``eval/success_fraction``, the success rate: the share of held-out episodes with reward
+> 0, last evaluation minus the first; ``eval/reward_mean`` beside it), the share of groups the
 uniform-reward filter dropped (``count/rollout/groups_filtered_total`` against the groups
 trained on, ``rl.steps x rollout.groups_per_batch``), and the share of episodes cut at
 the token limit (``count/rollout/status/max_tokens_total`` over ``count/rollout/episodes_total``).
@@ -107,8 +107,8 @@ def learning_figures(metrics: RunMetrics, groups_per_batch: int | None = None) -
         steps=len(rows),
         reward_first=float(rewards[:third].mean()) if rows else 0.0,
         reward_last=float(rewards[-third:].mean()) if rows else 0.0,
-        heldout=tuple(sorted(metrics.series.get("eval/success", []))),
-        heldout_reward=tuple(sorted(metrics.series.get("eval/reward", []))),
+        heldout=tuple(sorted(metrics.series.get("eval/success_fraction", []))),
+        heldout_reward=tuple(sorted(metrics.series.get("eval/reward_mean", []))),
         filtered_share=filtered_share,
         filtered=filtered,
         cut_share=cut / episodes if episodes else None,

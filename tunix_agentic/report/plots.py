@@ -71,8 +71,11 @@ def _rl_values(metrics: RunMetrics, name: str) -> np.ndarray:
 def plot_reward(metrics: RunMetrics, path: Path) -> Path | None:
     """Mean reward and success rate (reward > 0) per task over RL steps, with the held-out
     evaluations' of each."""
-    tasks = [n.removeprefix("rollout/success/") for n in metrics.names("rollout/success/")]
-    if not tasks and "rollout/success" not in metrics.series:
+    tasks = [
+        n.removeprefix("rollout/success_fraction/")
+        for n in metrics.names("rollout/success_fraction/")
+    ]
+    if not tasks and "rollout/success_fraction" not in metrics.series:
         return None
     fig, (ax_r, ax_s) = plt.subplots(1, 2, figsize=(11, 4.6))
     steps = _rl_steps(metrics)
@@ -86,13 +89,13 @@ def plot_reward(metrics: RunMetrics, path: Path) -> Path | None:
         )
         ax_s.plot(
             steps,
-            _rl_values(metrics, f"rollout/success{suffix}"),
+            _rl_values(metrics, f"rollout/success_fraction{suffix}"),
             marker=".",
             label=f"{task or 'all'} (training rollouts)",
         )
     # The held-out evaluations: success rate (reward > 0) beside success, mean reward beside
-    # reward (before this version eval/success held the mean reward).
-    for ax, name in ((ax_s, "eval/success"), (ax_r, "eval/reward")):
+    # reward (before this version eval/success_fraction held the mean reward).
+    for ax, name in ((ax_s, "eval/success_fraction"), (ax_r, "eval/reward_mean")):
         held = metrics.series.get(name, [])
         if held:
             ax.plot(

@@ -134,7 +134,7 @@ class EpisodeRunner:
         self._outages = OutageGate(
             self._backend_health, wait_s=config.backend_wait_s, spawn=hooks.spawn, metrics=metrics
         )
-        # Each reports gauges queue/<stage>_waiting and queue/<stage>_running.
+        # Each reports gauges queue/<stage>_waiting_episodes and queue/<stage>_running_episodes.
         self._init_sem = StageSlots(config.init_workers, "init", metrics)
         self._run_sem = StageSlots(config.run_workers, "run", metrics)
         self._eval_sem = StageSlots(config.eval_workers, "eval", metrics)
@@ -421,7 +421,10 @@ class StageSlots:
 
     def __init__(self, n: int, name: str = "stage", metrics: MetricsSink = NULL_METRICS):
         self._sem = asyncio.Semaphore(n)
-        self._running_gauge, self._waiting_gauge = f"queue/{name}_running", f"queue/{name}_waiting"
+        self._running_gauge, self._waiting_gauge = (
+            f"queue/{name}_running_episodes",
+            f"queue/{name}_waiting_episodes",
+        )
         self._metrics = metrics
         self.in_flight = 0
         self.waiting = 0

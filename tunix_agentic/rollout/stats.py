@@ -13,7 +13,7 @@ from tunix_agentic.rollout.episode import Group
 
 def rollout_stats(groups: list[Group]) -> dict[str, float]:
     """``rollout/*`` figures of a batch: reward, success (reward > 0) and their means per
-    task source, tool use, turns, step rewards, generated tokens and episodes, response
+    task source, tool use, turns, tool calls per episode, step rewards, generated tokens and episodes, response
     length (mean and max) and the share truncated at the token limit, and
     ``rollout/env/<name>``: the mean over the episodes that reported it of an environment's
     own figure (``StepResult.info["metrics"]``, summed over each episode's steps)."""
@@ -32,13 +32,18 @@ def rollout_stats(groups: list[Group]) -> dict[str, float]:
         **{f"rollout/env/{name}": float(np.mean(v)) for name, v in env_metrics.items()},
         **{f"rollout/reward_mean/{name}": float(np.mean(r)) for name, r in per_task.items()},
         **{
-            f"rollout/success/{name}": float((np.asarray(r) > 0).mean())
+            f"rollout/success_fraction/{name}": float((np.asarray(r) > 0).mean())
             for name, r in per_task.items()
         },
         "rollout/reward_mean": float(rewards.mean()),
-        "rollout/success": float((rewards > 0).mean()),
-        "rollout/tool_use": float(np.mean([any(s.tool_calls for s in t.steps) for t in trajs])),
+        "rollout/success_fraction": float((rewards > 0).mean()),
+        "rollout/tool_use_fraction": float(
+            np.mean([any(s.tool_calls for s in t.steps) for t in trajs])
+        ),
         "rollout/turns_mean": float(np.mean([len(t.steps) for t in trajs])),
+        "rollout/tool_calls_mean": float(
+            np.mean([sum(len(s.tool_calls) for s in t.steps) for t in trajs])
+        ),
         # Per-step (process) rewards beside the outcome: their sum per episode.
         "rollout/step_reward_sum_mean": float(
             np.mean([sum(s.reward for s in t.steps) for t in trajs])
