@@ -47,6 +47,11 @@ def _syllable(rng: np.random.Generator) -> str:
     return "".join(str(rng.choice(part)) for part in (_ONSETS, _VOWELS, _CODAS))
 
 
+def city_name(rng: np.random.Generator) -> str:
+    """An invented city name of two syllables (``Drouzmae``), drawn from ``rng``."""
+    return (_syllable(rng) + _syllable(rng)).capitalize()
+
+
 def _make_table(size: int, seed: int) -> dict[str, str]:
     """``size`` invented countries and their invented capitals, the same for a given seed:
     no name twice, none a real country (:data:`~tunix_agentic.envs.answer_format.CAPITALS`)
@@ -58,7 +63,7 @@ def _make_table(size: int, seed: int) -> dict[str, str]:
     while len(table) < size:
         country = _syllable(rng) + str(rng.choice(_ONSETS)) + str(rng.choice(_COUNTRY_ENDS))
         country = country.capitalize()
-        city = (_syllable(rng) + _syllable(rng)).capitalize()
+        city = city_name(rng)
         if country.lower() in used or city.lower() in used:
             continue
         used |= {country.lower(), city.lower()}
@@ -69,6 +74,12 @@ def _make_table(size: int, seed: int) -> dict[str, str]:
 #: The invented world: country -> capital.
 TABLE: dict[str, str] = _make_table(TABLE_SIZE, _TABLE_SEED)
 _BY_KEY = {country.lower(): country for country in TABLE}
+
+
+def find_country(name: str) -> str | None:
+    """The country of :data:`TABLE` that ``name`` spells, whatever its case, surrounding
+    spaces or closing ``.?!`` (a model's spelling varies); None if there is none."""
+    return _BY_KEY.get(name.strip().strip(".?!").strip().lower())
 
 
 def country_split(country: str) -> str:
@@ -130,7 +141,7 @@ class LookupTasks(TaskSource):
                 {"role": "tool", "content": lookup_text(task.country)},
                 {"role": "assistant", "content": f"The answer is {task.answer}."},
             ]
-        guess = (_syllable(rng) + _syllable(rng)).capitalize()
+        guess = city_name(rng)
         if guess.lower() == task.answer.lower():  # a guess is never right by chance
             guess += "a"
         return [{"role": "assistant", "content": f"The answer is {guess}."}]
@@ -149,8 +160,7 @@ class CapitalLookupEnv(ToolEnvironment):
     @tool
     def lookup(self, country: str) -> str:
         """The capital of a country, from the world's table of countries."""
-        key = country.strip().strip(".?!").strip().lower()
-        found = _BY_KEY.get(key)
+        found = find_country(country)
         if found is None:
             raise ToolError(f"no country named {country!r} in the table")
         if self.task is not None and found == self.task.country:
