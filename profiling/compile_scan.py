@@ -6,8 +6,8 @@ the recipe's topology, ``learner.train_step`` only), with the model's real dimen
 from ``tests/data/model_configs``. Prints per form: the CPU seconds of the whole run
 (building the learner's programs, lowering, compiling) and of the compile as the aot
 report counts it, GiB per chip (arguments, outputs, temporaries, total) and the FLOPs per
-chip XLA's cost analysis gives (it counts a loop's body once: the scanned form's layers
-are seen once per micro-batch, not once per layer).
+chip as the aot report counts them (op by op over the loops, each body times its trips:
+the scanned form's matmuls equal the unrolled form's).
 
     python -m profiling.compile_scan                       # Qwen3-0.6B, v5e:1x1
     python -m profiling.compile_scan --recipe qwen3_1.7b_tpu_v5e8 --forms scanned

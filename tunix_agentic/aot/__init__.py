@@ -15,6 +15,7 @@ _EXPORTS = {
     "Chip": "tunix_agentic.aot.chips",
     "AotReport": "tunix_agentic.aot.compile",
     "ProgramReport": "tunix_agentic.aot.compile",
+    "compile_programs": "tunix_agentic.aot.compile",
     "run_programs": "tunix_agentic.aot.compile",
     "AotError": "tunix_agentic.aot.topology",
     "Topology": "tunix_agentic.aot.topology",

@@ -1,6 +1,7 @@
 """Compile a run's programs for a topology and read what XLA says of each: bytes per chip,
 FLOPs, bytes accessed, the roofline time at the chip's peak, the kernels it calls and
-its waste against the least it must do."""
+its waste against the least it must do. A program with loops is counted op by op
+(:mod:`.ops`), each loop body times its trips; one without keeps XLA's cost analysis."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import dataclasses
 import re
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import jax
 
 from tunix_agentic.aot.chips import Chip, GiB
 from tunix_agentic.aot.count import charge
+from tunix_agentic.aot.ops import OpCount, count_ops, has_loops
 from tunix_agentic.aot.programs import (
     Program,
     engine_programs,
@@ -45,15 +47,24 @@ class ProgramReport:
     arguments counted once), ``resident_elsewhere`` (what other components keep on the
     same chips), ``fits`` (against the compiler's limit, :attr:`Chip.usable`).
 
-    Work, the honest count: ``flops`` is XLA's cost analysis (``xla_flops``) plus the
-    Pallas kernels' (``kernel_flops``, charged by :mod:`~tunix_agentic.aot.count`: XLA's
-    analysis charges a kernel nothing); ``hbm_bytes`` is what the program moves from HBM:
-    XLA's count of the program compiled without VMEM assignment (a prefetch into VMEM is
-    not HBM traffic) plus the kernels' (``kernel_bytes``). A loop body's figures count once
-    per trip (``trips``; XLA's analysis counts a body once). ``bytes_accessed``: XLA's own
-    count, VMEM prefetches included, for reference. ``ici_bytes``: what a chip sends in the
-    program's collectives. ``roofline_s``: the longest of compute, HBM and interconnect at
-    the chip's peaks. ``least_flops`` / ``least_bytes``: the least the program must do
+    Work, the honest count (``method`` says which): a program without loops, ``"xla"``:
+    ``flops`` is XLA's cost analysis plus the Pallas kernels' (``kernel_flops``, charged
+    by :mod:`~tunix_agentic.aot.count`: XLA's analysis charges a kernel nothing) and
+    ``hbm_bytes`` XLA's bytes of the program compiled without VMEM assignment (a prefetch
+    into VMEM is not HBM traffic) plus the kernels' (``kernel_bytes``). A program with
+    while loops (micro-batches, a layer scan, the sampler's), ``"op-by-op"``: XLA's
+    analysis counts a loop's body once, so both are counted op by op instead
+    (:mod:`~tunix_agentic.aot.ops`: matmul FLOPs, each top-level instruction's bytes),
+    each computation times the trip counts of the loops around it (``loops``), kernels
+    and collectives likewise. ``counted`` False: a loop's trip count could not be read
+    (``note`` says which); no figures then. ``xla_flops`` and ``bytes_accessed``: XLA's
+    own counts, for reference (a loop's body once; VMEM prefetches included).
+    Conditionals count their costliest branch, as XLA's analysis does; ``optional_flops``
+    and ``optional_bytes`` (op by op) are what a call taking the cheapest skips.
+    ``ici_bytes``: what a chip sends in the program's collectives. ``roofline_s``: the
+    longest of compute, HBM and interconnect at the chip's peaks, with the conditionals
+    at their cheapest (a floor: the optional work left out). ``least_flops`` /
+    ``least_bytes``: the least the program must do
     (:class:`~tunix_agentic.aot.programs.Minimum`); ``minimum_kind`` names the bound whose
     ratio is its waste."""
 
@@ -84,7 +95,13 @@ class ProgramReport:
     ici_bytes: float = 0.0
     collectives: tuple[tuple[str, int], ...] = ()
     transfer_bytes: int = 0
-    counted: bool = True  # False: layers scanned, XLA's count holds one layer (no figures)
+    counted: bool = True  # False: a loop's trip count was not found (no figures)
+    method: Literal["xla", "op-by-op"] = "xla"
+    loops: tuple[str, ...] = ()  # each loop's trips (op-by-op): "x28 (x4 around)"
+    # Op by op, conditionals count their costliest branch: what a call that takes the
+    # cheapest of each skips (the sampler's top-k/top-p filter, a prefill's prefix copy).
+    optional_flops: float = 0.0
+    optional_bytes: float = 0.0
 
     @property
     def flops_ratio(self) -> float | None:
@@ -127,6 +144,10 @@ class ProgramReport:
             "kernel_calls": dict(self.kernel_calls),
             "collectives": dict(self.collectives),
             "counted": self.counted,
+            "method": self.method,
+            "loops": list(self.loops),
+            "optional_flops": self.optional_flops,
+            "optional_bytes": self.optional_bytes,
             "fits": self.fits,
         }
 
@@ -177,8 +198,10 @@ class AotReport:
         lines.append(
             "per chip: bytes in GiB; +other: what the run's other component keeps on the "
             "same chips; GFLOP and GB HBM: XLA's count plus the Pallas kernels' (which XLA's "
-            "count leaves out), HBM traffic without VMEM prefetches; GB ICI: what a chip "
-            "sends in collectives; roofline: the longest of the three at the chip's peaks"
+            "count leaves out), HBM traffic without VMEM prefetches; a program with loops "
+            "counted op by op instead, each loop body times its trips (matmul FLOPs only); "
+            "GB ICI: what a chip sends in collectives; roofline: the longest of the three "
+            "at the chip's peaks, conditionals at their cheapest (a floor)"
         )
         lines.append("count / least (the bound a program is judged by first):")
         for p in self.programs:
@@ -191,9 +214,7 @@ class AotReport:
                     parts.append(f"{kind} {ratio:.2f}x (least {least / 1e9:.1f} {unit})")
             if not p.counted:
                 lines.append(
-                    f"  {p.name:46} not counted: its layers are scanned (model.scan_layers) "
-                    "and XLA's cost analysis counts a loop's body once; memory is the "
-                    "program's own"
+                    f"  {p.name:46} not counted (its memory is the program's own): {p.note}"
                 )
                 continue
             kernels = ""
@@ -201,8 +222,14 @@ class AotReport:
                 kernels = (
                     f"; kernels {p.kernel_flops / 1e9:.1f} GFLOP, {p.kernel_bytes / 1e9:.2f} GB"
                 )
+            how = f"; op by op over loops {', '.join(p.loops)}" if p.method == "op-by-op" else ""
+            if p.optional_bytes > 0.01 * p.hbm_bytes or p.optional_flops > 0.01 * p.flops:
+                how += (
+                    f" (conditionals at their costliest: {p.optional_bytes / 1e9:.2f} GB, "
+                    f"{p.optional_flops / 1e9:.1f} GFLOP of it in branches a call may skip)"
+                )
             lines.append(
-                f"  {p.name:46} {', '.join(parts)}: {p.minimum_what}{kernels}"
+                f"  {p.name:46} {', '.join(parts)}: {p.minimum_what}{kernels}{how}"
                 + (f"; {p.note}" if p.note else "")
             )
         return "\n".join(lines)
@@ -246,7 +273,21 @@ def run_programs(
         programs += learner_programs(cfg, mc, topo)
         programs += sft_programs(cfg, mc, topo)
         programs += engine_programs(cfg, mc, topo, all_shapes=all_shapes)
-        programs = [p for p in programs if select is None or select(p.name)]
+    programs = [p for p in programs if select is None or select(p.name)]
+    return compile_programs(programs, topo, log=log, count=count)
+
+
+def compile_programs(
+    programs: list[Program],
+    topology: str | Topology,
+    *,
+    log: Callable[[str], None] | None = None,
+    count: bool = True,
+) -> AotReport:
+    """Compile ``programs`` (built for ``topology``'s devices) and report on each, as
+    :func:`run_programs` does for a run's."""
+    topo = topology if isinstance(topology, Topology) else get_topology(topology)
+    with jax.default_device(topo.devices[0]):
         compiled = [_compile(p, topo.chip, log, count) for p in programs]
     return AotReport(topo.name, topo.chip, tuple(_with_residents(compiled, programs, topo.chip)))
 
@@ -289,38 +330,57 @@ def _compile(p: Program, chip: Chip, log, count: bool = True) -> tuple[dict[str,
         return info, seconds
     mem = exe.memory_analysis()
     cost = _cost(exe)
-    bytes_accessed = float(cost.get("bytes accessed", 0.0)) * p.trips
-    hbm_bytes = bytes_accessed
+    text = exe.as_text() or ""
+    plain_text = text
+    bytes_accessed = hbm_bytes = float(cost.get("bytes accessed", 0.0))
     if chip.vmem_assignment and count:
         # The same program without VMEM assignment: its bytes accessed are HBM traffic.
         plain = lowered.compile(compiler_options={chip.vmem_assignment: False})
-        hbm_bytes = float(_cost(plain).get("bytes accessed", 0.0)) * p.trips
-    text = exe.as_text() or ""
-    charged = charge(text, p.trips, p.work, len(p.mesh_devices))
+        hbm_bytes = float(_cost(plain).get("bytes accessed", 0.0))
+        plain_text = plain.as_text() or ""
+    xla_flops = float(cost.get("flops", 0.0))
+    ops = count_ops(plain_text, per_trip=p.per_step) if has_loops(plain_text) else None
+    charged = charge(text, p.work, len(p.mesh_devices), per_trip=p.per_step)
     seconds = time.process_time() - t
     kernels = tuple(sorted(set(_CUSTOM_CALL.findall(text))))
     args, outs = mem.argument_size_in_bytes, mem.output_size_in_bytes
     temp, alias = mem.temp_size_in_bytes, mem.alias_size_in_bytes
-    xla_flops = float(cost.get("flops", 0.0)) * p.trips
+    flops = ops.flops if ops is not None else xla_flops
+    moved = ops.bytes if ops is not None else hbm_bytes
     info = {
         "arguments": args,
         "outputs": outs,
         "temp": temp,
         "total": args + outs - alias + temp,
-        "flops": xla_flops + charged.flops,
+        "flops": flops + charged.flops,
         "xla_flops": xla_flops,
         "kernel_flops": charged.flops,
         "kernel_bytes": charged.bytes,
         "kernel_calls": tuple(sorted(charged.kernels.items())),
         "bytes_accessed": bytes_accessed,
-        "hbm_bytes": hbm_bytes + charged.bytes,
+        "hbm_bytes": moved + charged.bytes,
         "ici_bytes": charged.ici_bytes,
         "collectives": tuple(sorted(charged.collectives.items())),
         "kernels": kernels,
+        **_loops_info(ops),
     }
     if log is not None:
         log(f"compiled {p.name} in {seconds:.0f}s CPU")
     return info, seconds
+
+
+def _loops_info(ops: OpCount | None) -> dict[str, Any]:
+    """The report's fields for how the program was counted."""
+    if ops is None:
+        return {"method": "xla", "counted": True, "loops": ()}
+    return {
+        "method": "op-by-op",
+        "counted": ops.counted,
+        "loops": tuple(ops.trips()),
+        "why_not": "" if ops.counted else ops.why_not(),
+        "optional_flops": ops.optional_flops,
+        "optional_bytes": ops.optional_bytes,
+    }
 
 
 def _with_residents(compiled, programs: list[Program], chip: Chip) -> list[ProgramReport]:
@@ -358,9 +418,12 @@ def _with_residents(compiled, programs: list[Program], chip: Chip) -> list[Progr
                 ici_bytes=info.get("ici_bytes", 0.0),
                 collectives=info.get("collectives", ()),
                 roofline_s=0.0
-                if p.scanned
+                if not info.get("counted", True)
+                # A floor: its conditionals at their cheapest (a call may skip the rest).
                 else chip.roofline_s(
-                    info["flops"], info.get("hbm_bytes", 0.0), info.get("ici_bytes", 0.0)
+                    info["flops"] - info.get("optional_flops", 0.0),
+                    info.get("hbm_bytes", 0.0) - info.get("optional_bytes", 0.0),
+                    info.get("ici_bytes", 0.0),
                 ),
                 kernels=info["kernels"],
                 resident_elsewhere=elsewhere,
@@ -370,12 +433,16 @@ def _with_residents(compiled, programs: list[Program], chip: Chip) -> list[Progr
                 least_bytes=p.minimum.bytes,
                 minimum_what=p.minimum.what,
                 compile_s=seconds,
-                note=p.note,
+                note=info.get("why_not") or p.note,
                 transfer_bytes=p.transfer_bytes,
-                counted=not p.scanned,
+                counted=info.get("counted", True),
+                method=info.get("method", "xla"),
+                loops=info.get("loops", ()),
+                optional_flops=info.get("optional_flops", 0.0),
+                optional_bytes=info.get("optional_bytes", 0.0),
             )
         )
     return out
 
 
-__all__ = ["AotError", "AotReport", "ProgramReport", "run_programs"]
+__all__ = ["AotError", "AotReport", "ProgramReport", "compile_programs", "run_programs"]

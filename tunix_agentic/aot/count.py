@@ -7,8 +7,9 @@ ragged paged attention) nothing: no FLOPs, no bytes. Each kernel here is charged
 does at its block sizes (padded dimensions, causal blocks skipped where the kernel skips
 them; the ragged kernel reads every KV block of a sequence for every query block), from
 the shapes in the program and the work the program is assumed to do (``Workload``: the
-KV length a sequence attends to, which the shapes do not say). A kernel inside a loop
-(the micro-batches) counts once per trip, as XLA's figures are scaled.
+KV length a sequence attends to, which the shapes do not say). A kernel or collective
+inside loops (the micro-batches, a layer scan) counts once per trip of each, the trip
+counts read from the program (:mod:`~tunix_agentic.aot.loops`).
 """
 
 from __future__ import annotations
@@ -16,21 +17,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Iterator
 
-_ITEMSIZE = {
-    "pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
-    "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
-    "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
-}  # fmt: skip
-_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\dm\d(?:fn)?)?)\[([\d,]*)\]")
-_HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\{\s*$")
-_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.*)$")
-_OPERANDS = re.compile(r"%([\w.\-]+)")
-_BODY = re.compile(r"\bbody=%?([\w.\-]+)")
-_CALLS = re.compile(
-    r"\b(?:calls|to_apply|body|condition|branch_computations)=\{?%?([\w.\-, %]+)\}?"
-)
+from tunix_agentic.aot.hlo import ITEMSIZE, Instr, arrays, nbytes, parse
+from tunix_agentic.aot.loops import find_loops, runs
+
 _GROUPS = re.compile(r"replica_groups=\{\{([\d,]+)\}")
 _GROUPS_IOTA = re.compile(r"replica_groups=\[\d+,(\d+)\]")
 _GROUPS_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
@@ -45,15 +35,6 @@ class Workload:
     kv_len: int = 0
 
 
-@dataclasses.dataclass(frozen=True)
-class Instr:
-    name: str
-    shape: str  # the result's type text
-    op: str
-    operands: tuple[str, ...]
-    text: str
-
-
 @dataclasses.dataclass
 class Charged:
     """Per chip, per call: kernel FLOPs and bytes, collective bytes, and how many of each."""
@@ -65,111 +46,34 @@ class Charged:
     collectives: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
-def arrays(shape_text: str) -> list[tuple[str, tuple[int, ...]]]:
-    """Every array in a type text: ``(dtype, dims)``, a tuple's elements in order."""
-    out = []
-    for dt, dims in _ARRAY.findall(shape_text):
-        if dt in _ITEMSIZE:
-            out.append((dt, tuple(int(d) for d in dims.split(",") if d)))
-    return out
-
-
-def nbytes(shape_text: str) -> float:
-    return sum(_ITEMSIZE[dt] * math.prod(d) for dt, d in arrays(shape_text))
-
-
-def _split_type(rest: str) -> tuple[str, str]:
-    """``rest`` after ``name =``: the result's type text and what follows it."""
-    if rest.startswith("("):
-        depth = 0
-        for i, ch in enumerate(rest):
-            depth += ch == "("
-            depth -= ch == ")"
-            if depth == 0:
-                return rest[: i + 1], rest[i + 1 :]
-    head, _, tail = rest.partition(" ")
-    return head, " " + tail
-
-
-def parse(text: str) -> dict[str, list[Instr]]:
-    """The program's computations by name, each its instructions in order."""
-    comps: dict[str, list[Instr]] = {}
-    current: list[Instr] | None = None
-    for line in text.splitlines():
-        if current is None:
-            m = _HEADER.match(line)
-            if m:
-                current = comps.setdefault(m.group(1), [])
-                if line.startswith("ENTRY"):
-                    comps["__entry__"] = current
-            continue
-        if line.strip() == "}":
-            current = None
-            continue
-        m = _INSTR.match(line)
-        if not m:
-            continue
-        shape, after = _split_type(m.group(2))
-        om = re.match(r"\s*([\w\-]+)\((.*)", after)
-        if not om:
-            continue
-        depth, args = 1, []
-        for ch in om.group(2):
-            depth += ch == "("
-            depth -= ch == ")"
-            if depth == 0:
-                break
-            args.append(ch)
-        operands = tuple(_OPERANDS.findall("".join(args)))
-        current.append(Instr(m.group(1), shape, om.group(1), operands, line))
-    return comps
-
-
-def _in_loops(comps: dict[str, list[Instr]]) -> set[str]:
-    """Names of the computations a while loop's body runs (the body and what it calls)."""
-    inside: set[str] = set()
-    todo = [b for instrs in comps.values() for i in instrs for b in _BODY.findall(i.text)]
-    while todo:
-        name = todo.pop()
-        if name in inside or name not in comps:
-            continue
-        inside.add(name)
-        for i in comps[name]:
-            for m in _CALLS.findall(i.text):
-                todo += [c.strip().lstrip("%") for c in m.split(",") if c.strip()]
-    return inside
-
-
-def _walk(comps: dict[str, list[Instr]]) -> Iterator[tuple[str, Instr, dict[str, str]]]:
-    for name, instrs in comps.items():
-        if name == "__entry__":
+def charge(text: str, work: Workload, chips: int, *, per_trip: bool = False) -> Charged:
+    """The kernels' and collectives' cost per chip of one call of the program whose
+    compiled text is ``text``, each counted as often as its computation runs (its loops'
+    trip counts multiplied, :func:`~tunix_agentic.aot.loops.runs`; a loop without one
+    counts once, and the caller reports the program as not counted). ``per_trip``: the
+    entry's own loops count one trip (a program reported per step)."""
+    comps = parse(text)
+    times = runs(comps, find_loops(comps), per_trip=per_trip)
+    out = Charged()
+    for comp, instrs in comps.items():
+        n = times.get(comp, 0)
+        if comp == "__entry__" or n == 0:
             continue
         shapes = {i.name: i.shape for i in instrs}
-        for i in instrs:
-            yield name, i, shapes
-
-
-def charge(text: str, trips: int, work: Workload, chips: int) -> Charged:
-    """The kernels' and collectives' cost per chip of one call of the program whose
-    compiled text is ``text`` (a loop body's share counted ``trips`` times)."""
-    comps = parse(text)
-    loops = _in_loops(comps)
-    out = Charged()
-    for comp, instr, shapes in _walk(comps):
-        times = trips if comp in loops else 1
-        if instr.op == "custom-call" and 'custom_call_target="tpu_custom_call"' in instr.text:
-            kind, flops, moved = kernel_cost(instr, shapes, work)
-            out.kernels[kind] = out.kernels.get(kind, 0) + times
-            out.flops += flops * times
-            out.bytes += moved * times
-        base = instr.op.removesuffix("-start")
-        if base in COLLECTIVES and not instr.op.endswith("-done"):
-            if base == "all-reduce" and comp.startswith("all-reduce-scatter"):
-                # XLA's reduce-scatter as a fused all-reduce whose result each chip slices:
-                # on the wire a reduce-scatter.
-                base = "reduce-scatter"
-            out.collectives[base] = out.collectives.get(base, 0) + times
-            out.ici_bytes += collective_bytes(instr, shapes, chips, base) * times
+        for instr in instrs:
+            if instr.op == "custom-call" and 'custom_call_target="tpu_custom_call"' in instr.text:
+                kind, flops, moved = kernel_cost(instr, shapes, work)
+                out.kernels[kind] = out.kernels.get(kind, 0) + n
+                out.flops += flops * n
+                out.bytes += moved * n
+            base = instr.op.removesuffix("-start")
+            if base in COLLECTIVES and not instr.op.endswith("-done"):
+                if base == "all-reduce" and comp.startswith("all-reduce-scatter"):
+                    # XLA's reduce-scatter as a fused all-reduce whose result each chip
+                    # slices: on the wire a reduce-scatter.
+                    base = "reduce-scatter"
+                out.collectives[base] = out.collectives.get(base, 0) + n
+                out.ici_bytes += collective_bytes(instr, shapes, chips, base) * n
     return out
 
 
@@ -251,7 +155,7 @@ def kernel_cost(instr: Instr, shapes: dict[str, str], work: Workload) -> tuple[s
         bq, bk = splash_block(lq), splash_block(lk)
         pairs = _causal_pairs(lq, lk, bq, bk)
         flops = 2.0 * _SPLASH_MATMULS[kind] * rows * heads * pairs * bq * bk * dim
-        item = _ITEMSIZE[dt]
+        item = ITEMSIZE[dt]
         # Per head: its query block's tensors once (q, o or q, dO, dq), a key and a value
         # block per pair; for dkv the key side's tensors once and a query block per pair.
         once = {"fwd": 2, "dq": 3, "dkv": 4}[kind] * (lq if kind != "dkv" else lk)
@@ -284,7 +188,22 @@ def _ragged_cost(instr: Instr, shapes: dict[str, str], work: Workload) -> tuple[
     q_len = max(1, tokens // seqs)
     q_block = min(tokens, 32)
     reads = seqs * max(1, -(-q_len // q_block))  # (sequence, query block) visits
-    item = _ITEMSIZE[dt]
+    item = ITEMSIZE[dt]
     flops = 4.0 * seqs * q_len * kv * heads * dim
     moved = item * (reads * kv * combined * dim + 2 * tokens * heads * dim)
     return flops, moved
+
+
+__all__ = [
+    "COLLECTIVES",
+    "Charged",
+    "Instr",
+    "Workload",
+    "arrays",
+    "charge",
+    "collective_bytes",
+    "kernel_cost",
+    "nbytes",
+    "parse",
+    "splash_block",
+]

@@ -67,9 +67,11 @@ class Minimum:
 
 @dataclasses.dataclass(frozen=True)
 class Program:
-    """One jitted program and its abstract arguments. ``trips``: how often its loop body
-    runs per call (XLA's cost analysis counts a loop body once; the figures are scaled
-    by it), ``component``: whose state it holds ("learner", "engine", "sync")."""
+    """One jitted program and its abstract arguments. ``component``: whose state it holds
+    ("learner", "engine", "sync"). Its loops' trip counts are read from the compiled
+    program (:mod:`~tunix_agentic.aot.loops`); ``per_step``: the program is reported per
+    trip of its outermost loop, which ends on data (the decode chunk: up to
+    ``engine.decode_steps`` steps, fewer once no slot is live)."""
 
     name: str
     fn: Any  # a jax.jit-wrapped function
@@ -77,13 +79,10 @@ class Program:
     mesh_devices: tuple[Any, ...]
     component: str
     minimum: Minimum
-    trips: int = 1
     note: str = ""
     work: Workload = Workload()
     transfer_bytes: int = 0  # a sync to other chips: the bytes moved after the program
-    # model.scan_layers: the layers are a loop whose body XLA's cost analysis counts once,
-    # so the program's FLOPs and bytes are not counted (its memory is)
-    scanned: bool = False
+    per_step: bool = False
 
 
 def _on(tree: Any, shardings: Any) -> Any:
@@ -117,8 +116,11 @@ def param_count(mc: ModelConfig) -> int:
 
 
 def _matmul_params(mc: ModelConfig) -> int:
-    """Parameters a token multiplies by: all but an untied embedding (a lookup)."""
-    n = param_count(mc)
+    """Parameters a token multiplies by in a matmul: the weight matrices, but an untied
+    embedding (a lookup); not the norms' scales (elementwise, which the op-by-op count
+    of a program with loops leaves out, :mod:`~tunix_agentic.aot.ops`)."""
+    model = nnx.eval_shape(lambda: Transformer(mc, rngs=nnx.Rngs(0)))
+    n = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)) if x.ndim >= 2)
     return n if mc.tie_embeddings else n - mc.vocab_size * mc.d_model
 
 
@@ -211,9 +213,7 @@ def learner_programs(cfg: RunConfig, mc: ModelConfig, topo: Topology) -> list[Pr
             tuple(mesh.devices.flat),
             "learner",
             minimum,
-            trips=n_micro,
             note=f"{n_micro} micro-batches of {rows // n_micro} rows",
-            scanned=mc.scan_layers,
         )
     ]
     if lc.mi_pairs > 0:
@@ -245,7 +245,6 @@ def _pair_scores_program(mc, learner: GRPOLearner, state, mesh: Mesh, length: in
             "2 x params x tokens + causal attention; the weights read once",
         ),
         note=f"every learner.mi_every={learner.config.mi_every} steps",
-        scanned=mc.scan_layers,
     )
 
 
@@ -334,7 +333,6 @@ def sft_programs(cfg: RunConfig, mc: ModelConfig, topo: Topology) -> list[Progra
                 least_bytes,
                 "6 x params x tokens + causal attention; the state read and written once",
             ),
-            scanned=mc.scan_layers,
         )
     ]
 
@@ -440,6 +438,7 @@ def engine_programs(
                 ),
                 note=f"per decode step (a call runs up to {ec.decode_steps})",
                 work=Workload(kv_len=window),
+                per_step=True,
             )
         )
     return out
