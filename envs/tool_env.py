@@ -44,6 +44,7 @@ _JSON_TYPES: dict[Any, str] = {
     dict: "object",
     list: "array",
 }
+_HINTS = "str, int, float, bool, list, dict, list[...], dict[...], Literal[...], X | None"
 
 
 class FunctionTool(Tool):
@@ -126,8 +127,8 @@ def _json_schema_of(hint: Any, fn: str, arg: str) -> dict[str, Any]:
     if hint in _JSON_TYPES:
         return {"type": _JSON_TYPES[hint]}
     raise TypeError(
-        f"tool {fn!r}: argument {arg!r} has type {hint!r}, which has no JSON schema here; "
-        "give @tool(parameters={...}) a JSON schema"
+        f"tool {fn!r}: argument {arg!r} has type {hint!r}, which has no JSON schema here "
+        f"(a tool's hints can be {_HINTS}); give @tool(parameters={{...}}) a JSON schema"
     )
 
 

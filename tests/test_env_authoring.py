@@ -116,6 +116,13 @@ def test_a_bad_schema_is_refused_where_the_tool_is_declared():
         def untyped(when) -> str:
             return when
 
+    # A hint with no JSON schema lists the hints a tool can take.
+    with pytest.raises(TypeError, match=r"argument 'at' has type .*a tool's hints can be str, int"):
+
+        @tool
+        def dated(at: complex) -> str:
+            return str(at)
+
 
 def test_schema_from_type_hints():
     def look(key: str, depth: int = 1, mode: Literal["a", "b"] = "a", at: float | None = None):
@@ -219,6 +226,27 @@ async def test_tool_failures_are_counted_by_tool_and_kind_and_warned_once(caplog
     )
     assert out["count/tool/get/rejected_total"] == 10 and out["time/tool/get_count"] == 10
     assert out["count/tool_calls/unknown_tool_total"] == 1 and "time/tool/made_up_s" not in out
+
+
+async def test_a_tool_whose_calls_mostly_fail_its_schema_is_warned_once(caplog):
+    """Calls refused for their arguments are the agent's mistakes, but most of them failing
+    says the schema disagrees with what the model was shown: one warning, with the share
+    and the first call's error."""
+    monitor = ToolFailureMonitor(min_calls=4)
+    env = _Lookup()
+    await env.reset(Task("t", "p", data={"a": "b"}))
+    with caplog.at_level(logging.WARNING, logger="tunix_agentic.envs.tools"):
+        for i in range(8):
+            d = 2 if i % 4 == 0 else str(i)  # text where the schema takes a number, 3 in 4
+            result = await call_tool(env.tools, ToolCall("inverse", {"d": d}), monitor=monitor)
+            assert result.kind == (None if i % 4 == 0 else "bad_arguments")
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1, warnings
+    assert "tool 'inverse' refused 3 of its 4 calls for their arguments (75%" in warnings[0]
+    assert "argument 'd' of tool 'inverse' must be of type number, got string" in warnings[0]
+    assert monitor.health()["inverse"].bad_arguments == 6
+    with pytest.raises(ValueError, match="arguments_threshold"):
+        ToolFailureMonitor(arguments_threshold=1.0)
 
 
 class _OwnInit(ToolEnvironment):

@@ -1,12 +1,15 @@
 """A watch on tools that keep failing: a warning, once per tool, naming it and its first
-traceback.
+traceback; and one when most of a tool's calls are refused for their arguments.
 
 A tool that raises on some of its inputs is a bug in the environment, yet the run goes on
 (the agent only sees ``error: ...``). :class:`ToolFailureMonitor` counts each tool's calls
 and its own failures (an exception other than
 :class:`~tunix_agentic.envs.tools.base.ToolError`, or a timeout) and logs a warning the
 first time their share passes a threshold. The agent's mistakes (an unknown tool, bad
-arguments, a refused call) never count against the tool. The per-run counts, by tool and
+arguments, a refused call) never count against the tool, but a tool whose calls mostly
+fail its own schema (``bad_arguments``) gets a warning of its own, with the first such
+call's error: a schema that disagrees with what the model was shown (the demonstrations,
+the tools prompt) looks like this, and the run would otherwise learn nothing quietly. The per-run counts, by tool and
 kind, are the agent loop's ``count/tool/<name>/error_total`` and ``count/tool/<name>/<kind>_total``.
 """
 
@@ -30,6 +33,9 @@ class ToolHealth:
     failures: int = 0
     first_failure: str | None = None
     warned: bool = False
+    bad_arguments: int = 0
+    first_bad_arguments: str | None = None
+    warned_arguments: bool = False
 
     @property
     def failure_share(self) -> float:
@@ -38,17 +44,23 @@ class ToolHealth:
 
 class ToolFailureMonitor:
     """Counts each tool's calls and failures; warns once per tool when, after at least
-    ``min_calls`` calls, more than ``threshold`` of them failed by the tool's fault.
+    ``min_calls`` calls, more than ``threshold`` of them failed by the tool's fault, and
+    once when more than ``arguments_threshold`` of them failed its schema.
 
     Thread-safe (tools may be called from several loops). ``health`` gives the counts.
     """
 
-    def __init__(self, *, threshold: float = 0.05, min_calls: int = 20):
+    def __init__(
+        self, *, threshold: float = 0.05, min_calls: int = 20, arguments_threshold: float = 0.5
+    ):
         if not 0.0 <= threshold < 1.0:
             raise ValueError(f"threshold must be in [0, 1), got {threshold}")
+        if not 0.0 <= arguments_threshold < 1.0:
+            raise ValueError(f"arguments_threshold must be in [0, 1), got {arguments_threshold}")
         if min_calls < 1:
             raise ValueError(f"min_calls must be >= 1, got {min_calls}")
         self.threshold, self.min_calls = threshold, min_calls
+        self.arguments_threshold = arguments_threshold
         self._lock = threading.Lock()
         self._tools: dict[str, ToolHealth] = {}
 
@@ -63,6 +75,18 @@ class ToolFailureMonitor:
                 health.failures += 1
                 if health.first_failure is None:
                     health.first_failure = detail
+            elif kind == "bad_arguments":
+                health.bad_arguments += 1
+                if health.first_bad_arguments is None:
+                    health.first_bad_arguments = detail
+            warn_arguments = (
+                not health.warned_arguments
+                and health.calls >= self.min_calls
+                and health.bad_arguments / health.calls > self.arguments_threshold
+            )
+            if warn_arguments:
+                health.warned_arguments = True
+                bad, first_bad = health.bad_arguments, health.first_bad_arguments
             warn = (
                 not health.warned
                 and health.calls >= self.min_calls
@@ -71,6 +95,19 @@ class ToolFailureMonitor:
             if warn:
                 health.warned = True
                 calls, failures, first = health.calls, health.failures, health.first_failure
+            total = health.calls
+        if warn_arguments:
+            _log.warning(
+                "tool %r refused %d of its %d calls for their arguments (%.0f%%, over the "
+                "%.0f%% threshold): does its schema match what the model was shown (the "
+                "demonstrations, the tools prompt)? The first: %s",
+                name,
+                bad,
+                total,
+                100.0 * bad / total,
+                100.0 * self.arguments_threshold,
+                first_bad,
+            )
         if warn:
             _log.warning(
                 "tool %r failed in %d of its %d calls (%.0f%%, over the %.0f%% threshold): "
