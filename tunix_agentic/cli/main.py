@@ -506,15 +506,14 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _serve_engine(args: argparse.Namespace) -> int:
-    import os
 
     from tunix_agentic.config import load_config
     from tunix_agentic.export import engine_from_config
     from tunix_agentic.serving.engine_server import serve_forever
-    from tunix_agentic.serving.http import API_KEY_ENV, check_exposure
+    from tunix_agentic.serving.http import check_exposure, resolve_api_key
 
     _warn_api_key_flag(args)
-    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    api_key = resolve_api_key(args.api_key)
     try:
         check_exposure(args.host, api_key)
         timeouts = _timeouts(args)

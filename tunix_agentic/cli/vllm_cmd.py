@@ -10,7 +10,6 @@ policy. Serve beyond the machine through a proxy that guards every route.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 from typing import Any
@@ -50,7 +49,7 @@ def add_serve_vllm(sub: Any) -> None:
 
 
 def serve_vllm(args: argparse.Namespace) -> int:
-    from tunix_agentic.serving.http import is_loopback
+    from tunix_agentic.serving.http import is_loopback, resolve_api_key
     from tunix_agentic.serving.vllm_server import VLLMServer, VLLMUnavailable
 
     if not is_loopback(args.host):
@@ -71,7 +70,7 @@ def serve_vllm(args: argparse.Namespace) -> int:
             max_num_seqs=args.max_num_seqs,
             dtype=args.dtype,
             kv_cache_gib=args.kv_cache_gib,
-            api_key=os.environ.get("TUNIX_AGENTIC_API_KEY"),
+            api_key=resolve_api_key(None),
             eager=not args.compile,
             extra=extra,
         )

@@ -71,12 +71,12 @@ from tunix_agentic.envs.remote import (
 )
 from tunix_agentic.envs.sandbox import SandboxConfig, SandboxError, check_uid_range
 from tunix_agentic.serving.http import (
-    API_KEY_ENV,
     ServerTimeouts,
     api_key_guard,
     check_exposure,
     json_error,
     load_json,
+    resolve_api_key,
     serve_app,
     serve_until_signal,
     url,
@@ -548,7 +548,7 @@ def serve_env_main(
     and ``sandbox_backend`` give the operator's sandbox and factory keywords
     (:func:`env_server_config`); the environment's factory is checked against them before
     the port opens."""
-    api_key = api_key or os.environ.get(API_KEY_ENV) or None
+    api_key = resolve_api_key(api_key)
     try:
         check_exposure(host, api_key)
         import_env_modules(list(imports))

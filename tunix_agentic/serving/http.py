@@ -15,6 +15,7 @@ import hashlib
 import hmac
 import ipaddress
 import json
+import os
 import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -32,6 +33,12 @@ KEY_CHECKED = "tunix_agentic.api_key_checked"
 MAX_JSON_DEPTH = 64
 TIMEOUTS = web.AppKey("server_timeouts", ServerTimeouts)
 _DEFAULT_TIMEOUTS = ServerTimeouts()
+
+
+def resolve_api_key(given: str | None) -> str | None:
+    """The API key a server or client uses: ``given`` when it is one, else
+    ``$TUNIX_AGENTIC_API_KEY``, else None (no key)."""
+    return given or os.environ.get(API_KEY_ENV) or None
 
 
 def json_error(status: int, message: str, kind: str | None = None) -> web.Response:

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from typing import Any
 
 from tunix_agentic.agent.loop import AgentConfig
 from tunix_agentic.rollout.client.runner import ServiceEpisodeRunner
 from tunix_agentic.rollout.config import RolloutConfig, ServiceConfig
-from tunix_agentic.serving.http import API_KEY_ENV
+from tunix_agentic.serving.http import resolve_api_key
 
 _log = logging.getLogger(__name__)
 
@@ -27,7 +26,7 @@ _log = logging.getLogger(__name__)
 def service_api_key(service: ServiceConfig) -> str | None:
     """``rollout.service.api_key``, else ``$TUNIX_AGENTIC_API_KEY`` (kept out of the run's
     saved config), else None."""
-    return service.api_key or os.environ.get(API_KEY_ENV) or None
+    return resolve_api_key(service.api_key)
 
 
 def weights_path_of(engine: Any, version: int) -> str | None:

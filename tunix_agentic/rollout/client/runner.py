@@ -42,7 +42,6 @@ import dataclasses
 import hashlib
 import hmac
 import logging
-import os
 import secrets
 import uuid
 from collections.abc import Callable, Iterable
@@ -67,7 +66,7 @@ from tunix_agentic.rollout.service.wire import (
     group_from_json,
     group_to_json,
 )
-from tunix_agentic.serving.http import API_KEY_ENV
+from tunix_agentic.serving.http import resolve_api_key
 from tunix_agentic.trajectory import Trajectory
 
 _log = logging.getLogger(__name__)
@@ -120,7 +119,7 @@ class ServiceEpisodeRunner:
         self._fail = fail or (lambda exc: None)
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.id_key: str | None = secrets.token_hex(16)  # the tags' key; None: no tags
-        self.api_key = api_key or os.environ.get(API_KEY_ENV) or None
+        self.api_key = resolve_api_key(api_key)
         self.engine_urls, self.engine_api = list(engine_urls), engine_api  # "sglang" or "vllm"
         self.own_engines = own_engines
         # Where a version's weights were loaded from (None: unknown), for the nodes to push.

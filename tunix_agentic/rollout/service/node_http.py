@@ -556,9 +556,9 @@ def serve_rollout_main(
     printing each (see :func:`~tunix_agentic.rollout.service.wal.repair_log`); exit status
     2 as well when the state dir is another node's or its log is damaged."""
     from tunix_agentic.rollout.service.wal import LogDamaged, StateDirBusy
-    from tunix_agentic.serving.http import API_KEY_ENV, check_exposure
+    from tunix_agentic.serving.http import check_exposure, resolve_api_key
 
-    api_key = api_key or os.environ.get(API_KEY_ENV) or None
+    api_key = resolve_api_key(api_key)
     admin_key = admin_key or os.environ.get(admin.ADMIN_KEY_ENV) or None
     try:
         check_exposure(host, api_key)
