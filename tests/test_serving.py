@@ -678,10 +678,10 @@ async def test_large_body_is_parsed_off_the_event_loop(url, monkeypatch):
     server's event loop, so a parse on the loop would leave no /health answer
     inside that window (the old code's behaviour), whatever the machine's speed.
     """
-    from tunix_agentic.serving import engine_server
+    from tunix_agentic.serving import http
 
     parsing = {"now": False, "runs": 0}
-    real = engine_server._decode_json
+    real = http.load_json  # what read_json parses with
 
     def marked(raw):
         parsing["now"] = True
@@ -691,7 +691,7 @@ async def test_large_body_is_parsed_off_the_event_loop(url, monkeypatch):
         finally:
             parsing["now"] = False
 
-    monkeypatch.setattr(engine_server, "_decode_json", marked)
+    monkeypatch.setattr(http, "load_json", marked)
     big = json.dumps({"input_ids": [[1] * 1000] * 16000}).encode()  # 16M tokens: over the cap
     assert len(big) > 40_000_000
     answered_while_parsing = 0

@@ -61,10 +61,12 @@ from tunix_agentic.inference.engine import JaxEngine
 from tunix_agentic.serving import weight_load
 from tunix_agentic.serving.generate_request import GenerateRequest, parse_generate, parse_version
 from tunix_agentic.serving.http import (
+    OFF_LOOP_BYTES,
     ServerTimeouts,
     api_key_guard,
     check_exposure,
     json_error,
+    read_json,
     serve_app,
     serve_until_signal,
     url,
@@ -73,7 +75,6 @@ from tunix_agentic.serving.prom import EngineCollector, add_prometheus
 from tunix_agentic.serving.stops import ModelText, cut_off_loop, output_text
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a batch of long prompts is far past aiohttp's 1 MiB default
-OFF_LOOP_BYTES = 256 * 1024  # bodies larger than this are parsed on a worker thread
 _SHUTDOWN_TIMEOUT_S = 5.0
 
 
@@ -113,27 +114,12 @@ def _error(status: int, message: str) -> web.Response:
     return json_error(status, message)
 
 
-def _decode_json(raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both are
-        raise ValueError(f"request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ValueError("request body is nested too deeply") from None
-
-
 async def _off_loop_if_large(size: int, fn: Callable[[], Any]) -> Any:
     """``fn()`` here for a small body, on a worker thread for a large one (the loop keeps
     answering ``/health`` and other requests meanwhile)."""
     if size <= OFF_LOOP_BYTES:
         return fn()
     return await asyncio.get_running_loop().run_in_executor(None, fn)
-
-
-async def _read_json(request: web.Request) -> Any:
-    """The request body as JSON; ValueError (a 400) when it is not."""
-    raw = await request.read()
-    return await _off_loop_if_large(len(raw), lambda: _decode_json(raw))
 
 
 def format_output(
@@ -276,7 +262,7 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
     state = request.app[_STATE]
     engine = state.engine
     try:
-        body = await _read_json(request)
+        body = await read_json(request)
         reqs, batched = await _off_loop_if_large(
             request.content_length or 0,
             lambda: parse_generate(
@@ -351,7 +337,7 @@ async def handle_server_info(request: web.Request) -> web.Response:
 
 async def handle_abort(request: web.Request) -> web.Response:
     try:
-        body = await _read_json(request)
+        body = await read_json(request)
         rid = body.get("rid") if isinstance(body, dict) else None
         if not isinstance(rid, str):
             raise ValueError("abort_request needs a string 'rid'")
@@ -369,7 +355,7 @@ async def handle_update_weights(request: web.Request) -> web.Response:
         return web.json_response({"success": False, "message": message}, status=400)
 
     try:
-        body = await _read_json(request)
+        body = await read_json(request)
         if not isinstance(body, dict):
             raise ValueError("request body must be a JSON object")
         path = body.get("model_path")

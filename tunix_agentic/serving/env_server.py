@@ -75,7 +75,7 @@ from tunix_agentic.serving.http import (
     api_key_guard,
     check_exposure,
     json_error,
-    load_json,
+    read_json,
     resolve_api_key,
     serve_app,
     serve_until_signal,
@@ -230,17 +230,6 @@ def _refused_kwargs(state: _State, kwargs: dict[str, Any]) -> str | None:
 _error = json_error
 
 
-async def _body(request: web.Request) -> dict[str, Any]:
-    """The request's JSON object (an empty body is ``{}``); ValueError otherwise."""
-    raw = await request.read()
-    if not raw.strip():
-        return {}
-    body = load_json(raw)  # ValueError: not JSON, or nested past MAX_JSON_DEPTH
-    if not isinstance(body, dict):
-        raise ValueError("request body must be a JSON object")
-    return body
-
-
 async def _close_env(env: Environment) -> None:
     """Close ``env`` within ``_CLOSE_TIMEOUT_S``; a failing close is reported, not raised."""
     try:
@@ -268,7 +257,7 @@ async def handle_create(request: web.Request) -> web.Response:
     state = request.app[_STATE]
     name = state.config.env_name
     try:
-        body = await _body(request)
+        body = await read_json(request, if_empty={}, object_only=True)
         asked, kwargs = body.get("env"), body.get("kwargs") or {}
         if asked is not None and asked != name:
             raise ValueError(f"this server serves environment {name!r}, not {asked!r}")
@@ -343,7 +332,7 @@ async def _on_episode(request: web.Request, verb: str) -> web.Response:
     episode.busy += 1
     try:
         try:
-            body = await _body(request)
+            body = await read_json(request, if_empty={}, object_only=True)
             if verb == "reset":
                 args: tuple = (task_from_json(body.get("task"), state.task_types),)
             elif verb == "step":

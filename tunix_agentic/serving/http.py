@@ -84,6 +84,31 @@ def load_json(raw: str | bytes, where: str = "request body", max_depth: int = MA
     raise JSONDepthError(f"{where} nests lists and objects {how}; the limit is {max_depth} levels")
 
 
+# Bodies larger than this are parsed on a worker thread: the loop keeps answering /health
+# and other requests meanwhile.
+OFF_LOOP_BYTES = 256 * 1024
+_NO_DEFAULT: Any = object()
+
+
+async def read_json(
+    request: web.Request, *, if_empty: Any = _NO_DEFAULT, object_only: bool = False
+) -> Any:
+    """A request's body as JSON (:func:`load_json`: ValueError when it is not JSON or nests
+    too deep), parsed off the event loop when over :data:`OFF_LOOP_BYTES`. ``if_empty``:
+    what an empty body stands for (by default it is not JSON); ``object_only``: anything
+    but a JSON object is a ValueError too."""
+    raw = await request.read()
+    if if_empty is not _NO_DEFAULT and not raw.strip():
+        return if_empty
+    if len(raw) <= OFF_LOOP_BYTES:
+        value = load_json(raw)
+    else:
+        value = await asyncio.to_thread(load_json, raw)
+    if object_only and not isinstance(value, dict):
+        raise ValueError("request body must be a JSON object")
+    return value
+
+
 def api_key_guard(
     key_of: Callable[[web.Application], str | tuple[str, ...] | None], *, typed: bool = False
 ):

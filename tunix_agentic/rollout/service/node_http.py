@@ -79,7 +79,7 @@ from tunix_agentic.serving.http import (
     api_key_guard,
     client_identity,
     json_error,
-    load_json,
+    read_json,
     serve_app,
 )
 from tunix_agentic.serving.timeouts import ServerTimeouts
@@ -144,11 +144,6 @@ async def _admin_guard(request: web.Request, handler) -> web.StreamResponse:
                 "Forbidden",
             )
     return await handler(request)
-
-
-async def _json_body(request: web.Request) -> Any:
-    raw = await request.read()
-    return load_json(raw) if raw.strip() else {}
 
 
 def _number_param(request: web.Request, name: str, default: float, hi: float) -> float:
@@ -220,7 +215,7 @@ OPERATOR_AGENTS = frozenset({"external", "own_tasks"})
 @_bad_request
 async def handle_submit(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    req = GroupRequest.from_json(await _json_body(request), task_types=node.task_types)
+    req = GroupRequest.from_json(await read_json(request, if_empty={}), task_types=node.task_types)
     who = caller(request)
     if req.agent in OPERATOR_AGENTS and who != OPERATOR:
         return json_error(
@@ -312,7 +307,7 @@ async def handle_delete(request: web.Request) -> web.Response:
 @_bad_request
 async def handle_policy(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    body = await _json_body(request)
+    body = await read_json(request, if_empty={})
     if not isinstance(body, dict) or "version" not in body:
         raise ValueError('version is required (a JSON object {"version": N})')
     version = body["version"]
@@ -331,7 +326,7 @@ async def handle_policy(request: web.Request) -> web.Response:
 @_bad_request
 async def handle_claim(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    body = await _json_body(request)
+    body = await read_json(request, if_empty={})
     if not isinstance(body, dict):
         raise ValueError('the body must be a JSON object {"wait_s"?: N}')
     unknown = sorted(set(body) - {"wait_s"})
@@ -366,7 +361,7 @@ async def handle_health(request: web.Request) -> web.Response:
 @_bad_request
 async def handle_engines(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    body = await _json_body(request)
+    body = await read_json(request, if_empty={})
     if not isinstance(body, dict) or "url" not in body:
         raise ValueError(
             'url is required (a JSON object {"url": "http://host:port"}, and "api": '
