@@ -81,23 +81,37 @@ def pad_rows(
 ) -> GRPOBatch:
     """Stack per-trajectory arrays (from ``Trajectory.learner_rows``) into ``[R, T]``,
     T from :func:`bucket_length`; advantages and truncation flags zero (a row without
-    ``old_logprobs``, a demonstration's, gets zeros there too)."""
+    ``old_logprobs``, a demonstration's, gets zeros there too). Each row keeps its tokens
+    up to its last trained one (:func:`used_length`): a tail no loss reads (the tool
+    message that ended an episode cut at the token limit) never widens the batch."""
     if not rows:
         raise ValueError("cannot build a batch from no trajectories")
     r = max(num_rows or len(rows), len(rows))
-    t = bucket_length(max(len(x["input_ids"]) for x in rows), length_multiple, geometric)
+    lengths = [used_length(x) for x in rows]
+    t = bucket_length(max(lengths), length_multiple, geometric)
     out = {
         "input_ids": np.full((r, t), pad_id, np.int32),
         "loss_mask": np.zeros((r, t), np.float32),
         "old_logprobs": np.zeros((r, t), np.float32),
     }
-    for i, row in enumerate(rows):
-        n = len(row["input_ids"])
+    for i, (row, n) in enumerate(zip(rows, lengths, strict=True)):
         for key in out:
             if key in row:
-                out[key][i, :n] = row[key]
+                out[key][i, :n] = row[key][:n]
     zeros = np.zeros(r, np.float32)
     return GRPOBatch(**out, advantages=zeros, truncated=zeros.copy())
+
+
+def used_length(row: Mapping[str, np.ndarray]) -> int:
+    """The tokens of ``row`` its loss reads: up to its last trained token (``loss_mask``
+    > 0) inclusive. A causal model's logprob of a token reads only the tokens before it,
+    so what follows the last trained token changes no loss, gradient or metric. A row
+    with no trained token keeps one token; one without a mask, all of them."""
+    mask = row.get("loss_mask")
+    if mask is None:
+        return len(row["input_ids"])
+    on = np.flatnonzero(np.asarray(mask) > 0)
+    return int(on[-1]) + 1 if on.size else 1
 
 
 def sft_batch(

@@ -98,6 +98,21 @@ def test_pad_rows_shapes(lengths, num_rows, multiple, shape):
     np.testing.assert_array_equal(batch.loss_mask.sum(axis=1)[: len(lengths)], [1] * len(lengths))
 
 
+def test_a_rows_untrained_tail_never_widens_the_batch():
+    """An episode cut at the token limit right after a tool message: the message's tokens
+    follow the last trained token, so the row keeps its tokens up to that one only."""
+    traj = make_traj([1, 2, 3], [4, 5])
+    traj.append_observation([6] * 12)  # the tool's reply, never trained on
+    row = traj.learner_arrays()
+    assert len(row["input_ids"]) == 17
+    batch = pad_rows([row], pad_id=PAD, length_multiple=8)
+    assert batch.input_ids.shape == (1, 8)
+    np.testing.assert_array_equal(batch.input_ids[0], [1, 2, 3, 4, 5, 0, 0, 0])
+    np.testing.assert_array_equal(batch.loss_mask[0], [0, 0, 0, 1, 1, 0, 0, 0])
+    untrained = {"input_ids": np.arange(5), "loss_mask": np.zeros(5, np.float32)}
+    assert pad_rows([untrained, row], pad_id=PAD, length_multiple=4).input_ids.shape == (2, 8)
+
+
 def test_pad_rows_uses_pad_id():
     batch = pad_rows(
         [make_traj([1], [2]).learner_arrays()], pad_id=99, num_rows=2, length_multiple=4
