@@ -5,6 +5,7 @@ its links to the docs pages resolving."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -82,3 +83,62 @@ def test_the_readme_links_resolve():
     assert any(link.startswith("docs/") for link in local)
     missing = [link for link in local if not (ROOT / link).exists()]
     assert not missing, f"README links to missing files: {missing}"
+
+
+BROWSER = next(
+    (shutil.which(b) for b in ("chromium-headless-shell", "chromium") if shutil.which(b)), None
+)
+# Injected into a copy of a built page: once it has laid out, what reaches past the window
+# (the page itself, and each code block, table or picture cut behind a scrollbar) is
+# written into the DOM, which the browser then prints.
+_PROBE = """<script>
+window.addEventListener('load', () => setTimeout(() => {
+  const out = {page: document.documentElement.scrollWidth - window.innerWidth, cut: []};
+  for (const el of document.querySelectorAll('pre, code, table, .md-typeset__scrollwrap, img')) {
+    if (el.scrollWidth > el.clientWidth + 1 && getComputedStyle(el).overflowX !== 'visible')
+      out.cut.push(el.tagName + ': ' + (el.innerText || el.src || '').slice(0, 80));
+  }
+  const d = document.createElement('pre'); d.id = 'overflow-report';
+  d.textContent = JSON.stringify(out); document.body.appendChild(d);
+}, 100));
+</script>"""
+
+
+def _overflow(page: Path, width: int = 1280, extra: str = "") -> dict:
+    """What of ``page`` (a built HTML file) a ``width`` px window cuts: ``page``, how far
+    the page reaches past it (px), and ``cut``, the elements with a horizontal scrollbar."""
+    html = page.read_text().replace("</body>", extra + _PROBE + "</body>")
+    probe = page.with_name(f"_probe_{page.name}")
+    probe.write_text(html)
+    cmd = [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", f"--window-size={width},900"]
+    cmd += ["--virtual-time-budget=3000", "--dump-dom", probe.as_uri()]
+    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
+    found = re.search(r'<pre id="overflow-report">(.*?)</pre>', dom, re.S)
+    assert found, f"no report from the browser for {page.name}: {dom[-500:]}"
+    text = found.group(1).replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">")
+    return json.loads(text.replace("&amp;", "&"))
+
+
+@needs_mkdocs
+@pytest.mark.skipif(
+    BROWSER is None, reason="no headless Chromium (apt-get install chromium-headless-shell)"
+)
+def test_the_key_pages_read_at_1280_px_without_a_horizontal_scrollbar(tmp_path):
+    """Home, Getting started and Before you book a TPU, as a laptop's browser lays them out:
+    no code block, table or picture cut behind a scrollbar, and no page wider than the
+    window; the site loads no web font (it reads offline)."""
+    site = tmp_path / "site"
+    done = build(ROOT, site)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name in ("index", "getting_started", "before_you_book_a_tpu"):
+        report = _overflow(site / f"{name}.html")
+        assert report["page"] <= 0 and not report["cut"], (name, report)
+    assert "fonts.googleapis" not in (site / "index.html").read_text()
+    # The probe sees a cut when there is one: a table wider than its scrolling frame, as
+    # mkdocs-material frames every table.
+    wide = '<div class="md-typeset__scrollwrap" style="overflow-x:auto;width:600px"><table>'
+    wide += (
+        '<tr><td style="white-space:nowrap">' + "a wide column " * 80 + "</td></tr></table></div>"
+    )
+    (cut,) = _overflow(site / "index.html", extra=wide)["cut"]
+    assert cut.startswith("DIV: a wide column")
