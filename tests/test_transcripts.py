@@ -172,6 +172,9 @@ def test_the_report_names_a_run_that_does_not_learn(tmp_path, rewards, heldout, 
     assert "12 % of the episodes (12) were cut at the token limit" in text
     if heldout and heldout[-1][1] < heldout[0][1]:
         assert "held-out success fell" in report.learning.advice
+    # The command to read the episodes is ready to paste: this run, a step it has.
+    show = f"tunix-agentic show {run} --heldout --step 3" if heldout else f"show {run} --step 3"
+    assert show in report.learning.advice
 
 
 def test_no_verdict_without_data():

@@ -86,7 +86,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Report:
     metrics = load_run(run_dir)
     figures = extract_figures(metrics)
     found = verdict(figures)
-    learned = learning_verdict(learning_figures(metrics))
+    learned = learning_verdict(learning_figures(metrics), run_dir=metrics.run_dir)
     out_dir = Path(out) if out is not None else metrics.run_dir / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
     table = plots.latency_table(metrics)
@@ -224,7 +224,8 @@ def _quoted_episodes(run_dir: Path) -> list[str]:
         "## What the agent did (held-out episodes)",
         "",
         "One success (reward > 0) and one failure of each held-out evaluation; "
-        f"`tunix-agentic show {run_dir} --heldout --step N` prints all the kept ones.",
+        f"`tunix-agentic show {run_dir} --heldout --step {steps[-1]}` prints all the kept ones "
+        "of the last (each evaluation's step: below).",
     ]
     for step in steps:
         records = read_records(run_dir, "heldout", step)

@@ -120,8 +120,9 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f} %"
 
 
-def learning_verdict(fig: LearningFigures) -> LearningVerdict:
-    """Whether the run learns (see the module docstring)."""
+def learning_verdict(fig: LearningFigures, run_dir: str | Path | None = None) -> LearningVerdict:
+    """Whether the run learns (see the module docstring); the advice's command names
+    ``run_dir`` and the last held-out evaluation's step, ready to paste."""
     if fig.steps == 0 and len(fig.heldout) < 2:
         return LearningVerdict(
             "no-data", "the run has no RL step and fewer than two evaluations", "run RL steps"
@@ -168,7 +169,13 @@ def learning_verdict(fig: LearningFigures) -> LearningVerdict:
             )
     if trend is not None and trend < 0:
         advice.append("held-out success fell: lower learner.optimizer.learning_rate")
-    advice.append("read the episodes: tunix-agentic show RUN_DIR --step N (--heldout)")
+    where = run_dir if run_dir is not None else "RUN_DIR"
+    if fig.heldout:
+        advice.append(
+            f"read the episodes: tunix-agentic show {where} --heldout --step {fig.heldout[-1][0]}"
+        )
+    else:
+        advice.append(f"read the episodes: tunix-agentic show {where} --step {fig.steps}")
     return LearningVerdict(
         "learning" if learning else "not learning", "; ".join(parts), "; ".join(advice)
     )
