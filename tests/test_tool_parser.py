@@ -168,6 +168,29 @@ def test_get_parser():
         get_parser("hermes")
 
 
+def test_a_registered_parser_is_a_config_choice(monkeypatch):
+    """A user's format: ``register_parser`` makes it ``agent.parser: name``; a name taken by
+    another parser, or a parser that is not callable, is refused."""
+    from tunix_agentic.agent import AgentConfig, register_parser, tool_parser
+
+    monkeypatch.setattr(tool_parser, "PARSERS", dict(tool_parser.PARSERS))
+
+    def parse_bang(text: str) -> Action:  # "!name arg" calls tool name with {"x": arg}
+        name, _, arg = text.removeprefix("!").partition(" ")
+        return Action(text=text, tool_calls=(ToolCall(name, {"x": arg}),))
+
+    register_parser("bang", parse_bang)
+    register_parser("bang", parse_bang)  # the same parser again is fine
+    assert get_parser("bang")("!echo hi").tool_calls == (ToolCall("echo", {"x": "hi"}),)
+    assert AgentConfig(parser="bang").parser == "bang"
+    with pytest.raises(ValueError, match="'qwen3' is already registered"):
+        register_parser("qwen3", parse_bang)
+    with pytest.raises(TypeError, match="must be callable"):
+        register_parser("nope", "parse")
+    with pytest.raises(ValueError, match=r"agent.parser: unknown tool-call parser 'hermes'"):
+        AgentConfig(parser="hermes")
+
+
 @pytest.mark.parametrize(
     ("name", "arguments"),
     [

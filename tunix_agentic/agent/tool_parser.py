@@ -73,6 +73,21 @@ def _parse_call(raw: str) -> tuple[ToolCall | None, str]:
 PARSERS: dict[str, Callable[[str], Action]] = {"qwen3": parse_qwen3}
 
 
+def register_parser(name: str, parse: Callable[[str], Action]) -> None:
+    """Make ``parse`` (the model's text -> :class:`Action`; it reports a malformed call in
+    ``Action.parse_errors`` and never raises on model output) the tool-call format
+    ``agent.parser: name``. Register it in a module the run imports (``env.import``), so
+    rollout nodes, which import the same modules, know it too. A name already taken by
+    another parser is a ValueError."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"a parser's name must be a non-empty string, got {name!r}")
+    if not callable(parse):
+        raise TypeError(f"parser {name!r} must be callable (text -> Action), got {parse!r}")
+    if PARSERS.get(name, parse) is not parse:
+        raise ValueError(f"tool-call parser {name!r} is already registered")
+    PARSERS[name] = parse
+
+
 def get_parser(name: str) -> Callable[[str], Action]:
     try:
         return PARSERS[name]
