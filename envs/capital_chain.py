@@ -40,12 +40,14 @@ from tunix_agentic.envs.answer_format import CAPITALS, final_word_answer
 from tunix_agentic.envs.base import Action, StepResult, register_env
 from tunix_agentic.envs.capital_lookup import (
     TABLE,
+    CapitalLookupEnv,
     LookupTasks,
     city_name,
     find_country,
     lookup_text,
+    name_key,
 )
-from tunix_agentic.envs.tool_env import ToolEnvironment, tool
+from tunix_agentic.envs.tool_env import tool
 from tunix_agentic.envs.tools import ToolError
 
 _TWIN_SEED = 20261211  # fixed, as the table: every run, seed and process sees the same world
@@ -133,39 +135,28 @@ class ChainTasks(LookupTasks):
 
 
 @register_env("capital_chain", tasks=ChainTasks(), client_kwargs=("tool_timeout", "step_reward"))
-class CapitalChainEnv(ToolEnvironment):
-    """The twin city of an invented country's capital, with ``lookup`` and ``twin`` tools
-    (see the module). ``step_reward``: the per-step reward for each link of the chain a
-    tool turn finds first (0: none, the default)."""
-
-    default_tool_timeout = 5.0
+class CapitalChainEnv(CapitalLookupEnv):
+    """The twin city of an invented country's capital, with ``capital_lookup``'s ``lookup``
+    tool (which marks the first link found) and a ``twin`` tool (see the module).
+    ``step_reward``: the per-step reward for each link of the chain a tool turn finds
+    first (0: none, the default)."""
 
     def __init__(self, *, tool_timeout: float | None = None, step_reward: float = 0.0) -> None:
         super().__init__(tool_timeout=tool_timeout)
         if not (math.isfinite(step_reward) and step_reward >= 0):
             raise ValueError(f"step_reward must be a finite number >= 0, got {step_reward!r}")
         self.step_reward = float(step_reward)
-        self._found_capital = self._found_twin = False
-
-    @tool
-    def lookup(self, country: str) -> str:
-        """The capital of a country, from the world's table of countries."""
-        found = find_country(country)
-        if found is None:
-            raise ToolError(f"no country named {country!r} in the table")
-        if self.task is not None and found == self.task.country:
-            self._found_capital = True
-        return lookup_text(found)
+        self._found_twin = False
 
     @tool
     def twin(self, city: str) -> str:
         """The twin city of a capital, from the world's table of twin cities."""
-        found = _CAPITAL_BY_KEY.get(city.strip().strip(".?!").strip().lower())
+        found = _CAPITAL_BY_KEY.get(name_key(city))
         if found is None:
             hint = " (a country: lookup gives its capital)" if find_country(city) else ""
             raise ToolError(f"no city named {city!r} in the table of twin cities{hint}")
         # The second link counts once the first was returned: its argument came from there.
-        if self.task is not None and found == self.task.capital and self._found_capital:
+        if self.task is not None and found == self.task.capital and self._right_lookup:
             self._found_twin = True
         return twin_text(found)
 
@@ -173,7 +164,7 @@ class CapitalChainEnv(ToolEnvironment):
         if not isinstance(task, ChainTask):
             raise TypeError(f"CapitalChainEnv needs a ChainTask, got {type(task).__name__}")
         self.task, self.outcome = task, None
-        self._found_capital = self._found_twin = False
+        self._right_lookup = self._found_twin = False
         return task.prompt
 
     async def step(self, action: Action) -> StepResult:
@@ -182,9 +173,9 @@ class CapitalChainEnv(ToolEnvironment):
         if self.outcome is not None:
             raise RuntimeError("step() after the episode ended")
         if action.tool_calls or action.parse_errors:
-            before = (self._found_capital, self._found_twin)
+            before = (self._right_lookup, self._found_twin)
             result = await self.run_tools(action)
-            new_capital = float(self._found_capital and not before[0])
+            new_capital = float(self._right_lookup and not before[0])
             new_twin = float(self._found_twin and not before[1])
             result.reward = self.step_reward * (new_capital + new_twin)
             # Summed over the episode's steps; every step reports all three, so every

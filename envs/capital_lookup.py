@@ -76,10 +76,16 @@ TABLE: dict[str, str] = _make_table(TABLE_SIZE, _TABLE_SEED)
 _BY_KEY = {country.lower(): country for country in TABLE}
 
 
+def name_key(name: str) -> str:
+    """``name`` as the tables are keyed: whatever its case, surrounding spaces or closing
+    ``.?!`` (a model's spelling varies)."""
+    return name.strip().strip(".?!").strip().lower()
+
+
 def find_country(name: str) -> str | None:
-    """The country of :data:`TABLE` that ``name`` spells, whatever its case, surrounding
-    spaces or closing ``.?!`` (a model's spelling varies); None if there is none."""
-    return _BY_KEY.get(name.strip().strip(".?!").strip().lower())
+    """The country of :data:`TABLE` that ``name`` spells (:func:`name_key`); None if there
+    is none."""
+    return _BY_KEY.get(name_key(name))
 
 
 def country_split(country: str) -> str:
