@@ -61,11 +61,11 @@ from tunix_agentic.inference.engine import JaxEngine
 from tunix_agentic.serving import weight_load
 from tunix_agentic.serving.generate_request import GenerateRequest, parse_generate, parse_version
 from tunix_agentic.serving.http import (
-    OFF_LOOP_BYTES,
     ServerTimeouts,
     api_key_guard,
     check_exposure,
     json_error,
+    off_loop_if_large,
     read_json,
     serve_app,
     serve_until_signal,
@@ -112,14 +112,6 @@ _STATE = web.AppKey("state", _ServerState)
 
 def _error(status: int, message: str) -> web.Response:
     return json_error(status, message)
-
-
-async def _off_loop_if_large(size: int, fn: Callable[[], Any]) -> Any:
-    """``fn()`` here for a small body, on a worker thread for a large one (the loop keeps
-    answering ``/health`` and other requests meanwhile)."""
-    if size <= OFF_LOOP_BYTES:
-        return fn()
-    return await asyncio.get_running_loop().run_in_executor(None, fn)
 
 
 def format_output(
@@ -263,7 +255,7 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
     engine = state.engine
     try:
         body = await read_json(request)
-        reqs, batched = await _off_loop_if_large(
+        reqs, batched = await off_loop_if_large(
             request.content_length or 0,
             lambda: parse_generate(
                 body,

@@ -90,6 +90,15 @@ OFF_LOOP_BYTES = 256 * 1024
 _NO_DEFAULT: Any = object()
 
 
+async def off_loop_if_large(size: int, fn: Callable[[], Any]) -> Any:
+    """``fn()`` here for a small body (``size`` up to :data:`OFF_LOOP_BYTES`), on a worker
+    thread for a large one (the loop keeps answering ``/health`` and other requests
+    meanwhile)."""
+    if size <= OFF_LOOP_BYTES:
+        return fn()
+    return await asyncio.get_running_loop().run_in_executor(None, fn)
+
+
 async def read_json(
     request: web.Request, *, if_empty: Any = _NO_DEFAULT, object_only: bool = False
 ) -> Any:
@@ -100,10 +109,7 @@ async def read_json(
     raw = await request.read()
     if if_empty is not _NO_DEFAULT and not raw.strip():
         return if_empty
-    if len(raw) <= OFF_LOOP_BYTES:
-        value = load_json(raw)
-    else:
-        value = await asyncio.to_thread(load_json, raw)
+    value = await off_loop_if_large(len(raw), lambda: load_json(raw))
     if object_only and not isinstance(value, dict):
         raise ValueError("request body must be a JSON object")
     return value
