@@ -28,6 +28,10 @@ class GRPOBatch:
     old_logprobs: Array  # [R, T] float32: the sampler's logprob of each token
     advantages: Array  # [R] float32
     truncated: Array  # [R] float32: 1 for rows of truncated trajectories (is_truncated)
+    # [R, T] float32: 1 on tokens sampled under a grammar (Step.constrained), whose
+    # old_logprobs are the masked distribution's: left out of the learner/sampler mismatch
+    # metrics. None: no such token.
+    constrained: Array | None = None
 
     @property
     def num_rows(self) -> int:
@@ -93,6 +97,7 @@ def pad_rows(
         "input_ids": np.full((r, t), pad_id, np.int32),
         "loss_mask": np.zeros((r, t), np.float32),
         "old_logprobs": np.zeros((r, t), np.float32),
+        "constrained": np.zeros((r, t), np.float32),
     }
     for i, (row, n) in enumerate(zip(rows, lengths, strict=True)):
         for key in out:
@@ -143,6 +148,7 @@ def grpo_batch(
     overlong: str = "none",
     overlong_max_len: int = 0,
     overlong_cache_len: int = 0,
+    constrained: str = "train",
 ) -> GRPOBatch:
     """Arrays for one GRPO step: advantages computed within each group.
 
@@ -165,6 +171,8 @@ def grpo_batch(
     :func:`overlong_penalty` of ``num_generated`` (``overlong_max_len``,
     ``overlong_cache_len``) to each reward before the advantages. ``truncated`` marks the
     rows of truncated trajectories whatever the mode (0 for padding rows).
+    ``constrained`` ("train" or "mask"): what becomes of tokens sampled under a grammar
+    (``Trajectory.learner_arrays``; ``learner.constrained_tokens``).
     """
     check_overlong(overlong, overlong_max_len, overlong_cache_len)
     group_rewards = []
@@ -182,7 +190,7 @@ def grpo_batch(
             adv, [np.asarray([st.reward for st in t.steps]) for t in group.trajectories]
         )
         for traj, a, steps in zip(group.trajectories, adv, per_step, strict=True):
-            mine = traj.learner_rows()
+            mine = traj.learner_rows(constrained=constrained)
             cut = is_truncated(traj)
             if overlong == "mask" and cut:
                 mine = [{**row, "loss_mask": np.zeros_like(row["loss_mask"])} for row in mine]

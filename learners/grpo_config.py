@@ -17,6 +17,7 @@ from tunix_agentic.learners.configs import (
     check_overlong,
 )
 from tunix_agentic.mesh_config import MeshConfig
+from tunix_agentic.trajectory import CONSTRAINED_TOKENS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +59,13 @@ class GRPOConfig:
     overlong: str = "none"
     overlong_max_len: int = 0
     overlong_cache_len: int = 0
+    # Tokens sampled under a grammar (a forced tool call, response_format: Step.constrained)
+    # were drawn from the masked distribution, whose logprob is recorded. "train" (the
+    # default) trains on them: the ratio to that recorded logprob is the importance
+    # correction, so a token the grammar fixed (the unmasked policy gave it little) weighs
+    # little and a free choice inside the structure (an argument's value) weighs fully.
+    # "mask": they stay in the row as context only (loss mask 0).
+    constrained_tokens: str = "train"
     # Rows are padded to this width x 1, 1.5, 2, 3, 4, 6, ... (learners/batching.py:
     # bucket_length): at most a third padding, about two compiled shapes per doubling.
     length_bucket: int = 32
@@ -101,6 +109,11 @@ class GRPOConfig:
                 f"clip_high={self.clip_high}: a sequence-level ratio rarely leaves so wide a "
                 "band (GSPO uses about 3e-4 and 4e-4), so there is little trust region",
                 stacklevel=2,
+            )
+        if self.constrained_tokens not in CONSTRAINED_TOKENS:
+            raise ValueError(
+                f"learner.constrained_tokens must be one of {CONSTRAINED_TOKENS}, "
+                f"got {self.constrained_tokens!r}"
             )
         if self.length_bucket < 2 or self.length_bucket % 2:
             raise ValueError(

@@ -238,8 +238,11 @@ def train_step(
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
     metrics = dict(sums)
     metrics["grad_norm"] = jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree.leaves(grads)))
-    # Learner vs sampler on the whole batch (quantiles do not add up over micro-batches).
-    metrics.update(mismatch_metrics(lp, arrays["sampler"], mask))
+    # Learner vs sampler on the whole batch (quantiles do not add up over micro-batches),
+    # on the tokens sampled from the policy itself: a grammar-sampled token's recorded
+    # logprob is the masked distribution's, which the learner does not compute.
+    sampled = mask if batch.constrained is None else mask * (1 - batch.constrained[:, 1:])
+    metrics.update(mismatch_metrics(lp, arrays["sampler"], sampled))
     params, opt_state = apply_gradients(spec.optimizer, params, opt_state, grads)
     return params, opt_state, metrics
 

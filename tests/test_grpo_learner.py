@@ -203,3 +203,24 @@ def test_the_train_step_compiles_once_per_batch_shape():
     )
     learner.train_step(wider)
     assert learner.compiles.counts == {"train_step": 2, "pair_scores": 0}
+
+
+def test_tokens_sampled_under_a_grammar_train_with_the_ratio_and_stay_out_of_the_mismatch():
+    """A forced token's recorded logprob is the masked distribution's (here 0: the grammar
+    allowed one token). Trained on, its ratio to the learner's own logprob weighs its
+    gradient; the mismatch metrics read only the tokens sampled from the policy itself."""
+    model = tiny_model()
+    batch = on_policy_batch(model)
+    forced = np.zeros_like(batch.loss_mask)
+    forced[:, 8:12] = 1.0  # each row's first four trained tokens were forced
+    old = np.where(forced > 0, 0.0, batch.old_logprobs).astype(np.float32)
+    marked = batch.replace(old_logprobs=old, constrained=forced)
+    config = GRPOConfig(mi_pairs=0)
+    metrics = GRPOLearner(tiny_model(), config).train_step(marked)
+    assert metrics["mismatch_abs_logp_nats"] == pytest.approx(0.0, abs=1e-5)
+    unmarked = GRPOLearner(tiny_model(), config).train_step(batch.replace(old_logprobs=old))
+    assert unmarked["mismatch_abs_logp_nats"] > 0.5  # the masked logprobs, counted as drift
+    only = marked.replace(loss_mask=forced)  # every trained token forced: still a gradient
+    assert GRPOLearner(tiny_model(), config).train_step(only)["grad_norm"] > 0
+    with pytest.raises(ValueError, match="learner.constrained_tokens must be one of"):
+        GRPOConfig(constrained_tokens="drop")

@@ -433,8 +433,9 @@ async def test_a_langchain_agent_completes_and_is_recorded(serve, tool_user, str
 async def test_structured_output_is_enforced(serve, tool_user, method):
     """``with_structured_output``: a JSON schema (``response_format``) or a forced call to
     the schema's tool (``tool_choice`` named); a policy that never saw either still
-    returns an object of the schema, and the recorded completion is marked constrained
-    (left out of the loss)."""
+    returns an object of the schema, and the recorded completion is marked constrained:
+    trained on by default (its ratio to the masked logprob is the correction), context
+    only with ``constrained="mask"``."""
     engine, _ = tool_user
     api, url = await serve(engine)
     schema = {
@@ -452,5 +453,10 @@ async def test_structured_output_is_enforced(serve, tool_user, method):
     ((completion,),) = [call.completions for call in episode.calls]
     assert completion.constrained
     episode.closed, episode.reward = True, 1.0
-    (row,) = episode_trajectory(episode).learner_rows()
-    assert not np.asarray(row["loss_mask"]).any()
+    trajectory = episode_trajectory(episode)
+    (row,) = trajectory.learner_rows()
+    forced = np.asarray(row["constrained"]) > 0
+    assert forced.sum() == len(completion.token_ids)
+    np.testing.assert_array_equal(np.asarray(row["loss_mask"]) > 0, forced)
+    (masked,) = trajectory.learner_rows(constrained="mask")
+    assert not np.asarray(masked["loss_mask"]).any()

@@ -51,7 +51,8 @@ def test_history_and_steps():
 
 def test_learner_arrays_literal():
     arrays = two_turn_trajectory().learner_arrays()
-    assert sorted(arrays) == ["input_ids", "loss_mask", "old_logprobs", "versions"]
+    assert sorted(arrays) == ["constrained", "input_ids", "loss_mask", "old_logprobs", "versions"]
+    assert not arrays["constrained"].any()
     np.testing.assert_array_equal(arrays["input_ids"], [10, 11, 12, 20, 21, 30, 31, 32, 22, 23, 24])
     np.testing.assert_array_equal(arrays["loss_mask"], [0, 0, 0, 1, 1, 0, 0, 0, 1, 1, 1])
     np.testing.assert_allclose(
@@ -62,6 +63,27 @@ def test_learner_arrays_literal():
     assert arrays["loss_mask"].dtype == np.float32
     assert arrays["old_logprobs"].dtype == np.float32
     assert arrays["versions"].dtype == np.int32
+
+
+def test_a_step_sampled_under_a_grammar_is_trained_on_unless_masked():
+    """``learner.constrained_tokens``: "train" keeps a constrained step's loss mask 1 and
+    marks its tokens; "mask" leaves them as context (mask 0), in one row or per step."""
+    traj = two_turn_trajectory()
+    traj.steps[1].constrained = True
+    arrays = traj.learner_arrays()
+    np.testing.assert_array_equal(arrays["loss_mask"], [0, 0, 0, 1, 1, 0, 0, 0, 1, 1, 1])
+    np.testing.assert_array_equal(arrays["constrained"], [0] * 8 + [1, 1, 1])
+    masked = traj.learner_arrays(constrained="mask")
+    np.testing.assert_array_equal(masked["loss_mask"], [0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(masked["constrained"], arrays["constrained"])
+    traj.steps[1].context_ids = [31, 32]  # a window: one row per step
+    first, second = traj.learner_rows()
+    assert not first["constrained"].any() and first["loss_mask"].tolist() == [0, 0, 0, 1, 1]
+    assert second["constrained"].tolist() == second["loss_mask"].tolist() == [0, 0, 1, 1, 1]
+    _, second = traj.learner_rows(constrained="mask")
+    assert not second["loss_mask"].any()
+    with pytest.raises(ValueError, match=r"constrained must be one of \('train', 'mask'\)"):
+        traj.learner_rows(constrained="drop")
 
 
 def test_learner_arrays_prompt_only():

@@ -82,6 +82,7 @@ class GRPOSteps:
             overlong=lcfg.overlong,
             overlong_max_len=lcfg.overlong_max_len,
             overlong_cache_len=lcfg.overlong_cache_len,
+            constrained=lcfg.constrained_tokens,
         )
         if not np.all(np.isfinite(batch.advantages)):  # a batch-level estimator's
             return None

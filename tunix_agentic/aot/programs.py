@@ -177,6 +177,7 @@ def learner_programs(cfg: RunConfig, mc: ModelConfig, topo: Topology) -> list[Pr
         b((rows, length), jnp.float32),
         b((rows,), jnp.float32),
         b((rows,), jnp.float32),
+        b((rows, length), jnp.float32),  # constrained: what a run's batches hold
     )
     n_micro = rows // (lc.micro_batch_rows or rows)
     chips = mesh.devices.size

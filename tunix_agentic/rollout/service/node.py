@@ -237,10 +237,14 @@ class _GroupState:
 def member_json(t: Trajectory) -> dict[str, Any]:
     """What the learner needs of one member, token exact: prompt and response ids, and
     over the response its loss mask, sampler logprobs and per-token policy versions;
-    reward, per-step (process) rewards, status, error and timings."""
+    reward, per-step (process) rewards, status, error and timings. A response with tokens
+    sampled under a grammar also lists which (``constrained``, 1 on those tokens: their
+    logprobs are the masked distribution's; ``loss_mask`` trains on them, as the node's own
+    learner does by default, and a reader that would rather not masks them with this)."""
     arrays = t.learner_arrays()
     p = t.prompt_len
-    return {
+    forced = arrays["constrained"][p:]
+    member = {
         "episode_id": t.episode_id,
         "prompt_ids": [int(x) for x in t.token_ids[:p]],
         "response_ids": [int(x) for x in t.token_ids[p:]],
@@ -253,6 +257,7 @@ def member_json(t: Trajectory) -> dict[str, Any]:
         "error": t.error,
         "timings": dict(t.timings),
     }
+    return member | ({"constrained": [int(x) for x in forced]} if forced.any() else {})
 
 
 class _Broadcast:
