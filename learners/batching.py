@@ -107,6 +107,29 @@ def pad_rows(
     return GRPOBatch(**out, advantages=zeros, truncated=zeros.copy())
 
 
+def pad_batch_rows(batch: GRPOBatch, rows: int, pad_id: int = 0) -> GRPOBatch:
+    """``batch`` with padding rows appended up to ``rows`` (all-zero mask and advantage:
+    they change no loss, gradient or metric); ``batch`` itself when it has that many."""
+    have = np.shape(batch.input_ids)[0]
+    if have >= rows:
+        return batch
+
+    def pad(x, value=0):
+        if x is None:
+            return None
+        x = np.asarray(x)
+        return np.concatenate([x, np.full((rows - have, *x.shape[1:]), value, x.dtype)])
+
+    return GRPOBatch(
+        pad(batch.input_ids, pad_id),
+        pad(batch.loss_mask),
+        pad(batch.old_logprobs),
+        pad(batch.advantages),
+        pad(batch.truncated),
+        pad(batch.constrained),
+    )
+
+
 def used_length(row: Mapping[str, np.ndarray]) -> int:
     """The tokens of ``row`` its loss reads: up to its last trained token (``loss_mask``
     > 0) inclusive. A causal model's logprob of a token reads only the tokens before it,

@@ -22,11 +22,12 @@ from jax.sharding import Mesh
 
 from tunix_agentic.compiles import CompileCounter
 from tunix_agentic.learners.advantages import get_advantage_fn
-from tunix_agentic.learners.batching import GRPOBatch
+from tunix_agentic.learners.batching import GRPOBatch, pad_batch_rows
 from tunix_agentic.learners.diagnostics import cross_pairs, mi_from_scores
 from tunix_agentic.learners.grpo_config import GRPOConfig
 from tunix_agentic.learners.grpo_step import StepSpec, full_params, pair_scores, train_step
 from tunix_agentic.learners.lora import init_adapters
+from tunix_agentic.learners.memory import fit_micro_batch, free_bytes
 from tunix_agentic.learners.state import TrainState, make_optimizer
 from tunix_agentic.sharding import (
     make_mesh,
@@ -96,8 +97,12 @@ class GRPOLearner:
         self.compiles = CompileCounter()
         step = functools.partial(train_step, self.spec)
         self._step = self.compiles.wrap(
-            "train_step", jax.jit(step, donate_argnums=(0, 1), **step_kwargs)
+            "train_step",
+            jax.jit(step, donate_argnums=(0, 1), static_argnames=("micro",), **step_kwargs),
         )
+        # Per batch shape (rows, width): the micro-batch that fits, the rows padded to a
+        # multiple of it, and the step compiled for them (learners/memory.py).
+        self._fitted: dict[tuple[int, int], tuple[int, int, Any]] = {}
         self._merge = jax.jit(functools.partial(full_params, lora=config.lora))
         self._pair_scores = self.compiles.wrap(
             "pair_scores",
@@ -152,13 +157,47 @@ class GRPOLearner:
         s = self.state
         due = self.config.mi_pairs and s.step % self.config.mi_every == 0
         extra = self.collapse_metrics(batch, pad_id) if due else {}
-        if self.mesh is not None:
-            batch = put_batch(batch, self.mesh)
-        s.params, s.opt_state, metrics = self._step(
+        shape = tuple(np.shape(batch.input_ids))
+        if shape not in self._fitted:
+            self._fitted[shape] = self._fit(batch, pad_id)
+        _, rows, step = self._fitted[shape]
+        batch = self._placed(pad_batch_rows(batch, rows, pad_id))
+        s.params, s.opt_state, metrics = step(
             s.params, s.opt_state, self.ref_params, self.base, batch
         )
         s.step += 1
         return {**{k: float(v) for k, v in metrics.items()}, **extra}
+
+    def _placed(self, batch: GRPOBatch) -> GRPOBatch:
+        return batch if self.mesh is None else put_batch(batch, self.mesh)
+
+    def _fit(self, batch: GRPOBatch, pad_id: int) -> tuple[int, int, Any]:
+        """The step for ``batch``'s shape, compiled at the largest micro-batch (from
+        ``micro_batch_rows``, or the whole batch, halving) whose memory fits the devices'
+        (:func:`~tunix_agentic.learners.memory.fit_micro_batch`)."""
+        rows, width = np.shape(batch.input_ids)
+        s = self.state
+        devices = self.mesh.devices.flat if self.mesh is not None else jax.devices()[:1]
+        padded: dict[int, int] = {}
+
+        def compile_for(micro: int) -> Any:
+            padded[micro] = -(-rows // micro) * micro if micro < rows else rows
+            placed = self._placed(pad_batch_rows(batch, padded[micro], pad_id))
+            with self.compiles.counting("train_step"):
+                lowered = self._step.__wrapped__.lower(
+                    s.params, s.opt_state, self.ref_params, self.base, placed, micro=micro
+                )
+                return lowered.compile()
+
+        micro, step = fit_micro_batch(
+            compile_for,
+            rows=rows,
+            width=width,
+            start=self.config.micro_batch_rows or rows,
+            multiple=self.row_multiple(),
+            free=free_bytes(list(devices)),
+        )
+        return micro, padded[micro], step
 
     def params_for_engine(self) -> Any:
         """The policy's full parameters, fresh arrays (LoRA adapters merged in)."""

@@ -196,8 +196,11 @@ def train_step(
     ref_params: Params | None,
     base: Params | None,
     batch: GRPOBatch,
+    micro: int | None = None,
 ) -> tuple[Params, optax.OptState, dict[str, jax.Array]]:
-    """One GRPO update over ``batch``; metrics are whole-batch sums and quantiles."""
+    """One GRPO update over ``batch``; metrics are whole-batch sums and quantiles.
+    ``micro`` (static): rows per micro-batch, overriding ``learner.micro_batch_rows``
+    (the learner picks a smaller one when the step would not fit its memory)."""
     cfg = spec.config
     mask = batch.loss_mask[:, 1:]
     # Whole-batch normalisers, sliced with the rows: micro-batches add up exactly.
@@ -211,7 +214,7 @@ def train_step(
         "row_w": jnp.any(mask > 0, axis=-1) / jnp.maximum(jnp.sum(jnp.any(mask > 0, -1)), 1),
     }
     rows = mask.shape[0]
-    micro = cfg.micro_batch_rows or rows
+    micro = micro or cfg.micro_batch_rows or rows
     if rows % micro:
         raise ValueError(
             f"learner.micro_batch_rows={micro} does not divide the batch's {rows} rows"

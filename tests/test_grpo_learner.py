@@ -107,10 +107,42 @@ def test_micro_batches_and_remat_give_the_whole_batch_update(aggregation, extra)
     assert whole[0]["grad_norm"] > 0  # the step did move the policy
 
 
-def test_a_micro_batch_size_that_does_not_divide_the_rows_is_refused():
-    learner = GRPOLearner(tiny_model(), GRPOConfig(micro_batch_rows=3, mi_pairs=0))
-    with pytest.raises(ValueError, match="micro_batch_rows=3 does not divide the batch's 4 rows"):
-        learner.train_step(on_policy_batch(tiny_model()))
+def test_the_learner_splits_a_step_that_would_not_fit_its_memory(monkeypatch, caplog):
+    """XLA's memory analysis of the compiled step against what the device has free: a
+    step that would not fit runs in smaller micro-batches (the same update), one that
+    cannot fit at one row is refused in one line, and a micro-batch size that does not
+    divide the rows pads them."""
+    import jax
+
+    import tunix_agentic.learners.grpo as grpo
+    from tunix_agentic.learners.memory import FREE_SHARE, StepTooLarge, step_bytes
+
+    def train(config):
+        learner = GRPOLearner(tiny_model(), config)
+        batch = on_policy_batch(tiny_model())
+        batch.loss_mask[1, 20:] = 0.0
+        metrics = learner.train_step(batch)
+        params = [np.asarray(x) for x in jax.tree.leaves(learner.params_for_engine())]
+        return learner, metrics, params
+
+    config = GRPOConfig(mi_pairs=0)
+    learner, whole, whole_params = train(config)
+    _, padded, padded_params = train(dataclasses.replace(config, micro_batch_rows=3))
+    assert learner._fitted[(4, 24)][:2] == (4, 4)
+    four = step_bytes(learner._fitted[(4, 24)][2])
+    monkeypatch.setattr(grpo, "free_bytes", lambda devices: int((four - 1) / FREE_SHARE))
+    with caplog.at_level("WARNING", logger="tunix_agentic.learners.memory"):
+        split_learner, split, split_params = train(config)
+    assert "does not fit the memory free" in caplog.text
+    assert split_learner._fitted[(4, 24)][0] < 4  # the temporaries grow with the rows
+    for other, params in ((padded, padded_params), (split, split_params)):
+        for key in whole:
+            assert other[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-6), key
+        for a, b in zip(whole_params, params, strict=True):
+            np.testing.assert_allclose(b, a, atol=2e-6)
+    monkeypatch.setattr(grpo, "free_bytes", lambda devices: 1024)
+    with pytest.raises(StepTooLarge, match=r"on 4 rows x 24 tokens needs .* GiB even at micro"):
+        train(dataclasses.replace(config, micro_batch_rows=1))
 
 
 def test_every_step_logs_the_sampler_mismatch_and_the_collapse_diagnostic():

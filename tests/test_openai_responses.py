@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 import aiohttp
+import jsonschema
 import numpy as np
 import pytest
 from aiohttp import web
@@ -192,10 +193,10 @@ async def test_streamed_events_add_up_to_the_response(serve, tool_user):
         {"type": "function_call_output", "call_id": "c1", "output": await calculate(args)},
     ]
     gate.open.set()
-    whole = await client.responses.create(model="m", input=items, tools=TOOLS, **SAMPLING)
+    whole = await client.responses.create(model="policy", input=items, tools=TOOLS, **SAMPLING)
     gate.open.clear()
     events = await client.responses.create(
-        model="m", input=items, tools=TOOLS, stream=True, **SAMPLING, extra_headers=ep("live")
+        model="policy", input=items, tools=TOOLS, stream=True, **SAMPLING, extra_headers=ep("live")
     )
     got = []
     async with asyncio.timeout(BOUND_S):
@@ -276,7 +277,7 @@ BAD = [
     ({**USER, "store": True}, "store"),
     ({**USER, "previous_response_id": "resp_1"}, "previous_response_id"),
     ({**USER, "conversation": "conv_1"}, "conversation"),
-    ({**USER, "frequency": 1}, "frequency"),
+    ({**USER, "repetition_penalty": 1.2}, "repetition_penalty"),
     ({}, "input"),
     ({"input": []}, "input"),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
@@ -295,8 +296,9 @@ BAD = [
     ({**USER, "tool_choice": {"type": "allowed_tools"}}, "tool_choice"),
     ({**USER, "max_output_tokens": 0}, "max_output_tokens"),
     ({**USER, "temperature": 3}, "temperature"),
-    ({**USER, "text": {"format": {"type": "json_object"}}}, "text.format"),
-    ({**USER, "reasoning": {"effort": "high"}}, "reasoning"),
+    ({**USER, "text": {"format": {"type": "json_schema", "name": "n"}}}, "text.format.schema"),
+    ({**USER, "text": {"format": {"type": "xml"}}}, "text.format.type"),
+    ({**USER, "reasoning": {"effort": "max"}}, "reasoning.effort"),
     ({**USER, "include": ["reasoning.encrypted_content"]}, "include"),
     ({**USER, "instructions": 3}, "instructions"),
 ]
@@ -460,3 +462,41 @@ async def test_structured_output_is_enforced(serve, tool_user, method):
     np.testing.assert_array_equal(np.asarray(row["loss_mask"]) > 0, forced)
     (masked,) = trajectory.learner_rows(constrained="mask")
     assert not np.asarray(masked["loss_mask"]).any()
+
+
+@pytest.mark.parametrize("kind", ["json_schema", "json_object"], ids=["json-schema", "json-object"])
+async def test_text_format_json_is_enforced(serve, tool_user, kind):
+    """``text.format`` (what the Agents SDK sends for an ``output_type``) becomes the grammar
+    chat's ``response_format`` does: the reply is JSON of the schema from a policy that
+    never saw one, recorded as constrained, and the response echoes the format; unknown
+    top-level fields are ignored."""
+    engine, _ = tool_user
+    api, url = await serve(engine)
+    client = client_of(url)
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
+    form = {"type": kind}
+    if kind == "json_schema":
+        form.update(name="Verdict", schema=schema, strict=True)
+    response = await client.responses.create(
+        model="policy",
+        input="2+2=4?",
+        text={"format": form},
+        temperature=0,
+        max_output_tokens=80,
+        extra_body={"x_responses_test_field": 1},
+        extra_headers=ep(f"text-{kind}"),
+    )
+    got = json.loads(response.output_text)
+    if kind == "json_schema":
+        jsonschema.validate(got, schema)
+    assert isinstance(got, dict) and response.text.format.type == kind
+    ((completion,),) = [
+        c.completions for c in api.store.get(episode_key(f"text-{kind}", TOKEN)).calls
+    ]
+    assert completion.constrained
+    await client.close()

@@ -89,7 +89,11 @@ def test_the_learner_never_trains_on_a_poisoned_group_and_stops_on_a_nan_loss():
     learner = GRPOLearner(tiny_model(), cfg.learner, seed=0)
     steps = GRPOSteps(learner, cfg, pad_id=0)
     out = steps.train_on([make_group(0, [1e308, 0.0]), make_group(1, [np.inf, 0.0])])
-    assert out == {"learner/nonfinite_groups": 2.0, "learner/skipped_steps": 1.0}
+    assert out == {
+        "learner/nonfinite_groups": 2.0,
+        "learner/too_long_groups": 0.0,
+        "learner/skipped_steps": 1.0,
+    }
     assert steps.started == 0 and learner.state.step == 0  # no update at all
     out = steps.train_on([make_group(0, [1.0, 0.0]), make_group(1, [1e308, 0.0])])
     assert out["learner/nonfinite_groups"] == 1.0 and np.isfinite(out["loss"])
@@ -154,3 +158,18 @@ def test_a_run_whose_loss_goes_nan_exits_1_in_one_line_keeping_its_last_good_che
     saved = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
     # The warm start and every step whose loss was finite; none after.
     assert saved and saved[-1] < 4
+
+
+def test_a_row_past_the_engines_window_is_refused_naming_its_episode(caplog):
+    """An episode recorded through a node by an engine with a longer window than this run's
+    (``engine.max_seq_len``) never reaches the learner: its group is left out, counted, and
+    the error names the episode; the other groups train."""
+    cfg = load_config(CONFIG, [*TINY_RUN, "rollout.groups_per_batch=2", "learner.mi_pairs=0"])
+    steps = GRPOSteps(GRPOLearner(tiny_model(), cfg.learner, seed=0), cfg, pad_id=0)
+    long = make_group(1, [1.0, 0.0])
+    long.trajectories[1].token_ids[:0] = [3] * cfg.engine.max_seq_len  # a longer prompt
+    long.trajectories[1].prompt_len += cfg.engine.max_seq_len
+    with caplog.at_level("ERROR"):
+        out = steps.train_on([make_group(0, [1.0, 0.0]), long])
+    assert out["learner/too_long_groups"] == 1.0 and np.isfinite(out["loss"])
+    assert f"episode g1-1 has a learner row of {cfg.engine.max_seq_len + 5} tokens" in caplog.text

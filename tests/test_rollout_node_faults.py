@@ -300,7 +300,6 @@ async def test_the_only_engine_killed_and_restarted_costs_no_episode_and_no_stal
 
     try:
         await trainer.update_weights_from_disk(published, 5)
-        node.policy_version = 5
         node.engines.publish(5, str(published))
         await node.submit(request("before", 1))
         before = await finished("before")

@@ -114,7 +114,7 @@ async def test_operator_routes_are_closed_to_all_but_the_admin_key(serve_node, a
     for method, path, body in OPERATOR_ROUTES:
         status, answer, _ = await _call(method, url + path, body, agent)
         assert status == 403 and "admin key" in answer["error"]["message"], (path, answer)
-    assert node.engines.urls == [] and node.policy_version == 0
+    assert node.engines.urls == [] and node.engines.policy_version == 0
     async with NodeClient(url, api_key=api_key, admin_key=admin_key) as trainer:
         assert (await trainer.add_engine("http://127.0.0.1:9"))["engines"] == ["http://127.0.0.1:9"]
         assert await trainer.set_policy(3) == 3
@@ -191,6 +191,7 @@ async def test_an_engine_reply_that_cannot_be_true_is_never_recorded(
     (ids, logprobs, versions), why = _replies(setup.vocab_size)[case]
     engine = await lying_engine(_reply(ids, logprobs, versions))
     node, url = await serve_node([engine])
+    node.engines.publish(0, None)  # a trainer's node: replies are held to its version
     body = {"messages": [{"role": "user", "content": "Compute 1+1."}], "max_tokens": 2}
     status, answer, _ = await _call(
         "POST", f"{url}/v1/chat/completions", body, {"X-Episode-Id": "e"}

@@ -107,6 +107,39 @@ def test_unknown_character_raises(text, offset):
         tok.encode(text)
 
 
+@pytest.mark.parametrize(
+    ("text", "folded"),
+    [
+        ("a\tb", "a b"),
+        ("café", "caf?"),
+        ("line\r\n", "line \n"),
+        ("no\u00a0break", "no break"),
+        ("<|im_end|>ü😀\x00", "<|im_end|>???"),
+        (CHAT, CHAT),
+    ],
+    ids=["tab", "accent", "carriage_return", "no_break_space", "after_special", "in_vocabulary"],
+)
+def test_fold_spells_text_in_the_vocabulary_one_character_for_one(text, folded):
+    """Text from outside the run: whitespace the vocabulary lacks becomes a space, any
+    other character it lacks ``?``; what it has is kept, so the round trip is exact."""
+    tok = CharTokenizer()
+    assert tok.fold(text) == folded and len(folded) == len(text)
+    assert tok.decode(tok.encode(folded)) == folded
+
+
+def test_client_text_is_folded_only_by_a_tokenizer_that_folds():
+    from tunix_agentic.models.tokenizer import encode_client_text
+
+    tok = CharTokenizer()
+    assert encode_client_text(tok, "a\tb") == tok.encode("a b")
+
+    class Whole:  # a tokenizer that spells everything (a Hugging Face one)
+        def encode(self, text: str) -> list[int]:
+            return [ord(c) for c in text]
+
+    assert encode_client_text(Whole(), "a\tb") == [97, 9, 98]
+
+
 @pytest.mark.parametrize("size", [1, 64, NATURAL_SIZE - 1], ids=["one", "64", "natural_minus_1"])
 def test_vocab_size_below_natural_raises(size):
     with pytest.raises(ValueError, match=f"vocab_size={size} is below the {NATURAL_SIZE} tokens"):

@@ -81,7 +81,9 @@ def engine_from_config(
     directory (one holding ``checkpoints/``), whose latest checkpoint is
     served with its step as the weight version, or a Hugging Face model
     directory (its ``config.json`` gives the model's shape). Without it the
-    model keeps its random initialisation from ``cfg.seed``. Raises
+    model keeps its random initialisation from ``cfg.seed``. The engine of a
+    built-in model gets the character tokenizer, so constrained decoding
+    (``tool_choice``, ``response_format``) works over it. Raises
     FileNotFoundError or ValueError when the parameters cannot be loaded.
     """
     if params_path is not None and not Path(params_path).exists():
@@ -89,7 +91,8 @@ def engine_from_config(
     version = 0
     model_path = f"random-init(seed={cfg.seed})"
     path = None if params_path is None else Path(params_path)
-    if path is not None and is_hf_dir(path):
+    hf_params = path is not None and is_hf_dir(path)
+    if hf_params:
         # At the checkpoint's own dtype (bf16 stays bf16), attention as configured.
         model = load_hf_model(path, attention=cfg.model.attention)
         cfg = dataclasses.replace(cfg, model=model.cfg)
@@ -108,6 +111,10 @@ def engine_from_config(
     elif cfg.model.source == "hf":
         tokenizer_path = str(Path(cfg.model.path).absolute())
     engine = JaxEngine(model, cfg.engine, version=version)
+    if not tokenizer_path and not hf_params and cfg.model.source == "builtin":
+        # The built-in characters are a grammar vocabulary as they are: tool_choice and
+        # response_format are enforced over the built-in model too.
+        engine.use_tokenizer(CharTokenizer(cfg.model.vocab_size))
     info = {
         "model_path": model_path,
         "tokenizer_path": tokenizer_path,

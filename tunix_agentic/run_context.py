@@ -50,6 +50,7 @@ class GRPOSteps:
         out and counted (``learner/nonfinite_groups``), and with none left no step runs.
         A step whose loss or gradient norm is not finite raises :class:`NonFiniteLoss`
         (the learner's state is then spoilt: the run stops, its last checkpoint kept)."""
+        groups, too_long = self._fitting(groups)
         groups, dropped = finite_groups(groups, self.learner.advantage_fn)
         if dropped:
             _log.warning("%d group(s) with a non-finite reward or advantage left out", dropped)
@@ -57,14 +58,49 @@ class GRPOSteps:
         if out is None:  # nothing finite to train on: no update this step
             _log.warning("no group left to train on: this step makes no update")
             left_out = dropped + len(groups)  # (a batch-level estimator's NaN: all of them)
-            return {"learner/nonfinite_groups": float(left_out), "learner/skipped_steps": 1.0}
+            return {
+                "learner/nonfinite_groups": float(left_out),
+                "learner/too_long_groups": float(too_long),
+                "learner/skipped_steps": 1.0,
+            }
         if not all(math.isfinite(out.get(k, 0.0)) for k in ("loss", "grad_norm")):
             raise NonFiniteLoss(
                 f"the loss of train step {self.started} is not finite (loss {out.get('loss')}, "
                 f"grad_norm {out.get('grad_norm')}): the run stops; its newest checkpoint is "
                 "of the last step whose loss was finite (check the rewards, learning rate and clip settings)"
             )
-        return {**out, "learner/nonfinite_groups": float(dropped)}
+        return {
+            **out,
+            "learner/nonfinite_groups": float(dropped),
+            "learner/too_long_groups": float(too_long),
+        }
+
+    def _fitting(self, groups: list[Group]) -> tuple[list[Group], int]:
+        """The groups whose every learner row fits the engine's window
+        (``engine.max_seq_len``), and how many were left out. A row past it (an episode
+        recorded through a node, by an engine with a longer window) is refused with an
+        error naming its episode, never handed to the learner."""
+        limit = self.cfg.engine.max_seq_len
+        kept = []
+        for group in groups:
+            longest = [
+                (max(len(r["input_ids"]) for r in t.learner_rows()), t.episode_id)
+                for t in group.trajectories
+                if t.steps
+            ]
+            n, episode = max(longest, default=(0, ""))
+            if n > limit:
+                _log.error(
+                    "group %s left out: episode %s has a learner row of %d tokens, past "
+                    "engine.max_seq_len=%d (raise it, or keep the agent's prompts within it)",
+                    group.group_id,
+                    episode,
+                    n,
+                    limit,
+                )
+                continue
+            kept.append(group)
+        return kept, len(groups) - len(kept)
 
     def _step(self, groups: list[Group]) -> dict[str, float] | None:
         rollout, lcfg = self.cfg.rollout, self.cfg.learner

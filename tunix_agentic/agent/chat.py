@@ -41,7 +41,7 @@ import dataclasses
 import datetime
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tunix_agentic.agent.tool_parser import format_tool_call
@@ -186,6 +186,15 @@ def _raise(message: str) -> None:
     raise TemplateError(f"the chat template refused: {message}")
 
 
+# The names a render binds itself (its arguments and the environment's globals, Jinja's
+# own included): extra render kwargs may not rebind them.
+RENDER_NAMES = frozenset(
+    {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}
+    | {"raise_exception", "strftime_now", "range", "dict", "lipsum", "cycler", "joiner"}
+    | {"namespace"}
+)
+
+
 @functools.cache
 def _compile(source: str):
     from jinja2 import ext
@@ -318,14 +327,17 @@ class JinjaChatTemplate:
         *,
         add_generation_prompt: bool = False,
         tools: list[dict[str, Any]] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
     ) -> str:
+        """The template's text for ``messages``; ``kwargs`` (none of :data:`RENDER_NAMES`)
+        over the template's own (an OpenAI client's ``chat_template_kwargs``)."""
         return self._template.render(
             messages=list(messages),
             tools=tools or None,
             add_generation_prompt=add_generation_prompt,
             bos_token=getattr(self.tokenizer, "bos_token", None) or "",
             eos_token=getattr(self.tokenizer, "eos_token", None) or "",
-            **self.kwargs,
+            **{**self.kwargs, **(kwargs or {})},
         )
 
     def prompt_text(self, user: str, tools: list[dict[str, Any]] | None = None) -> str:

@@ -7,10 +7,14 @@ are single tokens too (a tiny, fixed stand-in for BPE merges), so a tool call is
 a handful of decisions rather than a spelling exercise and sequences stay short.
 Encoding is greedy longest-match. Real checkpoints bring their own tokenizer; this one only has to be
 exact and reversible: ``decode(encode(s)) == s`` for every string it accepts.
+Text from outside the run (an OpenAI client's messages) may hold characters it lacks:
+:meth:`CharTokenizer.fold` spells such text in the vocabulary first (whitespace to a space,
+anything else to ``?``).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 
 SPECIAL_TOKENS: tuple[str, ...] = (
@@ -37,6 +41,7 @@ WORD_TOKENS: tuple[str, ...] = (
     "Compute ",
 )
 _CHARS = "\n" + "".join(chr(c) for c in range(32, 127))
+_FOREIGN = re.compile(r"[^\n\x20-\x7e]")  # every character outside _CHARS
 
 
 class CharTokenizer:
@@ -45,7 +50,9 @@ class CharTokenizer:
     Special tokens take ids ``0..len(SPECIAL_TOKENS)-1``; characters follow,
     then the word tokens.
     Encoding text with a character outside printable ASCII raises ``ValueError``
-    (silently dropping it would change what the model is trained on).
+    (silently dropping it would change what the model is trained on). Text the run does
+    not own goes through :meth:`fold` first, which maps each such character to one that
+    is in the vocabulary.
     """
 
     def __init__(self, vocab_size: int | None = None):
@@ -87,6 +94,18 @@ class CharTokenizer:
             return self._token_to_id[token]
         except KeyError:
             raise ValueError(f"unknown token {token!r}") from None
+
+    @staticmethod
+    def fold(text: str) -> str:
+        """``text`` spelled in this vocabulary, one character for one: a whitespace
+        character it lacks (tab, carriage return, no-break space) becomes a space, any
+        other character it lacks (non-ASCII such as ``é`` or an emoji, control characters)
+        ``?``. So ``decode(encode(fold(s))) == fold(s)``, of the same length as ``s``. For
+        text from outside the run: the OpenAI endpoint folds a client's conversation
+        (frameworks put tabs and non-ASCII text in their prompts); the run's own tasks,
+        tool outputs and demonstrations are encoded as they are, and refused if they hold
+        such characters."""
+        return _FOREIGN.sub(lambda m: " " if m.group().isspace() else "?", text)
 
     def encode(self, text: str) -> list[int]:
         """Text to ids; special-token strings become their single ids."""

@@ -3,7 +3,8 @@
 Two implement it: :class:`~tunix_agentic.models.char_tokenizer.CharTokenizer` (the
 built-in model's) and :class:`~tunix_agentic.models.hf_tokenizer.HFTokenizer` (a Hugging
 Face ``tokenizer.json`` from a model directory);
-:func:`~tunix_agentic.models.tokenizers.load_tokenizer` picks one.
+:func:`~tunix_agentic.models.tokenizers.load_tokenizer` picks one. Text from outside the
+run goes through :func:`encode_client_text`.
 """
 
 from __future__ import annotations
@@ -38,3 +39,12 @@ class Tokenizer(Protocol):
     def token_id(self, token: str) -> int:
         """The id of one token string (ValueError if it is not a single token)."""
         ...
+
+
+def encode_client_text(tokenizer: Tokenizer, text: str) -> list[int]:
+    """Ids of text a client sent (an OpenAI request's conversation): a tokenizer that cannot
+    spell every character (the built-in one) folds the ones it lacks into ones it has
+    (its ``fold``: see :meth:`~tunix_agentic.models.char_tokenizer.CharTokenizer.fold`)
+    instead of refusing the request; any other encodes ``text`` as it is."""
+    fold = getattr(tokenizer, "fold", None)
+    return tokenizer.encode(text if fold is None else fold(text))

@@ -41,11 +41,16 @@ def resolve_api_key(given: str | None) -> str | None:
     return given or os.environ.get(API_KEY_ENV) or None
 
 
-def json_error(status: int, message: str, kind: str | None = None) -> web.Response:
-    """``{"error": {"message": ..., "type": kind}}`` with ``status`` (``type`` when given)."""
+def json_error(
+    status: int, message: str, kind: str | None = None, code: str | None = None
+) -> web.Response:
+    """``{"error": {"message": ..., "type": kind, "code": code}}`` with ``status`` (``type``
+    and ``code`` when given)."""
     error: dict[str, Any] = {"message": message}
     if kind is not None:
         error["type"] = kind
+    if code is not None:
+        error["code"] = code
     return web.json_response({"error": error}, status=status)
 
 

@@ -1,6 +1,7 @@
 """An OpenAI-compatible chat endpoint that records tokens, so any agent can be trained.
 
-Routes (JSON; errors ``{"error": {"message", "type"}}`` with a 4xx naming the field):
+Routes (JSON; errors ``{"error": {"message", "type"}}`` with a 4xx naming the field, and
+``code`` where OpenAI gives one):
 
 * ``POST /v1/chat/completions``: ``messages`` (roles system, developer (as system), user,
   assistant, tool), ``tools``, ``tool_choice`` ("auto" or "none"), ``temperature``,
@@ -34,8 +35,10 @@ Routes (JSON; errors ``{"error": {"message", "type"}}`` with a 4xx naming the fi
   :func:`~tunix_agentic.serving.http.serve_app` does), and its call is recorded as
   ``cut``: shown in ``GET /v1/episodes/{id}``, never trained on.
 * ``GET /v1/models`` (and ``/v1/models/{id}``): the served policy, ``id`` the
-  configured ``model_name`` (clients may send it as ``model``; any name is served by the
-  same policy) and ``policy_version`` the weights' version now.
+  configured ``model_name`` (``"policy"`` unless configured) and ``policy_version`` the
+  weights' version now. A chat or Responses call may leave ``model`` out or send that
+  name; another is a 404 as OpenAI answers it (``invalid_request_error``, code
+  ``model_not_found``, the message naming the model), before anything is recorded.
 * ``POST /v1/responses``: the Responses API subset agent frameworks send (not stateful),
   translated into a chat request and served by the same call path (:meth:`serve_call`):
   see :mod:`~tunix_agentic.rollout.openai_endpoint.responses`.
@@ -175,7 +178,7 @@ class _Decoder:
 class OpenAIConfig:
     """Limits and defaults of the endpoint (episode bounds in ``episodes``)."""
 
-    model_name: str = "tunix-agentic"
+    model_name: str = "policy"  # the only model a call may name (GET /v1/models)
     default_max_tokens: int = 512
     max_n: int = 16
     max_messages: int = 1024
@@ -220,6 +223,18 @@ def episode_token(request: web.Request, *, required: bool) -> str | None:
             f"{TOKEN_HEADER}: must be 16-200 characters of letters, digits and ._~+/=-"
         )
     return token
+
+
+def check_model(model: str | None, served: str) -> None:
+    """RequestError 404 as OpenAI answers it (code ``model_not_found``) unless ``model`` is
+    None (not named) or ``served``."""
+    if model is not None and model != served:
+        raise RequestError(
+            f"The model {model!r:.100} does not exist: this endpoint serves {served!r} "
+            "(GET /v1/models)",
+            404,
+            "model_not_found",
+        )
 
 
 def with_defaults(
@@ -380,8 +395,10 @@ class ChatCompletions:
         wanted = request.match_info.get("model_id")
         if wanted is None:
             return web.json_response({"object": "list", "data": [model]})
-        if wanted != model["id"]:
-            return json_error(404, f"model {wanted!r:.100} is not served here", "not_found")
+        try:
+            check_model(wanted, self.config.model_name)
+        except RequestError as exc:
+            return json_error(exc.status, str(exc), "invalid_request_error", exc.code)
         return web.json_response(model)
 
     async def handle_chat(self, request: web.Request) -> web.StreamResponse:
@@ -418,7 +435,7 @@ class ChatCompletions:
                 await write_event(live[0][1].response, error)
                 await live[0][1].response.write(b"data: [DONE]\n\n")
                 return live[0][1].response
-            return json_error(exc.status, str(exc), "invalid_request_error")
+            return json_error(exc.status, str(exc), "invalid_request_error", exc.code)
         except ClientGone:  # nobody reads what is answered now
             return sent[0] if sent else web.Response(status=499)
         except asyncio.CancelledError:
@@ -470,6 +487,7 @@ class ChatCompletions:
         :class:`~.live.LiveStream` for the checked request: it is fed the engine's ids as
         they come and closed (its last piece written) before ``deliver``."""
         chat, given = parse(await self._body(request))
+        check_model(chat.model, self.config.model_name)
         eid = self._episode_id(request)
         episode = None
         if eid is not None:

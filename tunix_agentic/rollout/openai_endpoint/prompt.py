@@ -1,11 +1,15 @@
 """How a chat request becomes the prompt ids the engine sees (host-side, no JAX).
 
 A conversation renders with the run's chat template as the agent loop frames its prompts
-(:func:`template_messages`) and is tokenised once. A request that continues a call an
+(:func:`template_messages`), the request's ``chat_template_kwargs`` passed to the
+rendering, and is tokenised once. A request that continues a call an
 episode recorded (that call's messages, then the assistant message it returned, then new
 ones) is not re-rendered: its prompt is that call's prompt + completion ids followed by
 the template's ids for the new messages (:meth:`PromptRenderer.prompt`), so what the
-model generated is never re-tokenised and the calls chain into one learner row.
+model generated is never re-tokenised and the calls chain into one learner row. A client's
+text is encoded with :func:`~tunix_agentic.models.tokenizer.encode_client_text`: the
+built-in tokenizer folds a tab or a non-ASCII character into one it has instead of refusing
+the call.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from tunix_agentic.agent.chat import (
     tools_prompt_text,
 )
 from tunix_agentic.agent.tool_parser import format_tool_call
+from tunix_agentic.models.tokenizer import encode_client_text
 from tunix_agentic.rollout.openai_endpoint.episodes import Call, Completion, Episode
-from tunix_agentic.rollout.openai_endpoint.schema import ChatRequest, message_key
+from tunix_agentic.rollout.openai_endpoint.schema import ChatRequest, message_key, note_ignored
 
 _MARK = "\x00completion\x00"
 
@@ -80,11 +85,19 @@ class PromptRenderer:
         self.tokenizer = template.tokenizer
 
     def render(self, request: ChatRequest, messages: Sequence[dict[str, Any]]) -> str:
+        """``messages`` rendered with the request's tools and ``chat_template_kwargs`` (the
+        built-in character template takes none: they are ignored there, logged once)."""
         messages, tools = template_messages(self.template, messages, request.template_tools)
-        return self.template.render(messages, add_generation_prompt=True, tools=tools)
+        kwargs = request.chat_template_kwargs
+        if kwargs and self.template.source == BUILTIN_CHAT_TEMPLATE:
+            note_ignored("chat_template_kwargs", "the built-in character template takes none")
+            kwargs = None
+        return self.template.render(
+            messages, add_generation_prompt=True, tools=tools, kwargs=kwargs
+        )
 
     def render_ids(self, request: ChatRequest) -> list[int]:
-        return self.tokenizer.encode(self.render(request, request.messages))
+        return encode_client_text(self.tokenizer, self.render(request, request.messages))
 
     def continuation_ids(self, request: ChatRequest, k: int, ended_turn: bool) -> list[int]:
         """The ids the template puts after assistant message ``k`` (its end-of-turn token
@@ -96,8 +109,8 @@ class PromptRenderer:
         end = after.find(self.template.turn_end)
         if _MARK not in text or end < 0:
             raise TemplateError("the chat template lost the assistant turn or its end token")
-        return self.tokenizer.encode(
-            after[end + len(self.template.turn_end) if ended_turn else end :]
+        return encode_client_text(
+            self.tokenizer, after[end + len(self.template.turn_end) if ended_turn else end :]
         )
 
     def prompt(self, request: ChatRequest, episode: Episode | None) -> Prompt:

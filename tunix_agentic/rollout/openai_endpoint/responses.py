@@ -11,11 +11,17 @@ user, system, developer -> system, assistant; content a string or ``input_text``
 merged into the assistant message before it) and ``function_call_output`` (-> a tool
 message); flat function ``tools`` -> chat tools; ``tool_choice`` none / auto / required /
 ``{"type": "function", "name": ...}``; ``max_output_tokens`` -> ``max_tokens``;
-``temperature``, ``top_p`` (and the chat endpoint's ``top_k``, ``seed``). ``model``,
-``metadata``, ``user``, ``parallel_tool_calls`` and cache / tier hints are echoed or
-ignored; inert values (``include: []``, ``truncation: "disabled"``, ``text`` in plain
-text format, ``reasoning`` without values) are accepted; any other value and any unknown
-field is a 400 naming it.
+``temperature``, ``top_p`` (and the chat endpoint's ``top_k``, ``seed``); ``text.format``
+``json_object`` or ``json_schema`` (its ``schema``) -> the JSON grammar chat's
+``response_format`` becomes (:func:`~.schema.json_constraint`: enforced by constrained
+decoding), echoed in the response's ``text``. ``model`` is echoed (a name the node does
+not serve is a 404: :mod:`~.api`). As on chat (:mod:`~.schema`), a field this endpoint
+does not know is accepted and ignored (logged once per name), and so are ``metadata``,
+``user``, ``parallel_tool_calls``, cache / tier hints, ``safety_identifier``,
+``reasoning`` (an ``effort`` of OpenAI's values) and ``text.verbosity``; inert values
+(``include: []``, ``truncation: "disabled"``, ``top_logprobs: 0``, vLLM's and SGLang's
+sampling fields at their neutral values: :class:`~.schema.EngineExtras`) are accepted; any
+other value of those is a 400 naming the field.
 
 The call then runs as a chat completion does
 (:meth:`~tunix_agentic.rollout.openai_endpoint.api.ChatCompletions.serve_call`): the same
@@ -51,9 +57,12 @@ from pydantic import BeforeValidator, Discriminator, Field, Tag, model_validator
 
 from tunix_agentic.rollout.openai_endpoint.schema import (
     ChatRequest,
+    EngineExtras,
     JSONObjectText,
     RequestError,
     ToolName,
+    json_constraint,
+    note_ignored_fields,
     parse_chat_request,
 )
 from tunix_agentic.serving.http import json_error
@@ -192,24 +201,36 @@ class _NamedTool(Strict, extra="ignore"):
     name: str
 
 
-class _PlainText(Strict):
-    type: Literal["text"]
+class _TextFormat(Strict, extra="ignore"):  # name, description, strict: not enforced
+    type: Literal["text", "json_object", "json_schema"]
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+
+    @model_validator(mode="after")
+    def _spec(self) -> _TextFormat:
+        if self.type == "json_schema" and self.schema_ is None:
+            raise invalid("is required", "schema")
+        return self
 
 
 class _TextOptions(Strict):
-    format: _PlainText | None = None
-    verbosity: Literal["medium"] | None = None
+    format: _TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None  # ignored (as chat's)
 
 
-class _Responses(_Conversation):
-    """A ``/v1/responses`` body, its nulls dropped (null is "not given")."""
+class _Reasoning(Strict, extra="ignore"):  # ignored (summary, ...), as chat's reasoning_effort
+    effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+
+
+class _Responses(_Conversation, EngineExtras, extra="ignore"):
+    """A ``/v1/responses`` body, its nulls dropped (null is "not given"); a field it does
+    not name is ignored (logged once)."""
 
     tools: Annotated[list[_Tool], Field(fail_fast=True)] = []
     tool_choice: Literal["none", "auto", "required"] | _NamedTool | None = None
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
     stream: bool = False
     text: _TextOptions | None = None
-    reasoning: dict[str, None] | None = None  # the served models have no settings
+    reasoning: _Reasoning | None = None
     # Checked by the chat request they become.
     temperature: Any = None
     top_p: Any = None
@@ -261,7 +282,9 @@ def parse_responses_request(body: Any, *, max_messages: int) -> ResponsesRequest
     field (``input[2].call_id``); the translated chat request is checked as a chat one."""
     if not isinstance(body, Mapping):
         raise RequestError(f"the body must be a JSON object, got {type(body).__name__}")
-    m = validate(_Responses, _given(body), error=RequestError)
+    given = _given(body)
+    m = validate(_Responses, given, error=RequestError)
+    note_ignored_fields(given, _Responses)
     choice = m.tool_choice
     if isinstance(choice, _NamedTool):
         choice = {"type": "function", "function": {"name": choice.name}}
@@ -275,6 +298,10 @@ def parse_responses_request(body: Any, *, max_messages: int) -> ResponsesRequest
         }
     )
     chat = parse_chat_request(chat_body, max_n=1, max_messages=max_messages)
+    form = m.text.format if m.text else None
+    if form is not None:
+        grammar = json_constraint(form.type, form.schema_ or {}, "text.format.schema")
+        chat = dataclasses.replace(chat, response_format=grammar)
     echo = {
         "model": body.get("model"),
         "instructions": body.get("instructions"),
@@ -286,6 +313,7 @@ def parse_responses_request(body: Any, *, max_messages: int) -> ResponsesRequest
         "max_output_tokens": m.max_output_tokens,
         "metadata": body.get("metadata") or {},
         "user": body.get("user"),
+        "text": {"format": (body.get("text") or {}).get("format") or {"type": "text"}},
     }
     return ResponsesRequest(chat=chat, given=frozenset(chat_body), stream=m.stream, echo=echo)
 
@@ -352,7 +380,6 @@ def response_object(
         "output": output,
         "previous_response_id": None,
         "store": False,
-        "text": {"format": {"type": "text"}},
         "truncation": "disabled",
         "reasoning": None,
         "usage": {
@@ -563,7 +590,7 @@ class Responses:
                 event = {"type": "error", **error, "sequence_number": shells[0].sent}
                 await _write(shells[0].stream, event)
                 return shells[0].stream
-            return json_error(exc.status, str(exc), "invalid_request_error")
+            return json_error(exc.status, str(exc), "invalid_request_error", exc.code)
         except Exception:
             # A client gone mid-stream (the chat path marks the call cut): the stream that
             # was started is all the answer there is.

@@ -11,26 +11,45 @@ that read it.
 Enforced by constrained decoding (:meth:`ChatRequest.constraint`: a grammar the engine
 applies token by token): ``tool_choice`` "required" (at least one call to an offered
 tool) or a named function (a call to that tool), in the ``qwen3`` tool-call format, and
-``response_format`` ``json_object`` / ``json_schema``. Accepted with a value that changes
-nothing: ``frequency_penalty`` / ``presence_penalty`` 0, ``logit_bias`` {},
-``top_logprobs`` 0, ``response_format`` text, and ``reasoning_effort`` (any of OpenAI's
-values: a documented no-op, the served models have no reasoning switch the endpoint
-drives). Refused, naming why: non-zero penalties (the engine samples without them),
-``top_logprobs`` > 0 (the engine returns the sampled token's logprob only), and any field
-not named here. :func:`message_key` is what two messages must share to count as
-the same turn (role, content and the tool calls' names and arguments; ids ignored).
+``response_format`` ``json_object`` / ``json_schema`` (:func:`json_constraint`, which the
+Responses API's ``text.format`` uses too). ``chat_template_kwargs`` (a JSON object of at
+most 32 names, 16 KiB of JSON; none the endpoint binds itself, such as ``messages``) goes
+to the chat template's rendering over the run's own: ``{"enable_thinking": false}`` for
+Qwen3 (the built-in character template takes none: ignored there).
+
+As vLLM and SGLang do, a field this endpoint does not know is accepted and ignored, and
+so are the fields that change nothing it returns: ``user``, ``metadata``,
+``safety_identifier``, ``store``, ``service_tier``, ``prompt_cache_key``,
+``prompt_cache_retention``, ``prediction`` (a latency hint), ``parallel_tool_calls``,
+``reasoning_effort`` and ``verbosity`` (any of OpenAI's values: the served policy has no
+switch the endpoint drives). Each ignored name is logged once per process
+(:func:`note_ignored`). Accepted only with the value that changes nothing, and else
+refused with a 400 naming the field and why: ``frequency_penalty`` / ``presence_penalty``
+0 (the engine samples without penalties), ``logit_bias`` {}, ``top_logprobs`` 0 (the
+engine returns the sampled token's logprob only), ``modalities`` ["text"], ``audio`` (none: replies are text), ``functions`` [] /
+``function_call`` "none" or "auto" (send ``tools`` / ``tool_choice``),
+``web_search_options`` {}, and vLLM's and SGLang's own fields that would change the result
+(:class:`EngineExtras`: ``min_p`` 0, ``repetition_penalty`` 1, ``min_tokens`` 0,
+``best_of`` 1, ``stop_token_ids`` [], ``guided_json`` and the other ``guided_*`` (none:
+send ``response_format``), ``chat_template`` (none), ``add_generation_prompt`` true,
+...). Checked fields keep their checks: a value of the wrong type or out of range is a
+400 naming it; ``model`` is checked by the endpoint (a name it does not serve: 404,
+:mod:`~tunix_agentic.rollout.openai_endpoint.api`). :func:`message_key` is what two messages must share to count as the same
+turn (role, content and the tool calls' names and arguments; ids ignored).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
+from tunix_agentic.agent.chat import RENDER_NAMES
 from tunix_agentic.inference.constraint import Constraint
 from tunix_agentic.inference.params import SEED_MAX, SEED_MIN
 from tunix_agentic.serving.http import JSONDepthError, load_json
@@ -38,6 +57,9 @@ from tunix_agentic.serving.validation import NonEmpty, Strict, inert, invalid, v
 
 ToolChoice = Literal["none", "auto", "required"]
 MAX_STOPS = 4
+MAX_TEMPLATE_KWARGS = 32  # keys of chat_template_kwargs
+MAX_TEMPLATE_KWARGS_BYTES = 16 << 10  # its JSON
+MAX_LOGGED_FIELDS = 256  # ignored field names logged per process (then no more)
 # The Qwen3 tool-call form (tool_parser.format_tool_call), as a grammar's fixed pieces.
 _CALL_BEGIN = '<tool_call>\n{"name": "'
 _CALL_ARGUMENTS = '", "arguments": '
@@ -47,14 +69,37 @@ _ONE_LOGPROB = (
     "only 0 is supported: the engine returns the sampled token's logprob, not the most likely "
     "alternatives (send logprobs=true alone)"
 )
+_GUIDED = "is not supported: send response_format (json_object or json_schema)"
+_OWN_PROMPT = "is not supported: the policy's chat template renders every call as it is"
+_STOP_CUT = "is not supported: the content ends before the stop string"
+_NO_PROCESSORS = "is not supported: the engine samples without logits processors"
+# Accepted and ignored (logged once per process), and why.
+_IGNORED = {
+    "user": "a label",
+    "metadata": "a label",
+    "safety_identifier": "a label",
+    "store": "nothing is stored",
+    "service_tier": "one tier",
+    "prompt_cache_key": "a cache hint (the engine caches prefixes by itself)",
+    "prompt_cache_retention": "a cache hint (the engine caches prefixes by itself)",
+    "prediction": "a latency hint: the reply is the model's own either way",
+    "parallel_tool_calls": "every call the reply holds is returned",
+    "reasoning_effort": "the served policy has no reasoning switch the endpoint drives",
+    "reasoning": "the served policy has no reasoning switch the endpoint drives",
+    "verbosity": "the served policy has no verbosity switch",
+}
+_log = logging.getLogger(__name__)
+_logged: set[str] = set()
 
 
 class RequestError(ValueError):
-    """A request this endpoint refuses: ``status`` (4xx) and a message naming the field."""
+    """A request this endpoint refuses: ``status`` (4xx), a message naming the field and,
+    where OpenAI gives one, its error ``code`` (``model_not_found``)."""
 
-    def __init__(self, message: str, status: int = 400):
+    def __init__(self, message: str, status: int = 400, code: str | None = None):
         super().__init__(message)
         self.status = status
+        self.code = code
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +124,8 @@ class ChatRequest:
     logprobs: bool = False
     forced_tool: str | None = None  # tool_choice names this function (tool_choice "required")
     response_format: Constraint | None = None  # JSON output
+    # Passed to the chat template's rendering over the run's own (e.g. enable_thinking).
+    chat_template_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def constrained(self) -> bool:
@@ -123,6 +170,29 @@ class ChatRequest:
 
 def _fail(where: str, message: str) -> RequestError:
     return RequestError(f"{where}: {message}")
+
+
+def note_ignored(name: str, why: str, level: int = logging.INFO) -> None:
+    """Log, once per process, that a request's field ``name`` was accepted and ignored, and
+    ``why``. Past :data:`MAX_LOGGED_FIELDS` names nothing more is logged (a client that
+    invents names grows neither the log nor the set of names logged)."""
+    if name in _logged or len(_logged) > MAX_LOGGED_FIELDS:
+        return
+    _logged.add(name)
+    if len(_logged) > MAX_LOGGED_FIELDS:
+        _log.warning("over %d request fields ignored: no more are logged", MAX_LOGGED_FIELDS)
+    else:
+        _log.log(level, "request field %s ignored: %s (logged once)", repr(name)[:80], why)
+
+
+def note_ignored_fields(given: Collection[str], model: type[Strict]) -> None:
+    """Log (once per name, :func:`note_ignored`) the fields of ``given`` that ``model``
+    does not name, and those it accepts only to ignore them."""
+    known = {f.alias or name for name, f in model.model_fields.items()}
+    for name in sorted(set(given) - known):
+        note_ignored(name, "not a field this endpoint knows", logging.WARNING)
+    for name in sorted(set(given) & _IGNORED.keys()):
+        note_ignored(name, _IGNORED[name])
 
 
 def _json_object(value: Any) -> Any:
@@ -237,6 +307,22 @@ class _JSONSchema(Strict, extra="ignore"):  # name, description, strict: not enf
     schema_: dict[str, Any] = Field({}, alias="schema")
 
 
+def json_constraint(
+    kind: Literal["text", "json_object", "json_schema"], schema: dict[str, Any], where: str
+) -> Constraint | None:
+    """The grammar of a JSON output format (``text``: None; ``json_schema`` with ``schema``,
+    an empty one any object), or RequestError naming ``where`` (the schema's field) for a
+    schema past the bounds of what a grammar compile may take."""
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Constraint.json_object()
+    try:
+        return Constraint("json_schema", json.dumps(schema or {"type": "object"}))
+    except ValueError as exc:
+        raise _fail(where, str(exc)) from None
+
+
 class _ResponseFormat(Strict, extra="ignore"):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: _JSONSchema | None = None
@@ -249,16 +335,65 @@ class _ResponseFormat(Strict, extra="ignore"):
 
     def constraint(self) -> Constraint | None:
         """``text``: None; ``json_object`` or ``json_schema``: the grammar of its JSON."""
-        if self.type == "json_object":
-            return Constraint.json_object()
-        if self.json_schema is None:
-            return None
-        try:
-            return Constraint(
-                "json_schema", json.dumps(self.json_schema.schema_ or {"type": "object"})
-            )
-        except ValueError as exc:  # past a bound of what a grammar compile may take
-            raise _fail("response_format.json_schema.schema", str(exc)) from None
+        schema = self.json_schema.schema_ if self.json_schema else {}
+        return json_constraint(self.type, schema, "response_format.json_schema.schema")
+
+
+_TEMPLATE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+
+def _template_kwargs(value: dict[str, Any]) -> dict[str, Any]:
+    # Bounded: they reach every render of the call (and its continuations).
+    if len(value) > MAX_TEMPLATE_KWARGS:
+        raise invalid(f"holds {len(value)} keys, over the limit of {MAX_TEMPLATE_KWARGS}")
+    for name in value:
+        if not _TEMPLATE_NAME.fullmatch(name):
+            raise invalid(f"{name!r:.80} is not a name (letters, digits and '_', at most 64)")
+        if name in RENDER_NAMES:
+            raise invalid("is set by the endpoint, not by a request", name)
+    size = len(json.dumps(value))
+    if size > MAX_TEMPLATE_KWARGS_BYTES:
+        raise invalid(f"{size} bytes of JSON, over the limit of {MAX_TEMPLATE_KWARGS_BYTES}")
+    return value
+
+
+TemplateKwargs = Annotated[dict[str, Any], AfterValidator(_template_kwargs)]
+
+
+class EngineExtras(Strict):
+    """vLLM's and SGLang's own request fields that would change the result: accepted with
+    the value that changes nothing, refused naming why with any other. Their other fields
+    (``skip_special_tokens``, ``priority``, ...) are unknown here: ignored."""
+
+    min_p: inert(0, why="only 0 is supported: the engine samples without min_p") = None
+    repetition_penalty: inert(1, why="only 1 is supported: the engine samples without it") = None
+    min_tokens: inert(0, why="only 0 is supported: a completion may end at any token") = None
+    ignore_eos: inert(False, why="is not supported: a completion ends its turn") = None
+    best_of: inert(1, why="only 1 is supported (send n for several choices)") = None
+    use_beam_search: inert(False, why="beam search is not supported") = None
+    stop_token_ids: inert([], why="is not supported: send stop strings") = None
+    bad_words: inert([], why="is not supported: the engine bans no words") = None
+    include_stop_str_in_output: inert(False, why=_STOP_CUT) = None
+    no_stop_trim: inert(False, why=_STOP_CUT) = None
+    allowed_token_ids: inert(why=_NO_PROCESSORS) = None
+    logits_processors: inert(why=_NO_PROCESSORS) = None
+    custom_logit_processor: inert(why=_NO_PROCESSORS) = None
+    guided_json: inert(why=_GUIDED) = None
+    guided_regex: inert(why=_GUIDED) = None
+    guided_choice: inert(why=_GUIDED) = None
+    guided_grammar: inert(why=_GUIDED) = None
+    structured_outputs: inert(why=_GUIDED) = None
+    regex: inert(why=_GUIDED) = None
+    ebnf: inert(why=_GUIDED) = None
+    chat_template: inert(why=_OWN_PROMPT) = None
+    add_generation_prompt: inert(True, why=_OWN_PROMPT) = None
+    continue_final_message: inert(False, why=_OWN_PROMPT) = None
+    documents: inert([], why=_OWN_PROMPT) = None
+    truncate_prompt_tokens: inert(why="is not supported: a prompt is never truncated") = None
+    echo: inert(False, why="is not supported: a reply holds the completion only") = None
+    prompt_logprobs: inert(0, why="is not supported: logprobs are the completion's") = None
+    return_tokens_as_token_ids: inert(False, why="is not supported") = None
+    lora_path: inert(why="is not supported: every call samples the policy") = None
 
 
 class _StreamOptions(Strict):  # include_usage is read with or without streaming
@@ -269,8 +404,9 @@ class _StreamOptions(Strict):  # include_usage is read with or without streaming
 Tokens = Annotated[int, Field(ge=1, le=2**31 - 1)]
 
 
-class _Chat(Strict):
-    """A chat-completions body, its nulls dropped (null is "not given")."""
+class _Chat(EngineExtras, extra="ignore"):
+    """A chat-completions body, its nulls dropped (null is "not given"); a field it does
+    not name is ignored (:func:`note_ignored_fields` logs it)."""
 
     messages: Annotated[list[_Message], Field(min_length=1)]
     tools: Annotated[list[_Tool], Field(fail_fast=True)] = []  # a body may hold thousands
@@ -287,19 +423,30 @@ class _Chat(Strict):
     stream_options: _StreamOptions = _StreamOptions()
     stop: str | Annotated[list[NonEmpty], Field(max_length=MAX_STOPS)] = ()
     logprobs: bool = False
-    # Checked and then ignored: see the module docstring.
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     response_format: _ResponseFormat | None = None
+    chat_template_kwargs: TemplateKwargs | None = None
+    # Accepted with a value that changes nothing; another is refused saying why.
     frequency_penalty: inert(0, why=_NO_PENALTIES) = None
     presence_penalty: inert(0, why=_NO_PENALTIES) = None
     logit_bias: inert({}, why="is not supported: the engine samples without biases") = None
     top_logprobs: inert(0, why=_ONE_LOGPROB) = None
-    # Accepted and ignored.
+    functions: inert([], why="is not supported: send tools") = None
+    function_call: inert("none", "auto", why="is not supported: send tool_choice") = None
+    audio: inert(why="is not supported: replies are text") = None
+    modalities: inert(["text"], why="only ['text'] is supported") = None
+    web_search_options: inert({}, why="is not supported: the policy has no web search") = None
+    # Checked, then ignored (_IGNORED, logged once).
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
     user: Any = None
     parallel_tool_calls: Any = None
     metadata: Any = None
     store: Any = None
     service_tier: Any = None
+    prompt_cache_key: Any = None
+    prompt_cache_retention: Any = None
+    safety_identifier: Any = None
+    prediction: Any = None
 
     @field_validator("messages", mode="before")
     @classmethod
@@ -366,6 +513,7 @@ def parse_chat_request(body: Any, *, max_n: int, max_messages: int) -> ChatReque
     given = {k: v for k, v in body.items() if v is not None}
     limits = {"max_n": max_n, "max_messages": max_messages}
     m = validate(_Chat, given, error=RequestError, context=limits)
+    note_ignored_fields(given, _Chat)
     named = m.tool_choice if isinstance(m.tool_choice, _NamedChoice) else None
     stops = [m.stop] if isinstance(m.stop, str) else m.stop
     return ChatRequest(
@@ -385,6 +533,7 @@ def parse_chat_request(body: Any, *, max_n: int, max_messages: int) -> ChatReque
         include_usage=bool(m.stream_options.include_usage),
         stop=tuple(dict.fromkeys(s for s in stops if s)),
         logprobs=m.logprobs,
+        chat_template_kwargs=m.chat_template_kwargs or {},
     )
 
 

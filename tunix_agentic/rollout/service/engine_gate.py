@@ -12,7 +12,9 @@ weights. The node pushes them itself when the trainer named them with the versio
 (``POST /v1/policy {"version", "weights_path"}``: the directory the trainer's own client
 had the engines load, ``rollout.service.weights_dir``); otherwise it waits until the
 engine reports the published version (the trainer's pool pushes it when it notices).
-Nothing here imports JAX.
+A node no trainer published a version to (``published()`` None: an operator's node over
+``serve-engine --params RUN``) has no version to hold its engines to: it serves what they
+hold, and an engine that failed is used again once it answers. Nothing here imports JAX.
 """
 
 from __future__ import annotations
@@ -36,13 +38,14 @@ STALE_AFTER = 2
 class EngineGate:
     """One engine client (an ``SGLangEngine``) as the node's pool sees it: everything is
     the client's but ``generate`` and ``check_health`` (see the module docstring).
-    ``published()``: the node's policy version; ``weights()``: ``(version, path)`` of the
-    published weights on a filesystem the engine reads, or None when not known."""
+    ``published()``: the version a trainer published to the node (None before any);
+    ``weights()``: ``(version, path)`` of the published weights on a filesystem the engine
+    reads, or None when not known."""
 
     def __init__(
         self,
         client: Any,
-        published: Callable[[], int],
+        published: Callable[[], int | None],
         weights: Callable[[], tuple[int, str] | None],
     ):
         self.client = client
@@ -63,10 +66,13 @@ class EngineGate:
         on_tokens: TokenCallback | None = None,
     ) -> TokenOutput:
         if self.distrusted is not None:
-            raise EngineError(
-                f"{self.client.name}: not used until it holds the published weights "
-                f"v{self._published()} ({self.distrusted})"
+            published = self._published()
+            until = (
+                "it answers again"
+                if published is None
+                else f"it holds the published weights v{published}"
             )
+            raise EngineError(f"{self.client.name}: not used until {until} ({self.distrusted})")
         sent_under = self._published()
         try:
             stream = {} if on_tokens is None else {"on_tokens": on_tokens}
@@ -76,6 +82,8 @@ class EngineGate:
         except EngineError as exc:
             self._distrust(f"a request failed: {exc}")
             raise
+        if sent_under is None:  # no trainer: whatever the engine holds is the policy
+            return out
         held = max(out.versions, default=sent_under)
         if held <= sent_under - STALE_AFTER:
             self._distrust(f"it answered with weights v{held}")
@@ -101,6 +109,9 @@ class EngineGate:
 
     async def _sync(self) -> bool:
         published, weights = self._published(), self._weights()
+        if published is None:  # no version to wait for: it answers, so it is used again
+            self.distrusted = None
+            return True
         try:
             if weights is not None and weights[0] == published:
                 await self.client.update_weights_from_disk(weights[1], published)

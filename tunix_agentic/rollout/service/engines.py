@@ -1,13 +1,14 @@
 """The rollout node's engines: SGLang-compatible servers by URL, added and removed while
-it serves, behind an :class:`~tunix_agentic.inference.pool.EnginePool`. Nothing here
-imports JAX."""
+it serves, behind an :class:`~tunix_agentic.inference.pool.EnginePool`, and the policy
+version they serve: the one a trainer published (``POST /v1/policy``), to which their
+replies are held, or, on a node no trainer drives (an operator's node over ``serve-engine
+--params RUN``), the one they report. Nothing here imports JAX."""
 
 from __future__ import annotations
 
 import asyncio
 import re
 import time
-from collections.abc import Callable
 from typing import Any
 
 from tunix_agentic.inference.base import (
@@ -55,29 +56,41 @@ class EngineSet:
         # How long a request waits for an engine when none is usable (the node sets
         # rollout.backend_wait_s): an engine restarted within it costs no episode.
         self.wait_s = wait_s
-        # The published weights the node pushes to an engine that lost them: (version, path).
+        # The version a trainer published (None before any), and its weights the node
+        # pushes to an engine that lost them: (version, path).
+        self.published: int | None = None
         self.weights: tuple[int, str] | None = None
+        # The weights' version of the newest reply (or, before one, the engines' model
+        # info at start): the policy while no trainer has published one.
+        self.served_version = 0
         self._gates: dict[str, EngineGate] = {}
         self._clients: dict[str, SGLangEngine] = {}
         self._pool: EnginePool | None = None
         self._retired: set[asyncio.Task] = set()
         self._vocab_size: int | None = None
-        self._published: Callable[[], int] | None = None
         for u in urls:
             self.add(u)
 
-    def check_replies(self, *, vocab_size: int | None, published: Callable[[], int]) -> None:
+    def check_replies(self, *, vocab_size: int | None) -> None:
         """Check every engine's replies (engines added later too) against the model's
         vocabulary and the published policy version: a reply with a NaN or positive
-        logprob, an id outside ``[0, vocab_size)`` or a version past ``published() +
-        VERSION_GRACE`` is that backend's infrastructure error (``BadReply``), never
-        recorded."""
-        self._vocab_size, self._published = vocab_size, published
+        logprob, an id outside ``[0, vocab_size)`` or a version past :attr:`published` +
+        ``VERSION_GRACE`` is that backend's infrastructure error (``BadReply``), never
+        recorded. Before a trainer publishes a version, any version the engines hold is
+        theirs to serve."""
+        self._vocab_size = vocab_size
         for client in self._clients.values():
             client.vocab_size, client.max_version = vocab_size, self._max_version
 
     def _max_version(self) -> int | None:
-        return None if self._published is None else self._published() + VERSION_GRACE
+        return None if self.published is None else self.published + VERSION_GRACE
+
+    @property
+    def policy_version(self) -> int:
+        """The node's policy version: the one a trainer published, else (no trainer) the
+        one the engines serve (:attr:`served_version`). Only a published version holds the
+        engines to it (see :mod:`~tunix_agentic.rollout.service.engine_gate`)."""
+        return self.served_version if self.published is None else self.published
 
     @property
     def urls(self) -> list[str]:
@@ -117,16 +130,16 @@ class EngineSet:
 
     def publish(self, version: int, weights_path: str | None) -> None:
         """The trainer published ``version``, its weights at ``weights_path`` (None: not
-        known here). An engine that failed is used again once it holds them (pushed)."""
+        known here): from now on the policy version, which replies are held to. An engine
+        that failed is used again once it holds them (pushed)."""
+        self.published = int(version)
         self.weights = None if weights_path is None else (int(version), weights_path)
 
     def _gate(self, url: str) -> EngineGate:
         gate = self._gates.get(url)
         if gate is None or gate.client is not self._clients[url]:
             gate = self._gates[url] = EngineGate(
-                self._clients[url],
-                lambda: self._published() if self._published is not None else 0,
-                lambda: self.weights,
+                self._clients[url], lambda: self.published, lambda: self.weights
             )
         return gate
 
@@ -174,7 +187,7 @@ class EngineSet:
             if pool is None:
                 raise EngineError("the rollout node has no engine (POST /v1/engines {url})")
             try:
-                return await pool.generate(
+                out = await pool.generate(
                     prompt_ids, sampling, session_id=session_id, request_id=request_id, **stream
                 )
             except PromptTooLongError:
@@ -189,6 +202,27 @@ class EngineSet:
                 # (not once ids were streamed: the caller has shown them).
                 if streamed.given or not await self._until_usable(deadline):
                     raise
+            else:
+                if out.versions:
+                    self.served_version = int(out.versions[-1])
+                return out
+
+    async def read_served_version(self, timeout_s: float = 5.0) -> None:
+        """Set :attr:`served_version` to the newest weight version the engines report
+        (``model_info``); one that does not answer within ``timeout_s``, or reports no
+        integer version, is left out (its first reply tells)."""
+
+        async def held(client: Any) -> int | None:
+            try:
+                info = await asyncio.wait_for(client.model_info(), timeout_s)
+                return int(info["weight_version"])
+            except (EngineError, TimeoutError, KeyError, TypeError, ValueError):
+                return None
+
+        found = await asyncio.gather(*(held(c) for c in list(self._clients.values())))
+        versions = [v for v in found if v is not None]
+        if versions:
+            self.served_version = max(versions)
 
     async def _until_usable(self, deadline: float) -> bool:
         """Wait until an engine is in rotation or ``deadline`` passes; False past it."""

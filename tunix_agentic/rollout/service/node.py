@@ -377,8 +377,7 @@ class RolloutNode:
         self.engines = engines
         self.log = GroupLog(state_dir)
         self.max_groups = max_groups or setup.max_groups
-        self.policy_version = 0
-        engines.check_replies(vocab_size=setup.vocab_size, published=lambda: self.policy_version)
+        engines.check_replies(vocab_size=setup.vocab_size)
         engines.wait_s = setup.rollout.backend_wait_s  # an engine restarting costs no episode
         self.stats: dict[str, int] = {"infra_failures": 0, "infra_retries": 0}
         self.fatal: str | None = None
@@ -438,6 +437,7 @@ class RolloutNode:
             st = self.groups[gid] = self._replayed(gid, replay.bodies[gid])
             st.owner = replay.owners.get(gid, OPERATOR)
             await self._finish(st, "lost", error="the node restarted before the group finished")
+        await self.engines.read_served_version()  # the policy until a trainer publishes one
 
     def _replayed(self, group_id: str, body: dict[str, Any]) -> _GroupState:
         """A logged group's state; its body is kept as logged (what a resubmission must
@@ -690,7 +690,7 @@ class RolloutNode:
             if st.status in ("queued", "running"):
                 members_in_flight += st.request.num_samples
         return {
-            "policy_version": self.policy_version,
+            "policy_version": self.engines.policy_version,
             "max_groups": self.max_groups,
             "groups": totals,
             "members_in_flight": members_in_flight,

@@ -10,7 +10,8 @@ poll; ``&members=false`` leaves the learner's view out and answers the group alo
 ``GET /v1/groups?done_since=C`` (final groups in completion order),
 ``GET /v1/events`` (server-sent events of the same, resumable with ``?cursor=C`` or
 ``Last-Event-ID``), ``DELETE /v1/groups/{id}`` (cancel, idempotent), ``POST /v1/policy
-{version}``, ``GET /v1/status``, ``POST`` / ``DELETE /v1/engines {url}``, ``GET
+{version}`` (a trainer's; until one, the policy version is the one the engines serve),
+``GET /v1/status``, ``POST`` / ``DELETE /v1/engines {url}``, ``GET
 /health``, and the OpenAI-compatible endpoint of
 :mod:`~tunix_agentic.rollout.openai_endpoint.api`. Nothing here imports JAX.
 
@@ -318,9 +319,8 @@ async def handle_policy(request: web.Request) -> web.Response:
     weights_path = body.get("weights_path")
     if weights_path is not None and not (isinstance(weights_path, str) and weights_path):
         raise ValueError(f"weights_path must be a directory path or null, got {weights_path!r:.80}")
-    node.policy_version = version
-    node.engines.publish(version, weights_path)
-    return web.json_response({"version": node.policy_version})
+    node.engines.publish(version, weights_path)  # now the node's policy: replies held to it
+    return web.json_response({"version": node.engines.policy_version})
 
 
 @_bad_request
@@ -429,7 +429,7 @@ def _mount_openai(
         app,
         engine=node.engines,
         chat_format=node.setup.template,
-        version_of=lambda: node.policy_version,
+        version_of=lambda: node.engines.policy_version,
         config=OpenAIConfig(
             parser=node.setup.agent.parser,
             default_max_tokens=node.setup.agent.max_new_tokens,
