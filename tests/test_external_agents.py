@@ -48,22 +48,34 @@ BOUND_S = 120  # a bound against hangs, never a timing assertion
 _spec = importlib.util.spec_from_file_location("openai_agent", AGENT_SCRIPT)
 agent_script = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(agent_script)
-sys.modules.setdefault("openai_agent", agent_script)  # langchain_agent.py imports it
-_spec = importlib.util.spec_from_file_location(
-    "langchain_agent", REPO / "examples" / "langchain_agent.py"
-)
-langchain_script = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(langchain_script)
-_spec = importlib.util.spec_from_file_location(
-    "agents_sdk_agent", REPO / "examples" / "agents_sdk_agent.py"
-)
-sdk_script = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sdk_script)
+sys.modules.setdefault("openai_agent", agent_script)  # the other examples import it
+
+
+# Each example's agent: its script, its function and the package it needs (a case skips
+# without it; CI installs them all).
 AGENTS = {
-    "openai": agent_script.calculator_agent,
-    "langchain": langchain_script.langchain_calculator_agent,
-    "agents-sdk": sdk_script.agents_sdk_calculator_agent,
+    "openai": ("openai_agent", "calculator_agent", "openai"),
+    "langchain": ("langchain_agent", "langchain_calculator_agent", "langchain_openai"),
+    "agents-sdk": ("agents_sdk_agent", "agents_sdk_calculator_agent", "agents"),
+    "pydantic-ai": ("pydantic_ai_agent", "pydantic_ai_calculator_agent", "pydantic_ai"),
+    "autogen": ("autogen_agent", "autogen_calculator_agent", "autogen_agentchat"),
+    "llamaindex": (
+        "llamaindex_agent",
+        "llamaindex_calculator_agent",
+        "llama_index.llms.openai_like",
+    ),
+    "smolagents": ("smolagents_agent", "smolagents_calculator_agent", "smolagents"),
 }
+
+
+def _agent(name: str):
+    """The agent function of ``examples/SCRIPT.py`` for the case ``name``."""
+    script, function, package = AGENTS[name]
+    pytest.importorskip(package)
+    spec = importlib.util.spec_from_file_location(script, REPO / "examples" / f"{script}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, function)
 
 
 def _env() -> dict[str, str]:
@@ -107,9 +119,11 @@ def _request(group_id: str, num_samples: int, **fields) -> GroupRequest:
 
 @pytest.mark.parametrize("agent", list(AGENTS), ids=list(AGENTS))
 async def test_an_external_group_is_its_agents_recorded_episodes(node, agent):
-    """The examples' agents (the ``openai`` client's, LangChain's and the Agents SDK's on
-    its Responses model) each run a claimed group's members; each member's learner row is
-    exactly its recorded calls."""
+    """The examples' agents (the ``openai`` client's, LangChain's, the Agents SDK's on its
+    Responses model, pydantic-ai's, AutoGen's, LlamaIndex's streamed ``FunctionAgent`` and
+    smolagents' forced tool calls) each run a claimed group's members; each member's
+    learner row is exactly its recorded calls."""
+    run = _agent(agent)
     _, url = node
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
     async with NodeClient(url) as nodes:
@@ -119,8 +133,10 @@ async def test_an_external_group_is_its_agents_recorded_episodes(node, agent):
         assert {c["group_id"] for c in claims} == {"ext-a"} and claims[0]["max_turns"] == 2
         assert claims[0]["task"]["fields"]["answer"] == TASK.answer
         assert claims[0]["prompt"] == TASK.prompt
-        for claim in claims:  # the calls give no sampling: the group's applies
-            await AGENTS[agent](client, claim)
+        # The calls give no sampling (LlamaIndex's give the claim's temperature): the group's
+        # applies.
+        for claim in claims:
+            await run(client, claim)
         got = await nodes.get("ext-a", wait_s=BOUND_S)
     assert got["status"] == "done", got
     group = group_from_json(got["group"])
