@@ -124,13 +124,19 @@ def _overflow(page: Path, width: int = 1280, extra: str = "") -> dict:
     BROWSER is None, reason="no headless Chromium (apt-get install chromium-headless-shell)"
 )
 def test_the_key_pages_read_at_1280_px_without_a_horizontal_scrollbar(tmp_path):
-    """Home, Getting started and Before you book a TPU, as a laptop's browser lays them out:
-    no code block, table or picture cut behind a scrollbar, and no page wider than the
-    window; the site loads no web font (it reads offline)."""
+    """Home, Getting started, Before you book a TPU and the reference pages' wide tables, as
+    a laptop's browser lays them out: no code block, table or picture cut behind a scrollbar,
+    and no page wider than the window; the site loads no web font (it reads offline)."""
     site = tmp_path / "site"
     done = build(ROOT, site)
     assert done.returncode == 0, done.stderr[-3000:]
-    for name in ("index", "getting_started", "before_you_book_a_tpu"):
+    for name in (
+        "index",
+        "getting_started",
+        "before_you_book_a_tpu",
+        "reference/config",
+        "reference/cli",
+    ):
         report = _overflow(site / f"{name}.html")
         assert report["page"] <= 0 and not report["cut"], (name, report)
     assert "fonts.googleapis" not in (site / "index.html").read_text()
