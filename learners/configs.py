@@ -19,16 +19,18 @@ def check_finite(cfg: object, section: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
-    learning_rate: float = 3e-4
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
+    learning_rate: float = 3e-4  # AdamW's peak learning rate; > 0
+    weight_decay: float = 0.0  # AdamW's decoupled weight decay, on every trained parameter
+    max_grad_norm: float = 1.0  # gradients are clipped to this global L2 norm first; > 0
+    # Steps over which the learning rate rises linearly from 0 to learning_rate; 0: none.
     warmup_steps: int = 0
     # > 0: after the warm-up, a cosine decay to ``learning_rate * final_lr_fraction`` over
     # this many steps (then constant); 0: constant after the warm-up.
     decay_steps: int = 0
+    # The decay's end as a fraction of learning_rate, in [0, 1]; used only with decay_steps.
     final_lr_fraction: float = 0.0
-    b1: float = 0.9
-    b2: float = 0.99
+    b1: float = 0.9  # Adam's decay rate of the gradient's moving average
+    b2: float = 0.99  # Adam's decay rate of the squared gradient's moving average
     # "float32": keep a float32 master copy of bfloat16/float16 weights (the optimizer's
     # state too); the model still computes in its own dtype and the engine gets its dtype
     # back. "": train the weights in their own dtype (small steps round away in bf16).
@@ -64,8 +66,10 @@ ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "d
 class LoRAConfig:
     """``rank`` 0 turns LoRA off (full fine-tuning)."""
 
-    rank: int = 0
-    alpha: float = 16.0
+    rank: int = 0  # the adapters' rank r; 0: off
+    alpha: float = 16.0  # the adapters' output is scaled by alpha / rank; > 0
+    # The linear layers that get adapters: a non-empty subset of q_proj, k_proj, v_proj,
+    # o_proj, gate_proj, up_proj, down_proj.
     targets: tuple[str, ...] = ALL_LINEAR
 
     def __post_init__(self):

@@ -26,11 +26,14 @@ class GRPOConfig:
     # Advantage estimator by name (learners/advantages.py): grpo, grpo_bessel, dr_grpo, rloo
     # (within a group), reinforce, reinforce_pp, erpo (over the batch).
     advantage: str = "grpo"
+    # How token losses become the batch's loss (learners/losses.py: aggregate): "token_mean"
+    # (every token alike, DAPO), "seq_mean_token_mean" (per row, then over rows: GRPO),
+    # "seq_mean_token_sum_norm" (token sums over rows x norm_length: Dr. GRPO).
     aggregation: str = "token_mean"
     # "ppo": token ratios (PPO / GRPO); "gspo": one sequence-level ratio per row (GSPO).
     loss_type: str = "ppo"
-    clip_low: float = 0.2
-    clip_high: float = 0.28
+    clip_low: float = 0.2  # the ratio's trust region is [1 - clip_low, 1 + clip_high]; [0, 1)
+    clip_high: float = 0.28  # >= 0; 0.28 > clip_low is DAPO's clip-higher
     dual_clip: float = 0.0  # > 1: a negative advantage's loss is capped at -c * A
     kl_coef: float = 0.0  # off by default (StarPO-S)
     kl_estimator: str = "k3"  # k1 / k2 / k3 (Schulman 2020)
@@ -52,13 +55,13 @@ class GRPOConfig:
     # Beyond TIS: drop rows ("sequence") or tokens ("token", IcePop) whose learner/sampler
     # probability ratio leaves [off_policy_low, off_policy_high].
     off_policy_mask: str = "none"
-    off_policy_low: float = 0.5
-    off_policy_high: float = 2.0
+    off_policy_low: float = 0.5  # the kept band's lower end, in (0, 1] (IcePop's 0.5)
+    off_policy_high: float = 2.0  # the kept band's upper end, >= 1 (IcePop's 2)
     # Truncated responses (DAPO): "mask" trains nothing on them; "penalty" lowers the
     # reward linearly from 0 at overlong_max_len - overlong_cache_len to -1 at max_len.
     overlong: str = "none"
-    overlong_max_len: int = 0
-    overlong_cache_len: int = 0
+    overlong_max_len: int = 0  # "penalty": generated tokens (all turns) where it reaches -1
+    overlong_cache_len: int = 0  # "penalty": tokens it takes to fall from 0 to -1; <= max_len
     # Tokens sampled under a grammar (a forced tool call, response_format: Step.constrained)
     # were drawn from the masked distribution, whose logprob is recorded. "train" (the
     # default) trains on them: the ratio to that recorded logprob is the importance
@@ -77,7 +80,7 @@ class GRPOConfig:
     # forward rows, about a fifth of a small step) every mi_every-th train step, the first
     # included; mi_pairs 0 turns it off.
     mi_pairs: int = 4
-    mi_every: int = 10
+    mi_every: int = 10  # the diagnostic runs every this many train steps; >= 1
     # Devices of the learner (tunix_agentic.sharding): fsdp x tp, and which devices
     # ("start:stop"); the default is one device. Colocated with the engine when both name
     # the same devices, disaggregated when they name different ones.

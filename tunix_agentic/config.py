@@ -47,8 +47,15 @@ class EnvConfig:
     checks the environment names (:func:`import_envs`; a config built in Python calls it
     itself, or imports its modules)."""
 
+    # The registered environment (built in: arithmetic, countdown, frozenlake, math_python,
+    # remote, swe_lite; env.import adds yours); the default of tasks[].env.
     name: str = "arithmetic"
+    # Modules imported before environment names are checked, so they register theirs (and
+    # their tool-call parsers): module paths ("mypkg.myenv") or .py files; one string is a list
+    # of one.
     imports: tuple[str, ...] = ()
+    # Keyword arguments of env.name's factory, for every task source whose environment is
+    # env.name (tasks[].env_kwargs overrides them key by key).
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     tool_timeout_s: float | None = None  # None: each environment's own default
     # Each episode's sandbox (environments whose factory takes ``sandbox``: math_python,
@@ -96,8 +103,11 @@ def _check_env_name(name: str, key: str) -> None:
 class SFTConfig:
     """The warm start: supervised steps on generated demonstrations."""
 
-    steps: int = 1500
+    steps: int = 1500  # supervised steps before RL; 0: no warm start
+    # Learner rows per step: one per demonstration, or one per step of it under a context rule
+    # that shows less than the whole history (rows carry over between batches).
     batch_size: int = 32
+    # Probability that a demonstration uses the tools (where its task allows both); in [0, 1].
     tool_fraction: float = 0.4
     optimizer: OptimizerConfig = OptimizerConfig(learning_rate=3e-3, warmup_steps=50)
 
@@ -110,8 +120,13 @@ class SFTConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
+    # Learner steps, each one optimizer update on one batch (rollout.groups_per_batch groups);
+    # 0: no RL (the warm start and the evaluations before and after still run).
     steps: int = 60
+    # Held-out tasks of each task source per evaluation (before RL, after it, and every
+    # eval_every); a source with fewer held-out tasks runs all it has.
     eval_tasks: int = 200
+    # The sampling temperature of evaluations (in place of agent.temperature); 0: greedy.
     eval_temperature: float = 0.0
     # Every this many RL steps (and after the warm start, and at the end) a checkpoint is
     # written in the background; 0: only after the warm start and at the end.
@@ -119,10 +134,11 @@ class RLConfig:
     keep_checkpoints: int = 3  # the newest this many are kept
     # Every this many RL steps the held-out split is evaluated while training goes on, at
     # the version then on the engine (logged at that step); 0: only before and after RL.
-    # See tunix_agentic.rl_loop.PeriodicEval. eval_priority: "high" pauses the admission
-    # of new training groups while it runs (it ends sooner, and the weights it holds back
-    # reach the engine sooner); "low" runs its tasks one at a time beside training.
+    # See tunix_agentic.rl_loop.PeriodicEval.
     eval_every: int = 0
+    # How an eval_every evaluation shares the engine with training. "high": no new training
+    # group is admitted while it runs (it ends sooner, and the weights it holds back reach
+    # the engine sooner); "low": its tasks run one at a time beside training.
     eval_priority: str = "high"
 
     def __post_init__(self):
@@ -156,13 +172,27 @@ class TaskSourceConfig:
     it is ``env.name``).
     """
 
+    # Tags the source's trajectories, metrics and held-out figures; "": the environment's
+    # name. Two sources of one run need distinct names.
     name: str = ""
-    env: str = ""
+    env: str = ""  # the environment its tasks run in; "": env.name
+    # The registered environment whose task source supplies the tasks; "": env itself (with
+    # env "remote", name the served environment here). Not used with train_file.
     tasks_from: str = ""
+    # The source's share of the train stream, relative to the other sources' weights (exact
+    # quotas); > 0.
     weight: float = 1.0
+    # Added to the run's seed for this source's train stream (two sources of one
+    # environment draw different tasks); >= 0.
     seed_offset: int = 0
+    # Train tasks from a file instead of tasks_from: JSONL, JSON or parquet records of
+    # "prompt" (required), "answer", "task_id" and other keys (the task's data).
     train_file: str | None = None
+    # Held-out tasks from such a file (needs train_file); null with train_file: the source has
+    # no held-out tasks and is not evaluated.
     heldout_file: str | None = None
+    # Keyword arguments of the source's environment factory; when env is env.name they
+    # override env.kwargs key by key.
     env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
@@ -179,7 +209,11 @@ class CrossPolicyConfig:
     """AgentRL cross-policy sampling: extra engines kept ``stale_every`` versions behind."""
 
     stale_engines: int = 0  # 0: off
+    # The stale engines get the new weights only at versions that are a multiple of this
+    # (so they lag by up to stale_every - 1 versions); >= 1.
     stale_every: int = 4
+    # Probability that a model call goes to the fresh engine (the newest weights); the rest
+    # are spread evenly over the stale engines. In [0, 1].
     fresh_fraction: float = 0.5
 
     def __post_init__(self):
@@ -195,7 +229,11 @@ class CrossPolicyConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
+    # Seeds the model's initialisation, the task streams (plus tasks[].seed_offset), the
+    # SFT demonstrations, LoRA's adapters and cross-policy picks; episodes use rollout.seed.
     seed: int = 0
+    # Where the run writes (config.yaml, checkpoints/, tensorboard/, trace/, transcripts/);
+    # a fresh run where one exists goes to run_dir-2, -3, ...
     run_dir: str = "runs/calculator_tiny"
     model: ModelConfig = ModelConfig()
     engine: EngineConfig = EngineConfig()

@@ -16,7 +16,11 @@ class MeshConfig:
     different ranges.
     """
 
+    # Devices on the fsdp axis: a batch's rows and each weight's model dimension are split
+    # over them; -1: all the devices tp leaves.
     fsdp: int = 1
+    # Devices on the tensor-parallel axis (heads, MLP hidden units and the vocabulary are
+    # split over them); fsdp x tp must be the number of devices the mesh uses.
     tp: int = 1
     devices: str = ""
 

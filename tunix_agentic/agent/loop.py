@@ -37,12 +37,21 @@ from tunix_agentic.trajectory import Step, Trajectory
 
 @dataclasses.dataclass(frozen=True)
 class AgentConfig:
+    # Model turns per episode; then it ends with status "max_turns" (rollout.max_turns_schedule
+    # changes it by policy version).
     max_turns: int = 4
+    # Tokens one turn may generate; a turn cut there ends the episode ("max_tokens").
     max_new_tokens: int = 96
+    # Sampling temperature; 0: greedy. Above 0 it must equal learner.temperature.
     temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
+    top_p: float = 1.0  # nucleus sampling's mass, in (0, 1]; 1: off
+    top_k: int = 0  # sample among the k likeliest tokens; 0: off; at most model.vocab_size
+    # Tool-call format by name (agent/tool_parser.py): "qwen3" (<tool_call>{json}</tool_call>,
+    # <answer>...</answer>) is built in; tool_parser.register_parser adds more.
     parser: str = "qwen3"
+    # What each model call sees (agent/context.py): "append_only" the whole history,
+    # "sliding_window" the prompt and the last context_window steps, "as_rendered" the
+    # history as a server re-rendering the conversation shows it (see enable_thinking).
     context_rule: str = "append_only"
     # Steps of history the "sliding_window" context rule keeps after the prompt.
     context_window: int = 2
@@ -57,6 +66,8 @@ class AgentConfig:
     # the schemas go), "error" refuses the template at start, "drop" leaves them out, "auto"
     # is "drop" for the built-in character template and "system" otherwise.
     tools_fallback: str = "auto"
+    # The system-prompt text that lists the tools when tools_fallback is (or "auto" picks)
+    # "system"; "{tools}" marks where the schemas go; "": chat.DEFAULT_TOOLS_PROMPT.
     tools_prompt: str = ""
     # Tool calls one turn may run; the rest are not run and the agent is told so (a turn of
     # many slow calls would otherwise outlast the episode's deadline in one step).

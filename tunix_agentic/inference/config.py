@@ -25,15 +25,27 @@ def check_urls(urls: tuple[str, ...], key: str) -> None:
 class EngineConfig:
     """Memory and batching limits of one engine."""
 
+    # Requests decoded at once (KV cache slots); more wait in the queue. Prefill rows are
+    # padded to powers of two up to it.
     max_slots: int = 32
+    # Tokens one slot holds, prompt and generated: a prompt of this many or more is refused,
+    # generation stops at it. "dense" reserves this much KV per slot.
     max_seq_len: int = 256
+    # Decode steps in one jitted chunk; requests are admitted and tokens collected between
+    # chunks (more: less host work per token, later admission).
     decode_steps: int = 8
+    # The smallest prefill length bucket, in tokens: the tokens to prefill are padded to it
+    # times a power of two (capped at max_seq_len), one compiled prefill per bucket.
     min_prefill_len: int = 16
+    # Park a finished request's slot with its KV under its session id; the session's next
+    # prompt that extends it prefills only the new tokens. Evicted LRU when slots run out.
     session_reuse: bool = True
     # Reuse the KV of the longest prompt prefix any slot holds (a GRPO group's samples, a
     # shared system prompt): copied on device, only the rest is prefilled. Greedy outputs
     # are the same with it off; off also keeps a freed slot's cache from being reused.
     prefix_cache: bool = True
+    # Keep parked and prefix KV made by older weights after a weight update; false: it is
+    # dropped, and the new weights recompute it.
     reuse_kv_across_versions: bool = False
     # Queue the next decode chunk before collecting the last one, so host work overlaps the
     # device's (a chunk queued ahead whose requests all ended stops on device at once).
@@ -43,6 +55,8 @@ class EngineConfig:
     # true: every engine built with it (a JaxEngine, serve-engine, eval, the trainer's); false:
     # none; unset (None): the trainer's engines warm up (beside the SFT warm start), no other.
     warmup: bool | None = None
+    # A request without a seed of its own samples with crc32("{seed}/{request id}"); an
+    # episode's requests carry theirs (rollout.seed).
     seed: int = 0
     # Devices the engine serves from (tunix_agentic.sharding); the default is one device.
     mesh: MeshConfig = MeshConfig()
@@ -51,7 +65,9 @@ class EngineConfig:
     # tokens need, shared prompt prefixes share whole blocks, and a request waits for
     # blocks to be free (inference/paged.py). kv_blocks 0: half of what dense reserves.
     kv_layout: Literal["dense", "paged"] = "dense"
-    kv_block_size: int = 16
+    kv_block_size: int = 16  # "paged": tokens per block, a power of two dividing max_seq_len
+    # "paged": blocks in each layer's pool, at least one max_seq_len sequence; 0: half of
+    # what dense reserves (max_slots x max_seq_len / 2 tokens).
     kv_blocks: int = 0
     # How much of the cache a decode chunk attends over. "bucketed": the smallest of
     # window_buckets() that holds every live slot's position at the chunk's end (one compiled
@@ -62,6 +78,9 @@ class EngineConfig:
     # started by `tunix-agentic serve-vllm`; serving/vllm_client.py). The fields above are
     # the JAX engine's; a server has its own.
     backend: Literal["jax", "sglang", "vllm"] = "jax"
+    # The servers of backend sglang or vllm (http(s)://HOST:PORT) when rollout runs in this
+    # process, spread by load (a session stays on one). Rollout nodes use
+    # rollout.service.engine_urls instead.
     urls: tuple[str, ...] = ()
 
     def __post_init__(self):

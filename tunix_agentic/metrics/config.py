@@ -21,11 +21,13 @@ class WandbConfig:
     ``online`` needs a W&B login; ``disabled`` goes through the motions and keeps
     nothing. ``name`` defaults to the run directory's name."""
 
-    project: str | None = None
+    project: str | None = None  # the W&B project; null: no mirror
+    # "offline": written under dir for a later `wandb sync`; "online": sent (needs a W&B
+    # login); "disabled": nothing kept.
     mode: str = "offline"
-    entity: str | None = None
-    name: str | None = None
-    dir: str | None = None
+    entity: str | None = None  # the W&B team or user; null: the login's default
+    name: str | None = None  # the W&B run's name; null: the run directory's name
+    dir: str | None = None  # where W&B writes its files; null: the run directory
 
     def __post_init__(self):
         for key in ("project", "entity", "name", "dir"):
@@ -42,7 +44,11 @@ class WandbConfig:
 class MetricsConfig:
     """``metrics:`` in a run's YAML (see the module docstring)."""
 
+    # Span samples kept per span name per RL step (a uniform reservoir past it) for the
+    # latency/ percentiles and hist/ histograms; 0 turns both off.
     latency_samples: int = 2048
+    # Write TensorBoard's custom-scalars layout (the CUSTOM SCALARS dashboard,
+    # tunix_agentic.metrics.layout) as charts get data; false: none.
     layout: bool = True
     wandb: WandbConfig = WandbConfig()
     # FLOP/s that MFU is measured against; None: the chip's published peak, or on CPU (or

@@ -83,7 +83,7 @@ _FLUSH_EVERY = 10_000  # buffered events written out even within a step
 class TraceConfig:
     """The run's trace (``trace:`` in a run's YAML); see the module docstring."""
 
-    enabled: bool = True
+    enabled: bool = True  # write RUN_DIR/trace/trace-NNN.json.gz; false: nothing is written
     episodes_per_step: int = 4  # episodes given a thread per RL step
     every_steps: int = 1  # engine and new episodes traced in one RL step of this many
     max_events: int = 200_000  # per file (~2-3 MB gzipped)

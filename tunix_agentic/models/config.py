@@ -20,25 +20,32 @@ class ModelConfig:
     loaded, its tokenizer and chat template are used; ``dtype`` still applies.
     """
 
+    # Token ids the embedding holds; builtin: at least the character tokenizer's own count
+    # (ids past it pad the table and decode to "").
     vocab_size: int = 128
-    d_model: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    head_dim: int = 16
-    ffn_dim: int = 192
-    rope_theta: float = 10_000.0
-    norm_eps: float = 1e-6
-    qk_norm: bool = False
-    tie_embeddings: bool = True
+    d_model: int = 64  # width of the embedding and the residual stream
+    num_layers: int = 2  # transformer blocks
+    num_heads: int = 4  # query heads per layer
+    num_kv_heads: int = 2  # key/value heads (grouped-query attention); divides num_heads
+    head_dim: int = 16  # width of one head; even (RoPE rotates pairs)
+    ffn_dim: int = 192  # hidden units of each block's SwiGLU MLP
+    rope_theta: float = 10_000.0  # RoPE base: frequency i is rope_theta ** (-2i / head_dim)
+    norm_eps: float = 1e-6  # epsilon of every RMSNorm
+    qk_norm: bool = False  # RMSNorm on each head's queries and keys before RoPE (Qwen3)
+    tie_embeddings: bool = True  # the output layer reuses the embedding table (no lm_head)
+    # Weights, activations and KV cache: "float32", "bfloat16" or "float16" (norm scales and
+    # logits stay float32); with source hf the loaded weights are cast to it.
     dtype: str = "float32"
     # RoPE frequency scaling: "none", or "llama3" (Llama 3.1+: long wavelengths divided by
     # rope_scaling_factor, short ones kept, a smooth blend between; see rope_frequencies).
     rope_scaling: str = "none"
-    rope_scaling_factor: float = 8.0
+    rope_scaling_factor: float = 8.0  # "llama3": what the long wavelengths are multiplied by
+    # "llama3": wavelengths longer than rope_original_max_len / this are scaled.
     rope_low_freq_factor: float = 1.0
+    # "llama3": wavelengths shorter than rope_original_max_len / this are kept; those between
+    # the two bounds are blended linearly.
     rope_high_freq_factor: float = 4.0
-    rope_original_max_len: int = 8192
+    rope_original_max_len: int = 8192  # "llama3": the pre-training context, in tokens
     # How attention is computed; the weights, shapes and checkpoints are the same either way.
     # "einsum" (the default): our grouped einsums with an f32 softmax, the reference the
     # tests compare against. "dot_product": jax.nn.dot_product_attention with
@@ -58,8 +65,10 @@ class ModelConfig:
     # compile instead of num_layers (a TPU train step compiles in a fraction of the CPU
     # time). Same values and parameter tree; prefill and decode stay unrolled.
     scan_layers: bool = False
+    # "builtin": a fresh model of the shape above and the character tokenizer; "hf": path's
+    # config.json (the shape), weights, tokenizer and chat template.
     source: str = "builtin"
-    path: str = ""
+    path: str = ""  # a local Hugging Face model directory, for source hf
 
     def __post_init__(self):
         for name in (

@@ -39,9 +39,16 @@ class ServiceConfig:
     urls: tuple[str, ...] = ()
     api_key: str | None = None
     engine_urls: tuple[str, ...] = ()
+    # The address the trainer's engine server listens on for the nodes (without
+    # engine_urls); beyond loopback it asks for api_key.
     engine_host: str = "127.0.0.1"
-    engine_port: int = 0
+    engine_port: int = 0  # that server's port; 0: a free port
+    # The URL the nodes are told to reach that server at (http(s)://HOST:PORT), when it is
+    # not engine_host:port (a NAT, a container); null: http://engine_host:port.
     engine_advertise: str | None = None
+    # Where the trainer writes each policy version for engine servers to load (engine_urls,
+    # rollout.ray.engines, engine.backend sglang/vllm); they must see it at the same path.
+    # null: a temporary directory (servers on this machine only).
     weights_dir: str | None = None
     poll_s: float = 10.0
     health_every_s: float = 1.0
@@ -203,12 +210,18 @@ def check_reward_limit(limit: object, key: str) -> None:
 class RolloutConfig:
     """How episodes are grouped, paced, filtered and retried (see the orchestrator)."""
 
-    group_size: int = 8
-    groups_per_batch: int = 8
-    init_workers: int = 32
-    run_workers: int = 64
-    eval_workers: int = 32
+    group_size: int = 8  # episodes per task (a GRPO group), whose rewards are compared
+    groups_per_batch: int = 8  # groups per learner step
+    init_workers: int = 32  # episodes at once in INIT (environment made and reset)
+    run_workers: int = 64  # episodes at once in RUN (the agent loop, which keeps the engine busy)
+    eval_workers: int = 32  # episodes at once in EVAL (the reward)
+    # Seconds one episode attempt may take, from INIT to its reward (waits for workers
+    # included). Past it the episode ends "agent_timeout" (reward 0) if it was in RUN and the
+    # agent's actions took at least half of it, else "timeout" (an infrastructure fault).
     episode_timeout_s: float = 300.0
+    # Policy versions a group's sampling may lag the learner step that trains on it; 0:
+    # on-policy (admission waits for each update). An older group is dropped
+    # (rollout/stale_dropped).
     max_staleness: int = 1
     filter_uniform_groups: bool = True  # DAPO dynamic sampling: drop groups with one reward value
     min_reward_std: float = 0.0  # RAGEN-style: also drop groups whose reward std is at most this
@@ -224,7 +237,7 @@ class RolloutConfig:
     # A retry waits a delay drawn uniformly from [0, min(infra_backoff_max_s, infra_backoff_s *
     # 2**(retry - 1))] (jittered exponential back-off: a burst of failures does not return as one).
     infra_backoff_s: float = 1.0
-    infra_backoff_max_s: float = 30.0
+    infra_backoff_max_s: float = 30.0  # the back-off's cap, in seconds (>= infra_backoff_s)
     # An environment backend that says it is down (see RolloutOrchestrator: backend_health) is
     # waited for up to this long; failures of episodes begun before it came back do not count
     # towards max_infra_failures_in_a_row. Past it, they count again.
@@ -239,6 +252,8 @@ class RolloutConfig:
     # a finite number in [-reward_limit, reward_limit]; one outside is the episode's error
     # (env_error) or a 400, never a learner input (1e308 overflows float32's advantages to NaN).
     reward_limit: float = 1e6
+    # Seeds each episode's sampling (with its stream, group index, member and attempt:
+    # rollout.episode.episode_seed) and the retries' back-off jitter.
     seed: int = 0
     # Rollout nodes (``tunix-agentic serve-rollout``); empty urls: in this process.
     service: ServiceConfig = ServiceConfig()
