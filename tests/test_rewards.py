@@ -169,7 +169,11 @@ def test_a_row_past_the_engines_window_is_refused_naming_its_episode(caplog):
     long = make_group(1, [1.0, 0.0])
     long.trajectories[1].token_ids[:0] = [3] * cfg.engine.max_seq_len  # a longer prompt
     long.trajectories[1].prompt_len += cfg.engine.max_seq_len
+    # A tool message past the window after the last action is never read: not refused.
+    tail = make_group(2, [1.0, 0.0])
+    tail.trajectories[0].append_observation([3] * cfg.engine.max_seq_len)
     with caplog.at_level("ERROR"):
-        out = steps.train_on([make_group(0, [1.0, 0.0]), long])
+        out = steps.train_on([make_group(0, [1.0, 0.0]), long, tail])
     assert out["learner/too_long_groups"] == 1.0 and np.isfinite(out["loss"])
     assert f"episode g1-1 has a learner row of {cfg.engine.max_seq_len + 5} tokens" in caplog.text
+    assert "g2-0" not in caplog.text

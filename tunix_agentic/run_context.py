@@ -22,7 +22,7 @@ import numpy as np
 from tunix_agentic.checkpoint import Checkpointer
 from tunix_agentic.config import RunConfig
 from tunix_agentic.inference.base import InferenceEngine
-from tunix_agentic.learners.batching import finite_groups, grpo_batch
+from tunix_agentic.learners.batching import finite_groups, grpo_batch, used_length
 from tunix_agentic.learners.grpo import GRPOLearner
 from tunix_agentic.metrics.recorder import MetricsRecorder
 from tunix_agentic.metrics.trace import Timeline
@@ -79,12 +79,14 @@ class GRPOSteps:
         """The groups whose every learner row fits the engine's window
         (``engine.max_seq_len``), and how many were left out. A row past it (an episode
         recorded through a node, by an engine with a longer window) is refused with an
-        error naming its episode, never handed to the learner."""
+        error naming its episode, never handed to the learner. A row counts up to its last
+        trained token (:func:`used_length`): the tool message that ended an episode cut at
+        the token limit may pass the window, and the learner never reads it."""
         limit = self.cfg.engine.max_seq_len
         kept = []
         for group in groups:
             longest = [
-                (max(len(r["input_ids"]) for r in t.learner_rows()), t.episode_id)
+                (max(used_length(r) for r in t.learner_rows()), t.episode_id)
                 for t in group.trajectories
                 if t.steps
             ]
