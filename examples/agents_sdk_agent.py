@@ -23,9 +23,7 @@ import json
 
 import agents
 import openai
-from openai_agent import close_episode, episode_headers, main, parse_args, score
-
-from tunix_agentic.envs.calculator import CalculatorTool
+from openai_agent import calculate, close_episode, episode_headers, main, parse_args, score
 
 
 async def agents_sdk_calculator_agent(client: openai.AsyncOpenAI, claim: dict) -> tuple[float, int]:
@@ -37,10 +35,7 @@ async def agents_sdk_calculator_agent(client: openai.AsyncOpenAI, claim: dict) -
         """Evaluate an arithmetic expression."""
         nonlocal calls
         calls += 1
-        try:
-            return await CalculatorTool().run(expression=expression)
-        except (TypeError, ValueError) as exc:
-            return f"error: {exc}"
+        return await calculate({"expression": expression})
 
     headers = episode_headers(claim)
     own = openai.AsyncOpenAI(  # the claim's token: this episode's calls are this agent's

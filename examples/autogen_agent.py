@@ -34,9 +34,7 @@ import openai
 from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.messages import TextMessage
 from autogen_ext.models.openai import OpenAIChatCompletionClient
-from openai_agent import close_episode, episode_headers, main, parse_args, score
-
-from tunix_agentic.envs.calculator import CalculatorTool
+from openai_agent import calculate, close_episode, episode_headers, main, parse_args, score
 
 MODEL_INFO = {  # what AutoGen cannot know about "policy"
     "family": "unknown",
@@ -55,10 +53,7 @@ async def autogen_calculator_agent(client: openai.AsyncOpenAI, claim: dict) -> t
         """Evaluate an arithmetic expression with + - * / // % ** and parentheses."""
         nonlocal calls
         calls += 1
-        try:
-            return await CalculatorTool().run(expression=expression)
-        except (TypeError, ValueError) as exc:
-            return f"error: {exc}"
+        return await calculate({"expression": expression})
 
     model = OpenAIChatCompletionClient(
         model="policy",

@@ -23,9 +23,7 @@ import asyncio
 import openai
 from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_openai import ChatOpenAI
-from openai_agent import TOOLS, close_episode, episode_headers, main, parse_args, score
-
-from tunix_agentic.envs.calculator import CalculatorTool
+from openai_agent import TOOLS, calculate, close_episode, episode_headers, main, parse_args, score
 
 
 async def langchain_calculator_agent(client: openai.AsyncOpenAI, claim: dict) -> tuple[float, int]:
@@ -48,10 +46,7 @@ async def langchain_calculator_agent(client: openai.AsyncOpenAI, claim: dict) ->
             break
         for call in reply.tool_calls:
             calls += 1
-            try:
-                result = await CalculatorTool().run(**call["args"])
-            except (TypeError, ValueError) as exc:
-                result = f"error: {exc}"
+            result = await calculate(call["args"])
             messages.append(ToolMessage(result, tool_call_id=call["id"]))
     text = reply.content if reply is not None and isinstance(reply.content, str) else None
     reward = score(claim, text)

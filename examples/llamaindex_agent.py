@@ -36,9 +36,7 @@ from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.core.tools import FunctionTool
 from llama_index.core.workflow import WorkflowRuntimeError
 from llama_index.llms.openai_like import OpenAILike
-from openai_agent import close_episode, episode_headers, main, parse_args, score
-
-from tunix_agentic.envs.calculator import CalculatorTool
+from openai_agent import calculate, close_episode, episode_headers, main, parse_args, score
 
 
 async def llamaindex_calculator_agent(client: openai.AsyncOpenAI, claim: dict) -> tuple[float, int]:
@@ -49,10 +47,7 @@ async def llamaindex_calculator_agent(client: openai.AsyncOpenAI, claim: dict) -
         """Evaluate an arithmetic expression with + - * / // % ** and parentheses."""
         nonlocal calls
         calls += 1
-        try:
-            return await CalculatorTool().run(expression=expression)
-        except (TypeError, ValueError) as exc:
-            return f"error: {exc}"
+        return await calculate({"expression": expression})
 
     llm = OpenAILike(
         model="policy",

@@ -45,6 +45,17 @@ from tunix_agentic.envs.calculator import (
 TOOLS = ArithmeticEnv().tool_schemas()  # OpenAI function schemas
 
 
+async def calculate(arguments: str | dict) -> str:
+    """The calculator's reply to one call (its arguments as JSON text or a dict), or the
+    call's error as the tool message says it."""
+    try:
+        if isinstance(arguments, str):
+            arguments = json.loads(arguments)
+        return await CalculatorTool().run(**arguments)
+    except (TypeError, ValueError) as exc:
+        return f"error: {exc}"
+
+
 def episode_headers(claim: dict) -> dict[str, str]:
     """The headers that make a chat call or a reward the claimed episode's."""
     return {"X-Episode-Id": claim["episode_id"], "X-Episode-Token": claim["episode_token"]}
@@ -66,10 +77,7 @@ async def calculator_agent(client: openai.AsyncOpenAI, claim: dict) -> tuple[flo
             break
         for call in message.tool_calls:
             calls += 1
-            try:
-                result = await CalculatorTool().run(**json.loads(call.function.arguments))
-            except (TypeError, ValueError) as exc:
-                result = f"error: {exc}"
+            result = await calculate(call.function.arguments)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
     reward = score(claim, message.content)
     await close_episode(client, claim, reward)

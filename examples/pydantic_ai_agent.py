@@ -24,13 +24,11 @@ from __future__ import annotations
 import asyncio
 
 import openai
-from openai_agent import close_episode, episode_headers, main, parse_args, score
+from openai_agent import calculate, close_episode, episode_headers, main, parse_args, score
 from pydantic_ai import Agent, UsageLimits
 from pydantic_ai.exceptions import ModelHTTPError, UnexpectedModelBehavior, UsageLimitExceeded
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
-
-from tunix_agentic.envs.calculator import CalculatorTool
 
 
 async def pydantic_ai_calculator_agent(
@@ -47,10 +45,7 @@ async def pydantic_ai_calculator_agent(
         """
         nonlocal calls
         calls += 1
-        try:
-            return await CalculatorTool().run(expression=expression)
-        except (TypeError, ValueError) as exc:
-            return f"error: {exc}"
+        return await calculate({"expression": expression})
 
     own = openai.AsyncOpenAI(  # the claim's token: this episode's calls are this agent's
         base_url=str(client.base_url),

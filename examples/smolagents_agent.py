@@ -33,11 +33,9 @@ from __future__ import annotations
 import asyncio
 
 import openai
-from openai_agent import close_episode, episode_headers, main, parse_args, score
+from openai_agent import calculate, close_episode, episode_headers, main, parse_args, score
 from smolagents import LogLevel, OpenAIServerModel, ToolCallingAgent, tool
 from smolagents.utils import AgentError
-
-from tunix_agentic.envs.calculator import CalculatorTool
 
 SYSTEM_PROMPT = "Use the calculator, then call final_answer."
 FINAL_ANSWER = {"pre_messages": "Answer the task.", "post_messages": "{{task}}"}
@@ -57,11 +55,9 @@ async def smolagents_calculator_agent(client: openai.AsyncOpenAI, claim: dict) -
         """
         nonlocal calls
         calls += 1
-        run = asyncio.run_coroutine_threadsafe(CalculatorTool().run(expression=expression), loop)
-        try:
-            return run.result()
-        except (TypeError, ValueError) as exc:
-            return f"error: {exc}"
+        return asyncio.run_coroutine_threadsafe(
+            calculate({"expression": expression}), loop
+        ).result()
 
     model = OpenAIServerModel(
         "policy",
