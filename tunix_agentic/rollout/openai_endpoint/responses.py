@@ -59,6 +59,7 @@ from tunix_agentic.rollout.openai_endpoint.schema import (
     ChatRequest,
     EngineExtras,
     JSONObjectText,
+    NeutralFields,
     RequestError,
     ToolName,
     json_constraint,
@@ -221,7 +222,7 @@ class _Reasoning(Strict, extra="ignore"):  # ignored (summary, ...), as chat's r
     effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
 
 
-class _Responses(_Conversation, EngineExtras, extra="ignore"):
+class _Responses(_Conversation, EngineExtras, NeutralFields, extra="ignore"):
     """A ``/v1/responses`` body, its nulls dropped (null is "not given"); a field it does
     not name is ignored (logged once)."""
 
@@ -248,15 +249,7 @@ class _Responses(_Conversation, EngineExtras, extra="ignore"):
     truncation: inert("disabled", why="only 'disabled' is supported") = None
     stream_options: inert({}, why="is not supported") = None
     context_management: inert([], why="is not supported") = None
-    # Echoed or ignored.
-    model: Any = None
-    user: Any = None
-    metadata: Any = None
-    parallel_tool_calls: Any = None
-    service_tier: Any = None
-    prompt_cache_key: Any = None
-    prompt_cache_retention: Any = None
-    safety_identifier: Any = None
+    model: Any = None  # echoed (the endpoint checks it); NeutralFields' are ignored
 
     @model_validator(mode="after")
     def _named_tool(self) -> _Responses:

@@ -404,7 +404,20 @@ class _StreamOptions(Strict):  # include_usage is read with or without streaming
 Tokens = Annotated[int, Field(ge=1, le=2**31 - 1)]
 
 
-class _Chat(EngineExtras, extra="ignore"):
+class NeutralFields(Strict):
+    """OpenAI's request fields that change nothing the endpoint returns, on chat and
+    Responses alike: accepted with any value and ignored (logged once: ``_IGNORED``)."""
+
+    user: Any = None
+    parallel_tool_calls: Any = None
+    metadata: Any = None
+    service_tier: Any = None
+    prompt_cache_key: Any = None
+    prompt_cache_retention: Any = None
+    safety_identifier: Any = None
+
+
+class _Chat(EngineExtras, NeutralFields, extra="ignore"):
     """A chat-completions body, its nulls dropped (null is "not given"); a field it does
     not name is ignored (:func:`note_ignored_fields` logs it)."""
 
@@ -438,14 +451,7 @@ class _Chat(EngineExtras, extra="ignore"):
     # Checked, then ignored (_IGNORED, logged once).
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     verbosity: Literal["low", "medium", "high"] | None = None
-    user: Any = None
-    parallel_tool_calls: Any = None
-    metadata: Any = None
     store: Any = None
-    service_tier: Any = None
-    prompt_cache_key: Any = None
-    prompt_cache_retention: Any = None
-    safety_identifier: Any = None
     prediction: Any = None
 
     @field_validator("messages", mode="before")
