@@ -178,11 +178,12 @@ class GRPOLearner:
         rows, width = np.shape(batch.input_ids)
         s = self.state
         devices = self.mesh.devices.flat if self.mesh is not None else jax.devices()[:1]
-        padded: dict[int, int] = {}
+
+        def rows_for(micro: int) -> int:  # the rows padded to a multiple of the micro-batch
+            return -(-rows // micro) * micro if micro < rows else rows
 
         def compile_for(micro: int) -> Any:
-            padded[micro] = -(-rows // micro) * micro if micro < rows else rows
-            placed = self._placed(pad_batch_rows(batch, padded[micro], pad_id))
+            placed = self._placed(pad_batch_rows(batch, rows_for(micro), pad_id))
             with self.compiles.counting("train_step"):
                 lowered = self._step.__wrapped__.lower(
                     s.params, s.opt_state, self.ref_params, self.base, placed, micro=micro
@@ -197,7 +198,7 @@ class GRPOLearner:
             multiple=self.row_multiple(),
             free=free_bytes(list(devices)),
         )
-        return micro, padded[micro], step
+        return micro, rows_for(micro), step
 
     def params_for_engine(self) -> Any:
         """The policy's full parameters, fresh arrays (LoRA adapters merged in)."""

@@ -78,7 +78,7 @@ def step_bytes(compiled: Any) -> int | None:
     return int(mem.temp_size_in_bytes) + max(extra, 0)
 
 
-def micro_batch_sizes(rows: int, start: int, multiple: int) -> list[int]:
+def micro_batch_sizes(start: int, multiple: int) -> list[int]:
     """The micro-batch sizes to try, largest first: ``start``, then halved (each rounded up
     to ``multiple``, the mesh's row granularity) down to ``multiple``."""
     sizes, size = [start], start
@@ -103,7 +103,7 @@ def fit_micro_batch(
     and that step. With ``free`` None (unknown), ``start`` as it is."""
     budget = None if free is None else int(free * FREE_SHARE)
     need = None
-    for micro in micro_batch_sizes(rows, start, multiple):
+    for micro in micro_batch_sizes(start, multiple):
         compiled = compile_for(micro)
         need = step_bytes(compiled)
         if budget is None or need is None or need <= budget:
