@@ -4,6 +4,7 @@ and the docs' key-value example (docs/writing_environments.md) trained from the 
 from __future__ import annotations
 
 import atexit
+import collections
 import json
 import logging
 import re
@@ -32,9 +33,13 @@ from tunix_agentic.envs.calculator import ArithmeticEnv, ArithmeticTasks
 from tunix_agentic.envs.tool_env import schema_from_signature
 from tunix_agentic.envs.tools import Tool, ToolFailureMonitor, call_tool
 from tunix_agentic.metrics.recorder import MetricsRecorder
-from tunix_agentic.rollout.batch_queue import _all_filtered_message
+from tunix_agentic.rollout.batch_queue import BatchQueue, _all_filtered_message
+from tunix_agentic.rollout.config import RolloutConfig, ServiceConfig
+from tunix_agentic.rollout.group import Group
+from tunix_agentic.rollout.grouping import StalenessPacer
 from tunix_agentic.testing import TINY_RUN_OVERRIDES
 from tunix_agentic.trainer import Trainer
+from tunix_agentic.trajectory import Trajectory
 
 ROOT = Path(__file__).parents[1]
 CONFIG = str(ROOT / "configs" / "calculator_tiny.yaml")
@@ -354,6 +359,54 @@ def test_an_all_filtered_run_names_the_knobs():
     assert "never succeeds" in never and "sft.steps" in never
     assert "rollout.filter_uniform_groups=false" in never
     assert "harder" in _all_filtered_message(500, [1.0, 1.0])
+    own = _all_filtered_message(500, [1.0, 1.0], own_tasks=True)
+    assert "agents' own tasks" in own and "give the agents harder tasks" in own
+
+
+def _uniform_group(index: int, reward: float) -> Group:
+    group = Group(f"g{index}", index, Task(task_id="t", prompt=""), 0, [])
+    for member in range(2):
+        group.trajectories.append(
+            Trajectory(task_id="t", episode_id=f"g{index}-{member}", reward=reward)
+        )
+    return group
+
+
+def test_a_run_that_waits_on_filtered_groups_says_why_long_before_it_stops(caplog):
+    """An own-task trainer whose agents' tasks the policy always solves keeps waiting for a
+    group it can learn from: the wait is a gauge and, after four batches' worth, one
+    warning naming the agents' tasks; a kept group ends the streak."""
+    service = ServiceConfig(urls=("http://127.0.0.1:1",), agent="own_tasks")
+    config = RolloutConfig(
+        group_size=2, groups_per_batch=2, max_filtered_in_a_row=40, service=service
+    )
+    metrics = MetricsRecorder(None)
+    queue = BatchQueue(
+        config,
+        StalenessPacer(2, 1),
+        stats=collections.Counter(),
+        metrics=metrics,
+        done_with=lambda index: None,
+        freed=lambda: None,
+    )
+    assert queue.warn_filtered_at == 16
+    with caplog.at_level(logging.WARNING, logger="tunix_agentic.rollout.batch_queue"):
+        for index in range(20):
+            assert queue.judge(_uniform_group(index, 1.0)) == "filtered"
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1, warned
+    assert "16 groups in a row" in warned[0] and "give the agents harder tasks" in warned[0]
+    assert "the run stops at 40 in a row" in warned[0]
+    assert queue.fatal is None
+    mixed = _uniform_group(20, 1.0)
+    mixed.trajectories[1].reward = 0.0
+    assert queue.judge(mixed) == "keep"
+    wrote = metrics.write_step(1)
+    assert wrote["gauge/rollout/filtered_streak_groups"] == 0  # the kept group ended the streak
+    assert wrote["gauge/rollout/filtered_streak_groups_max"] == 20
+    for index in range(21, 61):
+        queue.judge(_uniform_group(index, 1.0))
+    assert isinstance(queue.fatal, RuntimeError) and "40 groups in a row" in str(queue.fatal)
 
 
 @pytest.mark.slow

@@ -97,6 +97,10 @@ RUN_LAYOUT: tuple[tuple[str, tuple[tuple[str, tuple[str, ...]], ...]], ...] = (
                 (r"^rollout/staleness_versions_max$",),
             ),
             ("groups filtered (per step)", (r"^count/rollout/groups_filtered_per_step$",)),
+            (
+                "groups filtered in a row (longest streak)",
+                (r"^gauge/rollout/filtered_streak_groups_max$",),
+            ),
             ("peak memory (GiB)", (r"^perf/peak_\w+_memory_gib$",)),
         ),
     ),

@@ -10,12 +10,15 @@ rollout stops the run here: the learner's next (or current) ``get_batch`` raises
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 
 from tunix_agentic.metrics.sink import MetricsSink
 from tunix_agentic.rollout.config import RolloutConfig
 from tunix_agentic.rollout.group import Group
 from tunix_agentic.rollout.grouping import GroupFilter, StalenessPacer, Verdict
+
+_log = logging.getLogger(__name__)
 
 
 class BatchQueue:
@@ -54,9 +57,16 @@ class BatchQueue:
         """A group finished (kept or not): ``get_batch`` looks again."""
         self._ready_changed.set()
 
+    @property
+    def warn_filtered_at(self) -> int:
+        """The streak of filtered groups that logs a warning (once a streak): four
+        batches' worth, at least 16, and never past ``max_filtered_in_a_row``."""
+        return min(self.config.max_filtered_in_a_row, max(16, 4 * self.config.groups_per_batch))
+
     def judge(self, group: Group) -> Verdict:
         """The group filter's verdict on ``group`` ("keep", "too_small" or "filtered"),
-        counted; too many "filtered" in a row stop the run with an error."""
+        counted; a long streak of "filtered" logs a warning naming the cause (gauge
+        ``rollout/filtered_streak_groups``), and ``max_filtered_in_a_row`` stop the run."""
         verdict = self.group_filter.verdict(group)
         if verdict == "too_small":
             self.stats["groups_too_small"] += 1
@@ -64,9 +74,22 @@ class BatchQueue:
         elif verdict == "filtered":
             self.stats["groups_filtered"] += 1
             self.metrics.count("rollout/groups_filtered")
-            streak = self.group_filter.filtered_in_a_row
-            if streak >= self.config.max_filtered_in_a_row:
-                self.fail(RuntimeError(_all_filtered_message(streak, group.rewards.tolist())))
+        streak = self.group_filter.filtered_in_a_row
+        self.metrics.gauge("rollout/filtered_streak_groups", streak)
+        if verdict != "filtered":
+            return verdict
+        own = self.config.service.agent == "own_tasks"
+        rewards = group.rewards.tolist()
+        if streak >= self.config.max_filtered_in_a_row:
+            self.fail(RuntimeError(_all_filtered_message(streak, rewards, own_tasks=own)))
+        elif streak == self.warn_filtered_at:
+            # The trainer waits for a group it can learn from; say why it is waiting
+            # long before the run stops.
+            _log.warning(
+                "still waiting: %s; the run stops at %d in a row",
+                _all_filtered_message(streak, rewards, own_tasks=own),
+                self.config.max_filtered_in_a_row,
+            )
         return verdict
 
     def offer(self, group: Group) -> None:
@@ -113,16 +136,29 @@ class BatchQueue:
         return sorted(batch, key=lambda g: g.index)
 
 
-def _all_filtered_message(streak: int, rewards: list[float]) -> str:
-    """Why the run stopped with every group filtered, and the knobs that change it."""
+def _all_filtered_message(streak: int, rewards: list[float], *, own_tasks: bool = False) -> str:
+    """Why every group is filtered, and the knobs that change it; ``own_tasks``: the
+    groups are outside agents' own tasks (``rollout.service.agent=own_tasks``), which
+    only the agents choose."""
     low = max(rewards, default=0.0) <= 0.0
-    cause = (
-        "the policy never succeeds: warm it up longer (sft.steps; check that the "
-        "demonstrations solve the tasks and the reward scores them 1)"
-        if low
-        else "the policy gets the same reward on every try: make the tasks harder or the "
-        "reward finer"
-    )
+    if own_tasks:
+        cause = (
+            "the policy never succeeds on the agents' own tasks: warm it up, or give the "
+            "agents easier tasks"
+            if low
+            else "the agents' own tasks get the same reward on every try (a policy that "
+            "solves them all): give the agents harder tasks or a finer reward"
+        )
+    elif low:
+        cause = (
+            "the policy never succeeds: warm it up longer (sft.steps; check that the "
+            "demonstrations solve the tasks and the reward scores them 1)"
+        )
+    else:
+        cause = (
+            "the policy gets the same reward on every try: make the tasks harder or the "
+            "reward finer"
+        )
     return (
         f"{streak} groups in a row had identical or low-variance rewards (last: {rewards}) "
         f"and were filtered out, so there is nothing to learn from: {cause}; or keep them "

@@ -228,7 +228,7 @@ class RolloutConfig:
     min_groups_per_batch: int = (
         0  # AgentRL variable batch: return early with >= this many (0: fixed size)
     )
-    max_filtered_in_a_row: int = 500  # then stop with an error instead of waiting forever
+    max_filtered_in_a_row: int = 500  # then stop with an error (a warning at 4 batches' worth)
     # Episodes in a row (in completion order) that ended on an infrastructure fault, retries
     # included, before the run stops with an error quoting the last one (a dead engine, an
     # environment whose reset always raises) instead of waiting forever.
