@@ -68,9 +68,13 @@ AGENTS = {
 }
 
 
-def _agent(name: str):
+# DSPy's ReAct needs a wider window than the module's engine has (its own test below).
+DSPY = {"dspy": ("dspy_agent", "dspy_calculator_agent", "dspy")}
+
+
+def _agent(name: str, examples: dict = AGENTS):
     """The agent function of ``examples/SCRIPT.py`` for the case ``name``."""
-    script, function, package = AGENTS[name]
+    script, function, package = examples[name]
     pytest.importorskip(package)
     spec = importlib.util.spec_from_file_location(script, REPO / "examples" / f"{script}.py")
     module = importlib.util.module_from_spec(spec)
@@ -99,7 +103,12 @@ async def node(engine_url, tmp_path):
     """A rollout node served here, over the module's engine."""
     setup = setup_from_config(load_config(CONFIG, SHARED))
     node = RolloutNode(setup, EngineSet([engine_url]), tmp_path / "node")
-    runner, port = await start_node_server(node, external_lease_s=BOUND_S)
+    # The tests claim a group's members at once and run them one after another, so a
+    # member's first call may wait for the member before it: a loaded machine must not
+    # withdraw it.
+    runner, port = await start_node_server(
+        node, external_lease_s=BOUND_S, external_first_call_s=BOUND_S
+    )
     yield node, f"http://127.0.0.1:{port}"
     await runner.cleanup()
     await node.close()
@@ -123,8 +132,50 @@ async def test_an_external_group_is_its_agents_recorded_episodes(node, agent):
     Responses model, pydantic-ai's, AutoGen's, LlamaIndex's streamed ``FunctionAgent`` and
     smolagents' forced tool calls) each run a claimed group's members; each member's
     learner row is exactly its recorded calls."""
-    run = _agent(agent)
-    _, url = node
+    await _claimed_group_is_recorded(node[1], _agent(agent))
+
+
+@pytest.fixture(scope="module")
+def wide_engine_url(tmp_path_factory):
+    """The module's tiny model with a 4096-token window: DSPy's ReAct prompt alone is
+    ~1,700 characters, one token each for the built-in model."""
+    overrides = [*TINY_MODEL_OVERRIDES, "engine.max_seq_len=4096", "engine.decode_steps=2"]
+    argv = cli("serve-engine", "--config", CONFIG, "--port", "0", *overrides)
+    log = tmp_path_factory.mktemp("wide-engine") / "engine.log"
+    proc, url = spawn_server(argv, "serving on ", log=log, timeout_s=BOUND_S)
+    yield url
+    stop_server(proc)
+
+
+async def test_a_dspy_react_group_is_its_recorded_calls(wide_engine_url, tmp_path):
+    """DSPy's ``ReAct`` (``examples/dspy_agent.py``) runs a claimed group's members: its
+    text-field replies, and the JSON adapter's retry under ``response_format`` (forced
+    tokens, trained by default), are each member's recorded calls, token for token."""
+    pytest.importorskip("dspy")
+    setup = setup_from_config(load_config(CONFIG, [*TINY_RUN_OVERRIDES, "engine.max_seq_len=4096"]))
+    node = RolloutNode(setup, EngineSet([wide_engine_url]), tmp_path / "node")
+    runner, port = await start_node_server(
+        node, external_lease_s=BOUND_S, external_first_call_s=BOUND_S
+    )
+    try:
+        members = await _claimed_group_is_recorded(
+            f"http://127.0.0.1:{port}", _agent("dspy", examples=DSPY)
+        )
+    finally:
+        await runner.cleanup()
+        await node.close()
+    # Each member's first reply did not parse (6 tokens of a random model), so DSPy asked
+    # again in JSON mode: those tokens were sampled under the grammar, and they train.
+    for member in members.values():
+        forced = member["constrained"]
+        assert any(forced), member["episode_id"]
+        assert all(m == 1 for f, m in zip(forced, member["loss_mask"], strict=True) if f)
+
+
+async def _claimed_group_is_recorded(url: str, run) -> dict[str, dict]:
+    """Submit an external group of two to the node at ``url``, claim both members and run
+    ``run`` on each; checks that each member's learner row is exactly its recorded calls
+    and returns the members as the node lists them, by episode id."""
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
     async with NodeClient(url) as nodes:
         await nodes.submit(_request("ext-a", 2))
@@ -166,6 +217,7 @@ async def test_an_external_group_is_its_agents_recorded_episodes(node, agent):
             assert member["prompt_ids"] + member["response_ids"] == traj.token_ids
             assert member["loss_mask"] == expected[traj.prompt_len :]
     await client.close()
+    return members
 
 
 async def test_a_claim_left_silent_is_offered_again_and_its_agent_refused(node):
