@@ -106,3 +106,30 @@ async def test_one_config_renders_the_same_prompt_ids_in_process_and_on_a_node(
     assert on_node == in_process
     text = tokenizer.decode(on_node)
     assert listed in text and "calculator" in text  # the tools are in the prompt
+
+
+def test_a_task_ref_draws_the_task_the_run_draws_its_offset_on_train_only():
+    """``tasks[].seed_offset`` shifts a source's train stream only: a node resolving a
+    ``task_ref`` gives the run's train task under the offset and the run's held-out task
+    without it (as the trainer's evaluation draws them)."""
+    cfg = load_config(CONFIG, ["seed=3", "tasks=[{env: arithmetic, seed_offset: 5}]"])
+    setup = setup_from_config(cfg)
+    source = setup.sources.sources["arithmetic"]
+
+    def resolved(split: str, index: int):
+        request = GroupRequest(
+            group_id="g",
+            num_samples=1,
+            task_ref=TaskRef("arithmetic", split, index),
+            sampling=SamplingSpec(max_tokens=8),
+            seed=SeedSpec(run_seed=3, index=index),
+        )
+        return setup.resolve_task(request)
+
+    assert resolved("train", 2).prompt == source.task(2, seed=8, split="train").prompt
+    heldout = setup.sources.heldout(3, seed=cfg.seed)["arithmetic"]
+    assert [resolved("heldout", i).prompt for i in range(3)] == [t.prompt for t in heldout]
+    # The offset would have drawn other held-out tasks: the check above can fail.
+    assert [source.task(i, seed=8, split="heldout").prompt for i in range(3)] != [
+        t.prompt for t in heldout
+    ]

@@ -115,7 +115,10 @@ class NodeSetup:
                 f"task_ref.index: {ref.index} is past the {source.num_tasks(ref.split)} "
                 f"{ref.split} tasks of {ref.source!r}"
             )
-        seed = self.seed + sources.specs[ref.source].seed_offset
+        # The offset shifts the source's train stream only; held-out tasks are drawn with
+        # the run's seed, as the trainer's evaluation draws them.
+        offset = sources.specs[ref.source].seed_offset if ref.split == "train" else 0
+        seed = self.seed + offset
         task = source.task(ref.index, seed=seed, split=ref.split)
         if dataclasses.is_dataclass(task) and hasattr(task, "task_name"):
             return dataclasses.replace(task, task_name=ref.source)
