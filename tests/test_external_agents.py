@@ -5,6 +5,7 @@ members from a rollout node and trains the tiny calculator policy through it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -87,31 +88,51 @@ def _env() -> dict[str, str]:
     return {**env, "JAX_PLATFORMS": "cpu"}
 
 
-@pytest.fixture(scope="module")
-def engine_url(tmp_path_factory):
-    """A tiny random model behind ``serve-engine`` for the module."""
-    overrides = [*TINY_MODEL_OVERRIDES, "engine.max_seq_len=128", "engine.decode_steps=2"]
+@contextlib.contextmanager
+def _served_engine(tmp_path_factory, window: int):
+    """A tiny random model behind ``serve-engine`` with a ``window``-token window: its URL."""
+    overrides = [*TINY_MODEL_OVERRIDES, f"engine.max_seq_len={window}", "engine.decode_steps=2"]
     argv = cli("serve-engine", "--config", CONFIG, "--port", "0", *overrides)
-    log = tmp_path_factory.mktemp("engine") / "engine.log"
+    log = tmp_path_factory.mktemp(f"engine-{window}") / "engine.log"
     proc, url = spawn_server(argv, "serving on ", log=log, timeout_s=BOUND_S)
-    yield url
-    stop_server(proc)
+    try:
+        yield url
+    finally:
+        stop_server(proc)
 
 
-@pytest.fixture
-async def node(engine_url, tmp_path):
-    """A rollout node served here, over the module's engine."""
-    setup = setup_from_config(load_config(CONFIG, SHARED))
-    node = RolloutNode(setup, EngineSet([engine_url]), tmp_path / "node")
+@contextlib.asynccontextmanager
+async def _served_node(engine_url: str, state_dir: Path, window: int):
+    """A rollout node served here over ``engine_url``, its config's window ``window``:
+    ``(node, url)``."""
+    overrides = [*TINY_RUN_OVERRIDES, f"engine.max_seq_len={window}"]
+    setup = setup_from_config(load_config(CONFIG, overrides))
+    node = RolloutNode(setup, EngineSet([engine_url]), state_dir)
     # The tests claim a group's members at once and run them one after another, so a
     # member's first call may wait for the member before it: a loaded machine must not
     # withdraw it.
     runner, port = await start_node_server(
         node, external_lease_s=BOUND_S, external_first_call_s=BOUND_S
     )
-    yield node, f"http://127.0.0.1:{port}"
-    await runner.cleanup()
-    await node.close()
+    try:
+        yield node, f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+        await node.close()
+
+
+@pytest.fixture(scope="module")
+def engine_url(tmp_path_factory):
+    """A tiny random model behind ``serve-engine`` for the module (128-token window)."""
+    with _served_engine(tmp_path_factory, 128) as url:
+        yield url
+
+
+@pytest.fixture
+async def node(engine_url, tmp_path):
+    """A rollout node served here, over the module's engine."""
+    async with _served_node(engine_url, tmp_path / "node", 128) as served:
+        yield served
 
 
 def _request(group_id: str, num_samples: int, **fields) -> GroupRequest:
@@ -139,12 +160,8 @@ async def test_an_external_group_is_its_agents_recorded_episodes(node, agent):
 def wide_engine_url(tmp_path_factory):
     """The module's tiny model with a 4096-token window: DSPy's ReAct prompt alone is
     ~1,700 characters, one token each for the built-in model."""
-    overrides = [*TINY_MODEL_OVERRIDES, "engine.max_seq_len=4096", "engine.decode_steps=2"]
-    argv = cli("serve-engine", "--config", CONFIG, "--port", "0", *overrides)
-    log = tmp_path_factory.mktemp("wide-engine") / "engine.log"
-    proc, url = spawn_server(argv, "serving on ", log=log, timeout_s=BOUND_S)
-    yield url
-    stop_server(proc)
+    with _served_engine(tmp_path_factory, 4096) as url:
+        yield url
 
 
 async def test_a_dspy_react_group_is_its_recorded_calls(wide_engine_url, tmp_path):
@@ -152,18 +169,8 @@ async def test_a_dspy_react_group_is_its_recorded_calls(wide_engine_url, tmp_pat
     text-field replies, and the JSON adapter's retry under ``response_format`` (forced
     tokens, trained by default), are each member's recorded calls, token for token."""
     pytest.importorskip("dspy")
-    setup = setup_from_config(load_config(CONFIG, [*TINY_RUN_OVERRIDES, "engine.max_seq_len=4096"]))
-    node = RolloutNode(setup, EngineSet([wide_engine_url]), tmp_path / "node")
-    runner, port = await start_node_server(
-        node, external_lease_s=BOUND_S, external_first_call_s=BOUND_S
-    )
-    try:
-        members = await _claimed_group_is_recorded(
-            f"http://127.0.0.1:{port}", _agent("dspy", examples=DSPY)
-        )
-    finally:
-        await runner.cleanup()
-        await node.close()
+    async with _served_node(wide_engine_url, tmp_path / "node", 4096) as (_, url):
+        members = await _claimed_group_is_recorded(url, _agent("dspy", examples=DSPY))
     # Each member's first reply did not parse (6 tokens of a random model), so DSPy asked
     # again in JSON mode: those tokens were sampled under the grammar, and they train.
     for member in members.values():
