@@ -54,10 +54,13 @@ class GRPOBatch:
 
 @struct.dataclass
 class SFTBatch:
-    """Demonstration rows for the warm start, padded to ``[R, T]``."""
+    """Demonstration rows for the warm start, padded to ``[R, T]``; packed rows
+    (:func:`pack_sft_rows`) also carry their segments' positions and ids."""
 
     input_ids: Array  # [R, T] int32
     loss_mask: Array  # [R, T] float32: 1 on the target tokens (the assistant's turns)
+    positions: Array | None = None  # [R, T] int32: each segment from 0; None: 0..T-1
+    segments: Array | None = None  # [R, T] int32: 1, 2, ... per row, 0 on padding
 
 
 def bucket_length(n: int, multiple: int = 64, geometric: bool = False) -> int:
@@ -148,6 +151,57 @@ def sft_batch(
     """Demonstration rows (``input_ids``, ``loss_mask``) padded for :class:`SFTTrainer`."""
     batch = pad_rows(rows, pad_id=pad_id, length_multiple=length_multiple)
     return SFTBatch(input_ids=batch.input_ids, loss_mask=batch.loss_mask)
+
+
+def pack_sft_rows(
+    rows: Sequence[Mapping[str, np.ndarray]],
+    *,
+    pad_id: int,
+    length_multiple: int = 16,
+    row_multiple: int = 4,
+) -> SFTBatch:
+    """Demonstration rows packed several to a row: the same tokens, targets and loss as
+    :func:`sft_batch`, in fewer padded slots.
+
+    The width is :func:`sft_batch`'s (the longest row's bucket), rows go first-fit in
+    decreasing length, and the row count is rounded up to ``row_multiple`` (a handful of
+    shapes to compile). Each demonstration is a segment: its positions restart at 0 and
+    it attends to itself only, so each token's logprob is the one it has in a row of its
+    own. A segment's first token is never a target (its loss mask is set to 0 there), so
+    no token is predicted across a boundary; a demonstration starts with its prompt, which
+    is never one anyway. ``masked_cross_entropy`` averages over the batch's targets, which
+    packing does not change."""
+    if not rows:
+        raise ValueError("cannot build a batch from no demonstrations")
+    if row_multiple < 1:
+        raise ValueError(f"row_multiple must be >= 1, got {row_multiple}")
+    lengths = [used_length(x) for x in rows]
+    width = bucket_length(max(lengths), length_multiple)
+    bins: list[list[int]] = []  # row indices per packed row
+    free: list[int] = []
+    for i in sorted(range(len(rows)), key=lambda i: -lengths[i]):
+        j = next((j for j, room in enumerate(free) if room >= lengths[i]), len(bins))
+        if j == len(bins):
+            bins.append([])
+            free.append(width)
+        bins[j].append(i)
+        free[j] -= lengths[i]
+    r = -(-len(bins) // row_multiple) * row_multiple
+    ids = np.full((r, width), pad_id, np.int32)
+    mask = np.zeros((r, width), np.float32)
+    positions = np.zeros((r, width), np.int32)
+    segments = np.zeros((r, width), np.int32)
+    for j, members in enumerate(bins):
+        at = 0
+        for seg, i in enumerate(members, start=1):
+            n = lengths[i]
+            ids[j, at : at + n] = rows[i]["input_ids"][:n]
+            mask[j, at + 1 : at + n] = rows[i]["loss_mask"][1:n]
+            positions[j, at : at + n] = np.arange(n)
+            segments[j, at : at + n] = seg
+            at += n
+        positions[j, at:] = np.arange(width - at)  # padding: segment 0, in index order
+    return SFTBatch(ids, mask, positions, segments)
 
 
 def is_truncated(trajectory) -> bool:

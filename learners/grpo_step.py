@@ -273,7 +273,8 @@ def sft_step(
     ids, mask = batch.input_ids, batch.loss_mask[:, 1:]
 
     def loss(p):
-        lp = sequence_logprobs(nnx.merge(graphdef, p), ids)
+        model = nnx.merge(graphdef, p)
+        lp = sequence_logprobs(model, ids, batch.positions, batch.segments)
         return masked_cross_entropy(lp, mask), lp
 
     (value, lp), grads = jax.value_and_grad(loss, has_aux=True)(params)

@@ -113,6 +113,21 @@ def test_splash_training_logits_and_gradients_match(shape):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
 
 
+def test_splash_packed_rows_match():
+    """Packed rows (the warm start's: two segments and padding in a row, positions from 0
+    in each) through splash with the kernel's segment ids equal the einsum path's mask."""
+    ref, pal = _pair(TINY)
+    rng = np.random.default_rng(2)
+    tokens = jnp.asarray(rng.integers(0, TINY.vocab_size, (2, 13)), jnp.int32)
+    segments = jnp.asarray([[1] * 6 + [2] * 5 + [0] * 2, [1] * 9 + [2] * 4], jnp.int32)
+    positions = jnp.asarray([[*range(6), *range(5), 0, 1], [*range(9), *range(4)]], jnp.int32)
+    forward = nnx.jit(lambda m: m(tokens, positions, segments=segments)[0])
+    np.testing.assert_allclose(forward(pal), forward(ref), **TOL)
+    # The segments reach the kernel: without them the second segments read the first.
+    unpacked = nnx.jit(lambda m: m(tokens, positions)[0])(pal)
+    assert not np.allclose(unpacked[:, 6:11], forward(ref)[:, 6:11], **TOL)
+
+
 @pytest.mark.slow  # eager model calls (JAX's reference of the kernel): ~20-45 s each
 @pytest.mark.parametrize("shape", SHAPES, ids=list(SHAPES))
 def test_ragged_paged_prefill_and_decode_match(shape):

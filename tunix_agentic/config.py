@@ -109,6 +109,9 @@ class SFTConfig:
     batch_size: int = 32
     # Probability that a demonstration uses the tools (where its task allows both); in [0, 1].
     tool_fraction: float = 0.4
+    # Pack several demonstrations into each padded row (each its own segment: positions
+    # from 0, attention within itself): the same loss over fewer slots. False: one a row.
+    pack: bool = True
     optimizer: OptimizerConfig = OptimizerConfig(learning_rate=3e-3, warmup_steps=50)
 
     def __post_init__(self):

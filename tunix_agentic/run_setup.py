@@ -26,7 +26,7 @@ from tunix_agentic.inference.base import InferenceEngine
 from tunix_agentic.inference.cross_policy import CrossPolicyEngine
 from tunix_agentic.inference.engine import JaxEngine
 from tunix_agentic.inference.pool import EnginePool
-from tunix_agentic.learners.batching import sft_batch
+from tunix_agentic.learners.batching import pack_sft_rows, sft_batch
 from tunix_agentic.learners.sft import SFTTrainer
 from tunix_agentic.metrics.recorder import MetricsRecorder
 from tunix_agentic.metrics.trace import ProfileSteps
@@ -273,7 +273,10 @@ def warm_start(
             raise Stopped
         with metrics.span("sft_step"):
             rows = next(batches)
-            out = trainer.train_step(sft_batch(rows, pad_id=template.tokenizer.pad_id))
+            batch = (pack_sft_rows if cfg.pack else sft_batch)(
+                rows, pad_id=template.tokenizer.pad_id
+            )
+            out = trainer.train_step(batch)
         if step % 50 == 0 or step == cfg.steps - 1:
             metrics.scalars(
                 {"sft/loss": out["loss"], "sft/token_accuracy": out["token_accuracy"]}, step

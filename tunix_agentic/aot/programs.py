@@ -297,7 +297,8 @@ def _model_params(mc: ModelConfig) -> Any:
 
 def sft_programs(cfg: RunConfig, mc: ModelConfig, topo: Topology) -> list[Program]:
     """The SFT warm start's step (:class:`~tunix_agentic.learners.sft.SFTTrainer`: one
-    chip), ``sft.batch_size`` rows of ``engine.max_seq_len`` tokens; none at ``sft.steps: 0``."""
+    chip), ``sft.batch_size`` rows of ``engine.max_seq_len`` tokens (packed rows' positions
+    and segments too, at ``sft.pack``); none at ``sft.steps: 0``."""
     if cfg.sft.steps == 0:
         return []
     device = topo.devices[0]
@@ -318,14 +319,20 @@ def sft_programs(cfg: RunConfig, mc: ModelConfig, topo: Topology) -> list[Progra
     rows, length = cfg.sft.batch_size, cfg.engine.max_seq_len
     ids = jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=single)
     mask = jax.ShapeDtypeStruct((rows, length), jnp.float32, sharding=single)
+    # Packed rows (sft.pack) carry each segment's positions and ids; at most batch_size rows.
+    packed = (
+        (jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=single),) * 2
+        if cfg.sft.pack
+        else ()
+    )
     fn = jax.jit(functools.partial(sft_step, st.graphdef, st.optimizer), donate_argnums=(0, 1))
     flops = 6 * _matmul_params(mc) * rows * length + 3 * _causal_attention_flops(mc, rows, length)
-    least_bytes = 2 * shard_bytes(state) + shard_bytes((ids, mask))
+    least_bytes = 2 * shard_bytes(state) + shard_bytes((ids, mask, *packed))
     return [
         Program(
             f"sft.train_step[rows={rows},len={length}]",
             fn,
-            (*state, SFTBatch(ids, mask)),
+            (*state, SFTBatch(ids, mask, *packed)),
             (device,),
             "learner",
             Minimum(

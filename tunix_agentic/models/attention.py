@@ -140,15 +140,27 @@ def _splash_kernel(heads: int, length: int, interpret: bool):
 
 
 def splash_causal(
-    q: jax.Array, keys: jax.Array, values: jax.Array, scale: float, interpret: bool
+    q: jax.Array,
+    keys: jax.Array,
+    values: jax.Array,
+    scale: float,
+    interpret: bool,
+    segments: jax.Array | None = None,
 ) -> jax.Array:
     """Causal attention by JAX's splash attention kernel (grouped-query: ``N`` query heads
     over ``K`` kv heads). q ``[B, T, N, D]``, keys/values ``[B, K, T, D]``; returns
     ``[B, T, N, D]``. Causal by index: every row starts at position 0 (a training batch;
     right padding only changes the padded positions' outputs). T is padded to a multiple
-    of 128 and D to one of 128 (zeros: exact)."""
+    of 128 and D to one of 128 (zeros: exact). ``segments`` ``[B, T]``: packed rows'
+    segment ids, the kernel's own ``SegmentIds`` (a token sees its segment only; causal
+    by index is causal by position inside a segment)."""
     b, t, n, d = q.shape
     length, dim = _lanes(t), _lanes(d)
+    if segments is not None:
+        from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+        # The lanes' padding gets a segment of its own: no real token reads it.
+        ids = jnp.pad(segments.astype(jnp.int32), ((0, 0), (0, length - t)), constant_values=-1)
 
     def prep(x):  # [B, H, T, D] -> padded
         return _pad_last(jnp.pad(x, ((0, 0), (0, 0), (0, length - t), (0, 0))), dim)
@@ -156,16 +168,21 @@ def splash_causal(
     qh = prep((q * jnp.asarray(scale, q.dtype)).transpose(0, 2, 1, 3))
     kh, vh = prep(keys.astype(q.dtype)), prep(values.astype(q.dtype))
 
-    def local(qh, kh, vh):  # one device's rows and heads (whole query groups)
-        return jax.vmap(_splash_kernel(qh.shape[1], length, interpret))(qh, kh, vh)
+    def local(qh, kh, vh, *seg):  # one device's rows and heads (whole query groups)
+        kernel = _splash_kernel(qh.shape[1], length, interpret)
+        if not seg:
+            return jax.vmap(kernel)(qh, kh, vh)
+        return jax.vmap(
+            lambda a, k, v, s: kernel(a, k, v, segment_ids=splash.SegmentIds(q=s, kv=s))
+        )(qh, kh, vh, seg[0])
 
+    args = (qh, kh, vh) if segments is None else (qh, kh, vh, ids)
     mesh = _mesh_of(q, keys)
     if mesh is not None:  # rows over fsdp, kv heads (and their query heads) over tp
         spec = P(_split(mesh, ROWS_AXIS, b), _split(mesh, HEADS_AXIS, keys.shape[1]))
-        local = jax.shard_map(
-            local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False
-        )
-    out = local(qh, kh, vh)
+        specs = (spec,) * 3 + ((P(spec[0]),) if segments is not None else ())
+        local = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=spec, check_vma=False)
+    out = local(*args)
     return out[:, :, :t, :d].transpose(0, 2, 1, 3)
 
 

@@ -51,7 +51,12 @@ def stack_layers(layers: Sequence[nnx.Module]) -> tuple[nnx.GraphDef, Any] | Non
 
 
 def scan_blocks(
-    layers: Sequence[nnx.Module], x: jax.Array, positions: jax.Array, *, remat: bool
+    layers: Sequence[nnx.Module],
+    x: jax.Array,
+    positions: jax.Array,
+    *,
+    remat: bool,
+    segments: jax.Array | None = None,
 ) -> jax.Array | None:
     """``x`` ``[B, T, D]`` through every layer without a KV cache, as one scan over their
     stacked weights (``remat``: each iteration recomputed in the backward pass, keeping
@@ -71,7 +76,7 @@ def scan_blocks(
 
     def body(h: jax.Array, state: Any) -> tuple[jax.Array, None]:
         layer = nnx.merge(graphdef, state)
-        return layer(h, positions, None, None)[0], None
+        return layer(h, positions, None, None, segments=segments)[0], None
 
     if remat:
         # prevent_cse is for remat outside a loop; inside scan it only blocks fusion.

@@ -141,7 +141,7 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(cfg.head_dim, eps=cfg.norm_eps, rngs=rngs)
             self.k_norm = RMSNorm(cfg.head_dim, eps=cfg.norm_eps, rngs=rngs)
 
-    def __call__(self, x, positions, cache, rows, tables=None, window=None):
+    def __call__(self, x, positions, cache, rows, tables=None, window=None, segments=None):
         cfg = self.cfg
         b, t, _ = x.shape
         q = dense(self.q_proj, x).reshape(b, t, cfg.num_heads, cfg.head_dim)
@@ -156,7 +156,9 @@ class Attention(nnx.Module):
         if cache is None:
             keys, values = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, S, D]
             if cfg.attention == "pallas":  # JAX's splash attention kernel, causal by index
-                out = attn_impl.splash_causal(q, keys, values, scale, cfg.attention_interpret)
+                out = attn_impl.splash_causal(
+                    q, keys, values, scale, cfg.attention_interpret, segments
+                )
                 return dense(self.o_proj, out.reshape(b, t, -1)), None
             key_pos = positions  # [B, S]
             new_cache = None
@@ -184,6 +186,8 @@ class Attention(nnx.Module):
             span = sum(x.shape[2] for x in keys) if isinstance(keys, tuple) else keys.shape[2]
             key_pos = jnp.broadcast_to(jnp.arange(span), (b, span))
         mask = key_pos[:, None, :] <= positions[:, :, None]  # [B, T, S], causal by position
+        if segments is not None:  # packed rows: each segment sees only itself
+            mask &= segments[:, None, :] == segments[:, :, None]
         if cfg.attention in ("dot_product", "cudnn"):
             out = _dot_product(q, keys, values, mask, scale, cfg.attention, cache is None)
             if out is not None:  # None: cuDNN cannot take this call (said once), einsum
@@ -399,8 +403,10 @@ class Block(nnx.Module):
         self.post_attn_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, rngs=rngs)
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x, positions, cache, rows, tables=None, window=None):
-        h, new_cache = self.attn(self.input_norm(x), positions, cache, rows, tables, window)
+    def __call__(self, x, positions, cache, rows, tables=None, window=None, segments=None):
+        h, new_cache = self.attn(
+            self.input_norm(x), positions, cache, rows, tables, window, segments
+        )
         x = x + h
         x = x + self.mlp(self.post_attn_norm(x))
         return x, new_cache
@@ -425,6 +431,9 @@ class Transformer(nnx.Module):
       the smallest bucket that holds its live slots). Writes are not limited by it.
     - logits_at: optional ``[B]`` index; then only those positions' logits are
       computed (``[B, V]``), which is all prefill needs.
+    - segments: optional ``[B, T]`` int32 segment ids of packed rows (training without a
+      cache only): a token attends only to the tokens of its own segment, causally. Each
+      segment's positions restart at 0 (:func:`tunix_agentic.learners.batching.pack_sft_rows`).
     - remat: recompute each layer's activations in the backward pass instead of
       keeping them (``jax.checkpoint`` per layer; training without a cache only):
       activation memory of one layer instead of all, for about one more forward.
@@ -469,13 +478,18 @@ class Transformer(nnx.Module):
         remat: bool = False,
         tables=None,
         window: int | None = None,
+        segments=None,
     ):
+        if segments is not None and cache is not None:
+            raise ValueError("segments (packed rows) are for a forward without a KV cache")
         x = self.embed(tokens)
         scanned = None
         if self.cfg.scan_layers and cache is None:
-            scanned = scan_blocks(list(self.layers), x, positions, remat=remat)
+            scanned = scan_blocks(list(self.layers), x, positions, remat=remat, segments=segments)
         if scanned is None:
-            x, new_cache = self._unrolled(x, positions, cache, rows, remat, tables, window)
+            x, new_cache = self._unrolled(
+                x, positions, cache, rows, remat, tables, window, segments
+            )
         else:
             x, new_cache = scanned, None
         x = self.final_norm(x)
@@ -487,21 +501,21 @@ class Transformer(nnx.Module):
             logits = dense(self.lm_head, x)
         return logits.astype(jnp.float32), new_cache
 
-    def _unrolled(self, x, positions, cache, rows, remat, tables, window):
+    def _unrolled(self, x, positions, cache, rows, remat, tables, window, segments=None):
         """The layers as a Python loop: ``(x, new_cache)`` (None without a cache)."""
         new_cache = []
         for i, layer in enumerate(self.layers):
             if remat and cache is None:
-                x, layer_cache = nnx.remat(_train_block)(layer, x, positions), None
+                x, layer_cache = nnx.remat(_train_block)(layer, x, positions, segments), None
             else:
                 layer_kv = None if cache is None else cache[i]
-                x, layer_cache = layer(x, positions, layer_kv, rows, tables, window)
+                x, layer_cache = layer(x, positions, layer_kv, rows, tables, window, segments)
             new_cache.append(layer_cache)
         return x, (None if cache is None else tuple(new_cache))
 
 
-def _train_block(layer: Block, x: jax.Array, positions: jax.Array) -> jax.Array:
-    return layer(x, positions, None, None)[0]
+def _train_block(layer: Block, x: jax.Array, positions: jax.Array, segments=None) -> jax.Array:
+    return layer(x, positions, None, None, segments=segments)[0]
 
 
 def init_cache(
@@ -551,11 +565,15 @@ def token_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:
     return jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
 
 
-def sequence_logprobs(model: Transformer, input_ids: jax.Array) -> jax.Array:
-    """Per-token logprobs of ``input_ids[:, 1:]`` under ``model``: [B, T] -> [B, T-1]."""
+def sequence_logprobs(
+    model: Transformer, input_ids: jax.Array, positions=None, segments=None
+) -> jax.Array:
+    """Per-token logprobs of ``input_ids[:, 1:]`` under ``model``: [B, T] -> [B, T-1].
+    ``positions`` (default ``0..T-1`` on every row) and ``segments``: packed rows'."""
     b, t = input_ids.shape
-    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    logits, _ = model(input_ids, positions)
+    if positions is None:
+        positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    logits, _ = model(input_ids, positions, segments=segments)
     return token_logprobs(logits[:, :-1], input_ids[:, 1:])
 
 
