@@ -304,6 +304,19 @@ def _keywords(factory: EnvFactory) -> frozenset[str] | None:
     return frozenset(p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
 
 
+def offered_keywords(env: str, offered: Mapping[str, Any]) -> dict[str, Any]:
+    """Of ``offered`` (what a run gives every environment that asks for it by name: the
+    ``tool_timeout`` of its tools, the ``sandbox`` of its code), the items that are not None
+    and that environment ``env``'s factory names as a parameter. None of them when ``env``
+    is not registered (reported where it is made) or its factory has no signature to read;
+    a factory that takes only ``**kwargs`` gets none either: it names what it wants."""
+    try:
+        params = inspect.signature(get_env_factory(env)).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {key: value for key, value in offered.items() if value is not None and key in params}
+
+
 def keyword_problem(env: str, factory: Any, kwargs: dict[str, Any], *, where: str) -> str | None:
     """Why ``factory`` (environment ``env``) cannot take ``kwargs`` (None if it can): a
     keyword it does not take, with the ones it takes and the closest match, or a required

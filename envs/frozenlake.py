@@ -339,7 +339,7 @@ class FrozenLakeTasks(TaskSource):
         game = _game_of(task)
         moves = shortest_moves(game.rows, seed=game.seed, slip_prob=game.slip_prob, rng=rng)
         if moves is None:
-            raise ValueError(f"task {getattr(task, 'task_id', '?')} has no solution")
+            raise ValueError(f"task {task.task_id} has no solution")
         messages: list[dict[str, Any]] = []
         for move in moves:
             messages.append({"role": "assistant", "content": f"<answer>{move}</answer>"})

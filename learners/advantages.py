@@ -168,6 +168,8 @@ def overlong_penalty(lengths: np.ndarray, max_len: int, cache_len: int) -> np.nd
 
 
 def register_advantage(name: str, fn: AdvantageFn) -> None:
+    """Add a group-level estimator ``fn(rewards [G]) -> [G]`` under ``name`` (the value of
+    ``learner.advantage``); a name already taken is replaced."""
     ADVANTAGE_ESTIMATORS[name] = fn
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Literal, get_args
 
 
 def check_finite(cfg: object, section: str) -> None:
@@ -15,6 +16,10 @@ def check_finite(cfg: object, section: str) -> None:
         value = getattr(cfg, f.name)
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{section}.{f.name} must be a finite number, got {value}")
+
+
+# The optimizer's master copy of low-precision weights: none (""), or float32.
+MasterDtype = Literal["", "float32"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +39,7 @@ class OptimizerConfig:
     # "float32": keep a float32 master copy of bfloat16/float16 weights (the optimizer's
     # state too); the model still computes in its own dtype and the engine gets its dtype
     # back. "": train the weights in their own dtype (small steps round away in bf16).
-    master_dtype: str = ""
+    master_dtype: MasterDtype = ""
 
     def __post_init__(self):
         check_finite(self, "optimizer")
@@ -49,7 +54,7 @@ class OptimizerConfig:
                 "optimizer.warmup_steps and optimizer.decay_steps must be >= 0, got "
                 f"{self.warmup_steps} and {self.decay_steps}"
             )
-        if self.master_dtype not in ("", "float32"):
+        if self.master_dtype not in get_args(MasterDtype):
             raise ValueError(
                 f"optimizer.master_dtype must be '' or 'float32', got {self.master_dtype!r}"
             )
@@ -92,11 +97,18 @@ class LoRAConfig:
         return self.alpha / self.rank
 
 
-AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
-POLICY_LOSS_TYPES = ("ppo", "gspo")
-KL_ESTIMATORS = ("k1", "k2", "k3")
-KL_PENALTIES = ("loss", "reward")
-OFF_POLICY_MASKS = ("none", "sequence", "token")
+# The closed choices of the learner's losses (each is an if/else in learners/losses.py, not
+# a registry), and the names the validation messages list.
+Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+PolicyLossType = Literal["ppo", "gspo"]
+KLEstimator = Literal["k1", "k2", "k3"]
+KLPenalty = Literal["loss", "reward"]
+OffPolicyMask = Literal["none", "sequence", "token"]
+AGGREGATIONS: tuple[Aggregation, ...] = get_args(Aggregation)
+POLICY_LOSS_TYPES: tuple[PolicyLossType, ...] = get_args(PolicyLossType)
+KL_ESTIMATORS: tuple[KLEstimator, ...] = get_args(KLEstimator)
+KL_PENALTIES: tuple[KLPenalty, ...] = get_args(KLPenalty)
+OFF_POLICY_MASKS: tuple[OffPolicyMask, ...] = get_args(OffPolicyMask)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,17 +130,17 @@ class PolicyLossConfig:
       ``[off_policy_low, off_policy_high]``.
     """
 
-    loss_type: str = "ppo"
+    loss_type: PolicyLossType = "ppo"
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float = 0.0
     kl_coef: float = 0.0
-    kl_estimator: str = "k3"
+    kl_estimator: KLEstimator = "k3"
     kl_ratio_corrected: bool = False
-    kl_penalty: str = "loss"
+    kl_penalty: KLPenalty = "loss"
     entropy_coef: float = 0.0
     tis_cap: float = 0.0
-    off_policy_mask: str = "none"
+    off_policy_mask: OffPolicyMask = "none"
     off_policy_low: float = 0.5
     off_policy_high: float = 2.0
 
@@ -162,7 +174,9 @@ class PolicyLossConfig:
             raise ValueError(f"learner.off_policy_high must be >= 1, got {self.off_policy_high}")
 
 
-OVERLONG_MODES = ("none", "mask", "penalty")
+# Truncated responses (DAPO): trained on as they are, masked out, or penalised.
+OverlongMode = Literal["none", "mask", "penalty"]
+OVERLONG_MODES: tuple[OverlongMode, ...] = get_args(OverlongMode)
 
 
 def check_overlong(overlong: str, max_len: int, cache_len: int, prefix: str = "") -> None:

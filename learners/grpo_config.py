@@ -10,14 +10,20 @@ import warnings
 from tunix_agentic.learners.advantages import get_advantage_fn
 from tunix_agentic.learners.configs import (
     AGGREGATIONS,
+    Aggregation,
+    KLEstimator,
+    KLPenalty,
     LoRAConfig,
+    OffPolicyMask,
     OptimizerConfig,
+    OverlongMode,
     PolicyLossConfig,
+    PolicyLossType,
     check_finite,
     check_overlong,
 )
 from tunix_agentic.mesh_config import MeshConfig
-from tunix_agentic.trajectory import CONSTRAINED_TOKENS
+from tunix_agentic.trajectory import CONSTRAINED_TOKENS, ConstrainedTokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,15 +35,15 @@ class GRPOConfig:
     # How token losses become the batch's loss (learners/losses.py: aggregate): "token_mean"
     # (every token alike, DAPO), "seq_mean_token_mean" (per row, then over rows: GRPO),
     # "seq_mean_token_sum_norm" (token sums over rows x norm_length: Dr. GRPO).
-    aggregation: str = "token_mean"
+    aggregation: Aggregation = "token_mean"
     # "ppo": token ratios (PPO / GRPO); "gspo": one sequence-level ratio per row (GSPO).
-    loss_type: str = "ppo"
+    loss_type: PolicyLossType = "ppo"
     clip_low: float = 0.2  # the ratio's trust region is [1 - clip_low, 1 + clip_high]; [0, 1)
     clip_high: float = 0.28  # >= 0; 0.28 > clip_low is DAPO's clip-higher
     dual_clip: float = 0.0  # > 1: a negative advantage's loss is capped at -c * A
     kl_coef: float = 0.0  # off by default (StarPO-S)
-    kl_estimator: str = "k3"  # k1 / k2 / k3 (Schulman 2020)
-    kl_penalty: str = "loss"  # "loss": a loss term; "reward": folded into the advantage
+    kl_estimator: KLEstimator = "k3"  # k1 / k2 / k3 (Schulman 2020)
+    kl_penalty: KLPenalty = "loss"  # "loss": a loss term; "reward": folded into the advantage
     # TRL's default: the k3 KL weighted by the ratio to the sampling policy.
     kl_ratio_corrected: bool = False
     entropy_coef: float = 0.0  # an entropy bonus
@@ -54,12 +60,12 @@ class GRPOConfig:
     tis_cap: float = 0.0
     # Beyond TIS: drop rows ("sequence") or tokens ("token", IcePop) whose learner/sampler
     # probability ratio leaves [off_policy_low, off_policy_high].
-    off_policy_mask: str = "none"
+    off_policy_mask: OffPolicyMask = "none"
     off_policy_low: float = 0.5  # the kept band's lower end, in (0, 1] (IcePop's 0.5)
     off_policy_high: float = 2.0  # the kept band's upper end, >= 1 (IcePop's 2)
     # Truncated responses (DAPO): "mask" trains nothing on them; "penalty" lowers the
     # reward linearly from 0 at overlong_max_len - overlong_cache_len to -1 at max_len.
-    overlong: str = "none"
+    overlong: OverlongMode = "none"
     overlong_max_len: int = 0  # "penalty": generated tokens (all turns) where it reaches -1
     overlong_cache_len: int = 0  # "penalty": tokens it takes to fall from 0 to -1; <= max_len
     # Tokens sampled under a grammar (a forced tool call, response_format: Step.constrained)
@@ -68,7 +74,7 @@ class GRPOConfig:
     # correction, so a token the grammar fixed (the unmasked policy gave it little) weighs
     # little and a free choice inside the structure (an argument's value) weighs fully.
     # "mask": they stay in the row as context only (loss mask 0).
-    constrained_tokens: str = "train"
+    constrained_tokens: ConstrainedTokens = "train"
     # Rows are padded to this width x 1, 1.5, 2, 3, 4, 6, ... (learners/batching.py:
     # bucket_length): at most a third padding, about two compiled shapes per doubling.
     length_bucket: int = 32

@@ -87,7 +87,7 @@ def make_orchestrator(p: OverheadParams, template: ChatTemplate) -> RolloutOrche
         filter_uniform_groups=False,
         seed=p.seed,
     )
-    return RolloutOrchestrator(
+    return RolloutOrchestrator.in_process(
         InstantEngine(template.tokenizer), ArithmeticEnv, template, AGENT, config
     )
 

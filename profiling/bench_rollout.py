@@ -229,7 +229,7 @@ def sft(trainer: SFTTrainer, batches, steps: int) -> dict[str, float]:
 
 async def tool_use_rate(engine: JaxEngine, template: ChatTemplate, p: BenchParams) -> float:
     """Tool-use rate on held-out tasks (no waits), sampled as in the benchmark."""
-    orch = RolloutOrchestrator(
+    orch = RolloutOrchestrator.in_process(
         engine,
         ArithmeticEnv,
         template,
@@ -439,15 +439,13 @@ async def run_async(
             own_engines=True,
         )
         await runner.connect()
-    orch = RolloutOrchestrator(
-        engine,
-        slow_env_factory(p.waits, p.seed),
-        template,
-        AGENT,
-        config,
-        tasks=task_iterator(ARITHMETIC, seed=p.seed, split="train"),
-        runner=runner,
-    )
+    tasks = task_iterator(ARITHMETIC, seed=p.seed, split="train")
+    if runner is None:
+        orch = RolloutOrchestrator.in_process(
+            engine, slow_env_factory(p.waits, p.seed), template, AGENT, config, tasks=tasks
+        )
+    else:
+        orch = RolloutOrchestrator(runner, config, tasks=tasks)
     orch.set_version(version)
     trajs: list[Trajectory] = []
     lags: list[int] = []

@@ -208,11 +208,18 @@ def eval_ours(cfg: RunConfig, n: int) -> Figures:
     async def run() -> Any:
         engine = JaxEngine(model, cfg.engine, version=0)
         try:
-            orch = RolloutOrchestrator(
+            orch = RolloutOrchestrator.in_process(
                 engine, trainer.env_factory, trainer.template, cfg.agent, cfg.rollout
             )
             agent = dataclasses.replace(cfg.agent, temperature=cfg.rl.eval_temperature)
-            return await evaluate(orch, trainer.sources, n, seed=cfg.seed, agent_config=agent)
+            return await evaluate(
+                orch,
+                trainer.sources,
+                n,
+                seed=cfg.seed,
+                agent_config=agent,
+                template=trainer.template,
+            )
         finally:
             await engine.close()
 

@@ -146,7 +146,7 @@ async def test_the_eval_stage_gives_the_reward_the_whole_trajectory():
     template = OneTokenTurns(CharTokenizer(128))
     engine = JaxEngine(tiny_model(seed=2), EngineConfig(max_slots=4, max_seq_len=256))
     try:
-        orch = RolloutOrchestrator(
+        orch = RolloutOrchestrator.in_process(
             engine,
             CountsTurns,
             template,

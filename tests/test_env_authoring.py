@@ -29,6 +29,7 @@ from tunix_agentic.envs import (
     register_env,
     tool,
 )
+from tunix_agentic.envs.base import offered_keywords
 from tunix_agentic.envs.calculator import ArithmeticEnv, ArithmeticTasks
 from tunix_agentic.envs.tool_env import schema_from_signature
 from tunix_agentic.envs.tools import Tool, ToolFailureMonitor, call_tool
@@ -437,3 +438,29 @@ def test_the_readme_example_trains_from_the_cli_with_tool_metrics(tmp_path, caps
     seen = {k: v for row in rows for k, v in row.items()}
     assert seen["rollout/tool_use_fraction"] > 0 and seen["eval/tool_use_fraction"] > 0
     assert seen["time/tool/get_count"] > 0
+
+
+def _names_its_keywords(*, tool_timeout: float = 1.0, sandbox: Any = None) -> Any:
+    return ArithmeticEnv()
+
+
+def _takes_any_keyword(**kwargs: Any) -> Any:
+    return ArithmeticEnv()
+
+
+register_env("_test_names_keywords")(_names_its_keywords)
+register_env("_test_any_keyword")(_takes_any_keyword)
+
+
+@pytest.mark.parametrize(
+    "env, offered, given",
+    [
+        ("_test_names_keywords", {"tool_timeout": 2.0, "sandbox": None}, {"tool_timeout": 2.0}),
+        ("_test_names_keywords", {"tool_timeout": 2.0, "other": 1}, {"tool_timeout": 2.0}),
+        ("_test_any_keyword", {"tool_timeout": 2.0}, {}),  # **kwargs: it names what it wants
+        ("_test_not_registered", {"tool_timeout": 2.0}, {}),  # reported where it is made
+    ],
+    ids=["named-not-none", "named-only", "var-keyword", "unknown"],
+)
+def test_run_wide_keywords_reach_factories_that_name_them(env, offered, given):
+    assert offered_keywords(env, offered) == given

@@ -73,7 +73,7 @@ def _orch(engine, *, hang_eval: bool = False):
     def env_factory(task):
         return TrackedEnv(hang=hang_eval and task in EVAL_TASKS)
 
-    return RolloutOrchestrator(
+    return RolloutOrchestrator.in_process(
         engine, env_factory, ChatTemplate(CharTokenizer(128)), agent, config, tasks=tasks
     )
 

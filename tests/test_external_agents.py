@@ -23,7 +23,7 @@ from tunix_agentic.rollout.client.node_client import NodeClient
 from tunix_agentic.rollout.service.engines import EngineSet
 from tunix_agentic.rollout.service.node import RolloutNode, setup_from_config
 from tunix_agentic.rollout.service.node_http import start_node_server
-from tunix_agentic.rollout.service.wire import (
+from tunix_agentic.rollout.wire import (
     GroupRequest,
     SamplingSpec,
     SeedSpec,
@@ -284,11 +284,8 @@ async def test_own_task_episodes_make_a_group_of_one_task(node):
 def test_own_task_groups_take_only_rewarded_ad_hoc_episodes_and_count_expiry():
     import time
 
-    from tunix_agentic.rollout.openai_endpoint.episodes import (
-        Episode,
-        EpisodeLimits,
-        EpisodeStore,
-    )
+    from tunix_agentic.rollout.openai_endpoint.recording import Episode
+    from tunix_agentic.rollout.openai_endpoint.store import EpisodeLimits, EpisodeStore
 
     store = EpisodeStore(EpisodeLimits(closed_ttl_s=60.0))
 

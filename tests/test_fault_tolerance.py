@@ -57,7 +57,7 @@ def make_orch(model, env_factory, *, metrics=None, engine=None, **cfg):
             **cfg,
         }
     )
-    return RolloutOrchestrator(
+    return RolloutOrchestrator.in_process(
         engine,
         env_factory,
         TEMPLATE,
@@ -105,7 +105,7 @@ async def test_a_run_whose_episodes_keep_failing_on_infrastructure_stops(tool_us
         assert quote in str(err.value)
     finally:
         await orch.stop()
-        await orch.engine.close()
+        await orch.runner.engine.close()
 
 
 async def test_evaluation_also_stops_on_endless_infrastructure_failures(tool_user):
@@ -114,7 +114,7 @@ async def test_evaluation_also_stops_on_endless_infrastructure_failures(tool_use
         with pytest.raises(InfraFailureError, match="sandbox image missing"):
             await orch.run_tasks([TASK] * 3, group_size=2)
     finally:
-        await orch.engine.close()
+        await orch.runner.engine.close()
 
 
 class _Counted(ArithmeticEnv):
@@ -170,7 +170,7 @@ async def test_an_episode_that_raises_ends_alone_with_a_recorded_status(
     try:
         group = await orch.run_group(TASK)
     finally:
-        await orch.engine.close()
+        await orch.runner.engine.close()
     assert len(group.trajectories) == 2 and group.lost == 1
     (failed,) = group.dropped
     assert failed.status == "env_error" and error in failed.error
@@ -210,7 +210,7 @@ async def test_evaluation_does_not_shift_the_training_episodes_seeds(tool_user):
             outs.append([t.token_ids for t in group.trajectories])
         finally:
             await orch.stop()
-            await orch.engine.close()
+            await orch.runner.engine.close()
     assert outs[0] == outs[1]
 
 
@@ -266,7 +266,7 @@ async def test_a_restarting_env_server_is_waited_for_and_its_failures_do_not_cou
     finally:
         batch.cancel()
         await orch.stop()
-        await orch.engine.close()
+        await orch.runner.engine.close()
         if runner is not None:
             await runner.cleanup()
     assert [t.status for t in group.trajectories] == ["ok", "ok"]
@@ -301,7 +301,7 @@ async def test_a_restart_no_request_saw_is_told_by_the_episodes_it_lost(tool_use
         orch.offer(group)
         (batch,) = await asyncio.wait_for(orch.get_batch(), timeout=60)  # no InfraFailureError
     finally:
-        await orch.engine.close()
+        await orch.runner.engine.close()
         await env.close()
         await runner.cleanup()
     (lost,) = batch.dropped
@@ -326,7 +326,7 @@ async def test_a_server_down_past_backend_wait_s_stops_the_run(tool_user):
             await asyncio.wait_for(orch.get_batch(), timeout=60)
     finally:
         await orch.stop()
-        await orch.engine.close()
+        await orch.runner.engine.close()
 
 
 @pytest.mark.parametrize(

@@ -291,7 +291,7 @@ async def test_memorized_walk_solves_its_map_through_the_orchestrator():
     model = memorize(tiny_model(seed=1), [(ids, mask)], steps=120)
     engine = JaxEngine(model, EngineConfig(max_slots=4, max_seq_len=512, decode_steps=8))
     agent = AgentConfig(max_turns=4, max_new_tokens=24, temperature=0.0)
-    orch = RolloutOrchestrator(
+    orch = RolloutOrchestrator.in_process(
         engine,
         FrozenLakeEnv,
         TEMPLATE,

@@ -87,7 +87,9 @@ async def _episode_gauges(engine: JaxEngine, workers: int) -> dict[str, float]:
         run_workers=workers,
         eval_workers=workers,
     )
-    orch = RolloutOrchestrator(engine, SlowStartEnv, TEMPLATE, AGENT, config, metrics=metrics)
+    orch = RolloutOrchestrator.in_process(
+        engine, SlowStartEnv, TEMPLATE, AGENT, config, metrics=metrics
+    )
     (group,) = await orch.run_tasks([make_arithmetic_task(0, seed=0, split="train")], group_size=4)
     assert len(group.trajectories) == 4
     return {k: v for k, v in metrics.write_step(1).items() if k.startswith("gauge/queue/")}

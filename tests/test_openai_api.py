@@ -34,22 +34,16 @@ from tunix_agentic.inference.engine import JaxEngine
 from tunix_agentic.inference.params import SamplingParams
 from tunix_agentic.models.char_tokenizer import CharTokenizer
 from tunix_agentic.models.hf_tokenizer import HFTokenizer, save_char_tokenizer
-from tunix_agentic.rollout.openai_endpoint.api import (
-    ChatCompletions,
-    OpenAIConfig,
-    add_openai_routes,
-)
-from tunix_agentic.rollout.openai_endpoint.episodes import (
-    EpisodeLimits,
-    ExternalEpisodes,
-    episode_key,
-    episode_trajectory,
-)
+from tunix_agentic.rollout.openai_endpoint.api import OpenAIConfig, add_openai_routes
+from tunix_agentic.rollout.openai_endpoint.call_path import CallPath as ChatCompletions
+from tunix_agentic.rollout.openai_endpoint.offers import ExternalEpisodes
 from tunix_agentic.rollout.openai_endpoint.prompt import jinja_format
-from tunix_agentic.rollout.openai_endpoint.responses import parse_responses_request
-from tunix_agentic.rollout.openai_endpoint.schema import RequestError, parse_chat_request
+from tunix_agentic.rollout.openai_endpoint.protocol import RequestError, parse_chat_request
+from tunix_agentic.rollout.openai_endpoint.recording import episode_trajectory
+from tunix_agentic.rollout.openai_endpoint.serving_responses import parse_responses_request
+from tunix_agentic.rollout.openai_endpoint.store import EpisodeLimits, episode_key
 from tunix_agentic.rollout.service.engines import EngineSet
-from tunix_agentic.rollout.service.wire import GroupRequest, trajectory_from_json
+from tunix_agentic.rollout.wire import GroupRequest, trajectory_from_json
 from tunix_agentic.serving import SGLangEngine, start_server
 from tunix_agentic.serving.generate_request import parse_generate
 from tunix_agentic.serving.http import api_key_guard, serve_app

@@ -29,8 +29,9 @@ from tunix_agentic.inference.config import EngineConfig
 from tunix_agentic.inference.engine import JaxEngine
 from tunix_agentic.models.char_tokenizer import CharTokenizer
 from tunix_agentic.rollout.openai_endpoint.api import OpenAIConfig, add_openai_routes
-from tunix_agentic.rollout.openai_endpoint.episodes import episode_key, episode_trajectory
-from tunix_agentic.rollout.openai_endpoint.responses import input_messages, text_pieces
+from tunix_agentic.rollout.openai_endpoint.recording import episode_trajectory
+from tunix_agentic.rollout.openai_endpoint.serving_responses import input_messages, text_pieces
+from tunix_agentic.rollout.openai_endpoint.store import episode_key
 from tunix_agentic.rollout.service.engines import EngineSet
 from tunix_agentic.rollout.service.node import RolloutNode, setup_from_config
 from tunix_agentic.rollout.service.node_http import start_node_server

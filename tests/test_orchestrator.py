@@ -44,7 +44,7 @@ def make_orch(model, **cfg):
     config = RolloutConfig(
         **{"group_size": 3, "groups_per_batch": 2, "filter_uniform_groups": False, **cfg}
     )
-    return RolloutOrchestrator(engine, ArithmeticEnv, TEMPLATE, AGENT, config)
+    return RolloutOrchestrator.in_process(engine, ArithmeticEnv, TEMPLATE, AGENT, config)
 
 
 async def test_groups_hold_g_episodes_of_their_task(random_model):
@@ -61,7 +61,7 @@ async def test_groups_hold_g_episodes_of_their_task(random_model):
             # Token-in/token-out: the history is the prompt plus exactly what the engine returned.
             generated = [i for s in t.steps for i in s.action_ids + s.observation_ids]
             assert t.token_ids[t.prompt_len :] == generated
-    await orch.engine.close()
+    await orch.runner.engine.close()
 
 
 async def test_multi_turn_tool_use_keeps_exact_ids_and_mask(tool_user):
@@ -78,7 +78,7 @@ async def test_multi_turn_tool_use_keeps_exact_ids_and_mask(tool_user):
     np.testing.assert_array_equal(arrays["loss_mask"], demo["loss_mask"])
     assert np.all(arrays["old_logprobs"][arrays["loss_mask"] == 0] == 0)
     assert np.all(arrays["old_logprobs"][arrays["loss_mask"] == 1] < 0)
-    await orch.engine.close()
+    await orch.runner.engine.close()
 
 
 async def test_uniform_groups_are_filtered(tool_user):
@@ -88,7 +88,7 @@ async def test_uniform_groups_are_filtered(tool_user):
     group = await orch.run_group(TASKS[0], agent_config=agent)
     assert group.rewards.tolist() == [1.0, 1.0, 1.0]
     assert orch.judge(group) == "filtered" and orch.stats["groups_filtered"] == 1
-    await orch.engine.close()
+    await orch.runner.engine.close()
 
 
 class FlakyEnv(ArithmeticEnv):
@@ -120,7 +120,7 @@ async def test_infra_failures_stay_out_of_group_statistics(random_model):
     assert group.rewards.shape == (2,) and group.lost == 2
     assert orch.stats["infra_failures"] == 2
     assert FlakyEnv.closed == FlakyEnv.created  # every environment was closed, failed or not
-    await orch.engine.close()
+    await orch.runner.engine.close()
 
 
 class FailsFirstEnv(ArithmeticEnv):
@@ -144,7 +144,7 @@ async def test_infra_failures_are_retried_with_a_fresh_env(random_model):
     assert sorted(t.episode_id for t in group.dropped) == sorted(
         t.episode_id.replace("-retry1", "") for t in group.trajectories if "retry1" in t.episode_id
     )
-    await orch.engine.close()
+    await orch.runner.engine.close()
 
 
 def test_max_turns_schedule_follows_policy_version():
@@ -175,7 +175,7 @@ async def test_schedule_sets_the_turn_budget_of_new_episodes(tool_user):
     g1 = await orch.run_group(TASKS[0])
     assert [len(t.steps) for t in g1.trajectories] == [3, 3]
     assert all(t.status == "max_turns" for t in g0.trajectories + g1.trajectories)
-    await orch.engine.close()
+    await orch.runner.engine.close()
 
 
 class SlowEnv(Environment):
@@ -198,7 +198,7 @@ async def test_episode_timeout_is_recorded_and_env_closed(random_model):
     group = await orch.run_group(TASKS[2])
     assert [t.status for t in group.dropped] == ["timeout", "timeout"]
     assert SlowEnv.closed == 2
-    await orch.engine.close()
+    await orch.runner.engine.close()
 
 
 async def test_stop_cancels_in_flight_episodes_and_closes_envs(random_model):
@@ -213,7 +213,7 @@ async def test_stop_cancels_in_flight_episodes_and_closes_envs(random_model):
     await orch.stop()
     assert orch.pending_work == 0 and orch.running_groups == 0
     assert SlowEnv.closed == 2 * in_flight  # each started sandbox closed on cancellation
-    await orch.engine.close()
+    await orch.runner.engine.close()
 
 
 async def test_production_batches_and_admission_pacing(random_model):
@@ -225,13 +225,13 @@ async def test_production_batches_and_admission_pacing(random_model):
     # Staleness 0: nothing new may start until the learner publishes version 1.
     await asyncio.sleep(0.3)
     assert orch.running_groups == 0 and orch.pacer.ready == 0
-    orch.engine.update_weights(nnx.state(random_model, nnx.Param), version=1)
+    orch.runner.engine.update_weights(nnx.state(random_model, nnx.Param), version=1)
     orch.set_version(1)
     batch2 = await asyncio.wait_for(orch.get_batch(), timeout=120)
     assert all(g.admitted_version == 1 for g in batch2)
     assert min(t.min_version for g in batch2 for t in g.trajectories) == 1
     await orch.stop()
-    await orch.engine.close()
+    await orch.runner.engine.close()
 
 
 async def test_episode_with_two_tool_calls():
@@ -266,7 +266,7 @@ async def test_episode_with_two_tool_calls():
     assert [len(s.tool_calls) for s in traj.steps] == [1, 1, 0]
     assert traj.token_ids == ids
     np.testing.assert_array_equal(traj.learner_arrays()["loss_mask"], np.asarray(mask, np.float32))
-    await orch.engine.close()
+    await orch.runner.engine.close()
 
 
 class GatedEnv(ArithmeticEnv):
@@ -305,13 +305,13 @@ async def test_learner_waits_for_a_straggler_instead_of_discarding_it(random_mod
     (b1,) = await asyncio.wait_for(batch_task, timeout=60)
     assert b1.task.task_id == tasks[1].task_id and orch.stats["stale_dropped"] == 0
     await orch.stop()
-    await orch.engine.close()
+    await orch.runner.engine.close()
 
 
 async def test_stragglers_older_than_the_bound_never_reach_the_learner(random_model):
     orch = make_orch(random_model, group_size=2, groups_per_batch=1, max_staleness=1)
     old = await orch.run_group(TASKS[0])  # sampled by version 0
-    orch.engine.update_weights(nnx.state(random_model, nnx.Param), version=2)
+    orch.runner.engine.update_weights(nnx.state(random_model, nnx.Param), version=2)
     orch.set_version(2)
     fresh = await orch.run_group(TASKS[1])  # sampled by version 2
     orch.offer(old)  # both finished, oldest first
@@ -319,7 +319,7 @@ async def test_stragglers_older_than_the_bound_never_reach_the_learner(random_mo
     (batch,) = await orch.get_batch()
     assert batch is fresh and orch.stats["stale_dropped"] == 1
     assert 2 - batch.min_version <= 1
-    await orch.engine.close()
+    await orch.runner.engine.close()
 
 
 def test_resuming_at_a_version_paces_from_that_version(random_model):
@@ -347,7 +347,7 @@ async def test_low_variance_groups_are_filtered_and_variable_batches_return_earl
     assert [g.index for g in batch] == [g1.index, g2.index]  # 2 of at most 4: returned early
     with pytest.raises(ValueError, match="min_groups_per_batch"):
         RolloutConfig(groups_per_batch=2, min_groups_per_batch=3)
-    await orch.engine.close()
+    await orch.runner.engine.close()
 
 
 class CountingEnv(ArithmeticEnv):
@@ -403,7 +403,7 @@ async def test_prefetch_initialises_groups_ahead_of_the_staleness_gate(random_mo
     prefetched = [m for group in orch.prefetched() for m in group]
     assert len(prefetched) == 4 and all(m.prompt_ids and m.error is None for m in prefetched)
     assert not any(m.env.was_stepped for m in prefetched)  # reset, never run
-    orch.engine.update_weights(nnx.state(random_model, nnx.Param), version=1)
+    orch.runner.engine.update_weights(nnx.state(random_model, nnx.Param), version=1)
     orch.set_version(1)
     (second,) = await asyncio.wait_for(orch.get_batch(), timeout=120)
     # Prefetched groups run in task order and are stamped with the version that admitted them.
@@ -411,7 +411,7 @@ async def test_prefetch_initialises_groups_ahead_of_the_staleness_gate(random_mo
     assert second.admitted_version == 1 and second.min_version == 1
     await orch.stop()
     assert env.closed == env.created  # prefetched sandboxes never run are closed too
-    await orch.engine.close()
+    await orch.runner.engine.close()
 
 
 async def test_a_prefetched_sandbox_that_failed_to_start_is_retried_fresh(random_model):
@@ -429,7 +429,7 @@ async def test_a_prefetched_sandbox_that_failed_to_start_is_retried_fresh(random
     assert "sandbox crashed at start" in group.dropped[0].error
     assert orch.stats["infra_retries"] == 1
     assert env.closed == env.created
-    await orch.engine.close()
+    await orch.runner.engine.close()
 
 
 async def test_stop_closes_sandboxes_still_starting_in_the_prefetch(random_model):
@@ -448,7 +448,7 @@ async def test_stop_closes_sandboxes_still_starting_in_the_prefetch(random_model
     await orch.stop()
     assert orch.pending_work == 0
     assert SlowEnv.closed == len(created)
-    await orch.engine.close()
+    await orch.runner.engine.close()
 
 
 def test_prefetch_groups_must_not_be_negative():
@@ -485,7 +485,7 @@ async def test_a_tool_whose_infrastructure_fails_ends_the_episode_as_tool_error(
     # Retried with a fresh sandbox whose tool works: the memorised episode succeeds.
     (traj,) = group.trajectories
     assert traj.status == "ok" and traj.reward == 1.0
-    await orch.engine.close()
+    await orch.runner.engine.close()
 
 
 async def test_a_version_published_before_admitted_groups_start_does_not_strand_them(
@@ -505,7 +505,7 @@ async def test_a_version_published_before_admitted_groups_start_does_not_strand_
     second = await asyncio.wait_for(orch.get_batch(), timeout=120)
     assert len(second) == 1
     await orch.stop()
-    await orch.engine.close()
+    await orch.runner.engine.close()
 
 
 # --- tool calls per turn and whose timeout it is ---------------------------------------------------
@@ -566,7 +566,7 @@ def _scripted_orch(model, script, *, hang=False, max_calls=8, timeout_s=300.0):
         group_size=2, filter_uniform_groups=False, infra_retries=0, episode_timeout_s=timeout_s
     )
     engine = ScriptedEngine(model, script, hang=hang)
-    return RolloutOrchestrator(engine, SleepEnv, TEMPLATE, agent, config)
+    return RolloutOrchestrator.in_process(engine, SleepEnv, TEMPLATE, agent, config)
 
 
 def test_agent_config_names_a_bad_tool_call_cap():
@@ -586,7 +586,7 @@ async def test_a_turn_runs_at_most_max_tool_calls_per_turn(random_model):
             assert seen.count("slept") == 3
             assert "this turn made 15 tool calls; only the first 3 were run" in seen
     assert SleepTool.runs == 2 * 2 * 3  # 2 episodes of 2 turns of 3 calls
-    await orch.engine.close()
+    await orch.runner.engine.close()
 
 
 class DivideTool(Tool):
@@ -622,9 +622,11 @@ async def test_tool_use_is_counted_from_the_agents_calls_when_the_env_reports_no
     divide = '<tool_call>{"name": "divide", "arguments": {"d": 0}}</tool_call>'
     script = _sleeps(2, 0) + divide + _sleeps(1, 0).replace("sleep", "nap")
     engine = ScriptedEngine(random_model, script)
-    orch = RolloutOrchestrator(engine, OwnCallsEnv, TEMPLATE, agent, config, metrics=recorder)
+    orch = RolloutOrchestrator.in_process(
+        engine, OwnCallsEnv, TEMPLATE, agent, config, metrics=recorder
+    )
     group = await orch.run_group(TASKS[0])
-    await orch.engine.close()
+    await orch.runner.engine.close()
     assert SleepTool.runs == 2 * 2 * 2  # 2 episodes of 2 turns of 2 calls, run by the env
     assert rollout_stats([group])["rollout/tool_use_fraction"] == 1.0
     out = recorder.write_step(1)
@@ -646,7 +648,7 @@ async def test_tool_calls_past_the_episode_deadline_are_the_agents_failure(rando
     for traj in group.trajectories:
         assert traj.status == "agent_timeout" and not traj.is_infra_failure
         assert "exceeded 1.0s in run" in traj.error and "actions_s" in traj.timings
-    await orch.engine.close()
+    await orch.runner.engine.close()
 
 
 async def test_an_engine_hung_past_the_episode_deadline_stays_infra(random_model):
@@ -655,7 +657,7 @@ async def test_an_engine_hung_past_the_episode_deadline_stays_infra(random_model
     assert not group.trajectories and [t.status for t in group.dropped] == ["timeout"] * 2
     assert all(t.is_infra_failure and "in run" in t.error for t in group.dropped)
     assert orch.stats["infra_failures"] == 2
-    await orch.engine.close()
+    await orch.runner.engine.close()
 
 
 class SlowRewardEnv(ArithmeticEnv):
@@ -675,7 +677,7 @@ async def test_a_reward_past_its_deadline_is_a_clear_env_error_not_a_stall(rando
         group = await orch.run_group(TASKS[0])
     assert [t.status for t in group.dropped] == ["env_error", "env_error"]
     assert all("reward took over 0.2s" in t.error for t in group.dropped), group.dropped
-    await orch.engine.close()
+    await orch.runner.engine.close()
 
 
 class MetricsEnv(OwnCallsEnv):
@@ -693,9 +695,9 @@ async def test_an_environments_own_metrics_are_summed_per_episode_and_averaged(r
     agent = dataclasses.replace(AGENT, max_turns=2)
     config = RolloutConfig(group_size=2, filter_uniform_groups=False, infra_retries=0)
     engine = ScriptedEngine(random_model, _sleeps(2, 0) + _sleeps(1, 0))
-    orch = RolloutOrchestrator(engine, MetricsEnv, TEMPLATE, agent, config)
+    orch = RolloutOrchestrator.in_process(engine, MetricsEnv, TEMPLATE, agent, config)
     group = await orch.run_group(TASKS[0])
-    await orch.engine.close()
+    await orch.runner.engine.close()
     # Each turn's scripted reply holds 3 calls (the script is one turn's text): 2 turns.
     assert [t.info["metrics"] for t in group.trajectories] == [{"calls_run": 6.0}] * 2
     assert rollout_stats([group])["rollout/env/calls_run"] == 6.0
@@ -713,9 +715,9 @@ async def test_a_bad_metric_from_the_environment_is_named(random_model, bad, nam
     BadEnv.bad = bad
     config = RolloutConfig(group_size=1, filter_uniform_groups=False, infra_retries=0)
     engine = ScriptedEngine(random_model, _sleeps(1, 0))
-    orch = RolloutOrchestrator(engine, BadEnv, TEMPLATE, AGENT, config)
+    orch = RolloutOrchestrator.in_process(engine, BadEnv, TEMPLATE, AGENT, config)
     group = await orch.run_group(TASKS[0])
-    await orch.engine.close()
+    await orch.runner.engine.close()
     assert not group.trajectories  # an environment's fault is never scored
     (traj,) = group.dropped
     assert traj.status == "env_error"
@@ -727,23 +729,44 @@ async def test_a_bad_metric_from_the_environment_is_named(random_model, bad, nam
 
 def test_both_runners_run_groups_with_the_protocols_signature():
     """The in-process and the rollout-node runner implement one GroupRunner: the same
-    ``run_group`` parameters, and every method the orchestrator calls."""
+    ``run_group`` parameters, and every method the orchestrator calls of every runner;
+    what only one of them can do is an optional protocol the other does not claim."""
     from inspect import signature
 
     from tunix_agentic.rollout.client.runner import ServiceEpisodeRunner
     from tunix_agentic.rollout.episode import EpisodeRunner
-    from tunix_agentic.rollout.group_runner import GroupRunner
+    from tunix_agentic.rollout.group_runner import (
+        CheckpointingRunner,
+        GroupRunner,
+        PrefetchingRunner,
+    )
 
     want = signature(GroupRunner.run_group)
     calls = [n for n, v in vars(GroupRunner).items() if callable(v) and not n.startswith("_")]
-    assert {"bind", "run_group", "set_version", "checkpoint_state"} <= set(calls)
+    assert set(calls) == {"bind", "run_group", "set_version", "close"}
     for runner in (EpisodeRunner, ServiceEpisodeRunner):
         assert signature(runner.run_group) == want, runner.__name__
         assert not [n for n in calls if not callable(getattr(runner, n, None))], runner.__name__
+    config = RolloutConfig()
+    here = EpisodeRunner(None, ArithmeticEnv, TEMPLATE, AGENT, config)
+    nodes = ServiceEpisodeRunner(["http://127.0.0.1:9"], agent_config=AGENT, config=config)
+    assert isinstance(here, PrefetchingRunner) and not isinstance(here, CheckpointingRunner)
+    assert isinstance(nodes, CheckpointingRunner) and not isinstance(nodes, PrefetchingRunner)
+
+
+def test_prefetching_needs_a_runner_that_makes_the_environments_here():
+    """``rollout.prefetch_groups`` INITs groups ahead, here: an orchestrator over a runner
+    that is no PrefetchingRunner refuses it when built, not at its first group."""
+    from tunix_agentic.rollout.client.runner import ServiceEpisodeRunner
+
+    config = RolloutConfig(group_size=2, prefetch_groups=2)
+    runner = ServiceEpisodeRunner(["http://127.0.0.1:9"], agent_config=AGENT, config=config)
+    with pytest.raises(ValueError, match="rollout.prefetch_groups must be 0"):
+        RolloutOrchestrator(runner, config)
 
 
 async def test_a_runner_given_to_the_orchestrator_shares_its_bookkeeping():
-    """``RolloutOrchestrator(..., runner=...)``: the runner takes the orchestrator's stats,
+    """``RolloutOrchestrator(runner, config)``: the runner takes the orchestrator's stats,
     hears each published version, and its state rides in the orchestrator's checkpoint and
     back; a runner whose environments are made on the nodes says so (None) and refuses one."""
     import json
@@ -757,9 +780,7 @@ async def test_a_runner_given_to_the_orchestrator_shares_its_bookkeeping():
 
     def orchestrator(runner):
         tasks = task_iterator(ArithmeticTasks(), seed=0)
-        return RolloutOrchestrator(
-            None, ArithmeticEnv, TEMPLATE, AGENT, config, tasks=tasks, runner=runner
-        )
+        return RolloutOrchestrator(runner, config, tasks=tasks)
 
     runner = ServiceEpisodeRunner(nowhere, agent_config=AGENT, config=config, run_id="run-a")
     orch = orchestrator(runner)

@@ -1,6 +1,7 @@
-"""The generated reference pages (tunix_agentic.config_reference, tunix_agentic.cli.reference):
-the committed docs/reference/ pages are what the generators write now, every config key and
-every CLI flag is on them, and the comment reader finds what a field's source says of it."""
+"""The generated reference pages (tunix_agentic.config_reference, tunix_agentic.cli.reference,
+.http_reference, .layout_reference): the committed docs/reference/ pages and the layout block
+of docs/architecture.md are what the generators write now; every config key, CLI flag, HTTP
+route and package is on them; and the comment reader finds what a field's source says of it."""
 
 from __future__ import annotations
 
@@ -13,8 +14,17 @@ from typing import Any, Literal
 
 import pytest
 
+from tunix_agentic.cli.http_reference import (
+    ROUTE_BODIES,
+    body_model,
+    field_groups,
+    live_routes,
+    stale_notes,
+    undescribed_routes,
+)
+from tunix_agentic.cli.layout_reference import block, render_layout, with_block
 from tunix_agentic.cli.main import build_parser
-from tunix_agentic.cli.reference import PAGES, REGENERATE, cli_commands, main
+from tunix_agentic.cli.reference import BLOCKS, PAGES, REGENERATE, cli_commands, main
 from tunix_agentic.config import RunConfig
 from tunix_agentic.config_reference import config_keys, config_sections, md_text
 
@@ -72,14 +82,135 @@ def test_every_cli_flag_is_on_the_cli_page_under_its_command():
 
 
 def test_the_command_writes_the_pages_and_check_finds_them_stale_or_not(tmp_path, capsys):
-    assert main(["--check", "--out", str(tmp_path)]) == 1
+    out, docs = tmp_path / "reference", tmp_path / "docs"
+    docs.mkdir()
+    for name in BLOCKS:  # the hand-written pages, their generated blocks emptied
+        text = (ROOT / "docs" / name).read_text()
+        (docs / name).write_text(with_block(text, ""))
+    args = ["--out", str(out), "--docs", str(docs)]
+    assert main(["--check", *args]) == 1
     assert REGENERATE in capsys.readouterr().err
-    assert main(["--out", str(tmp_path)]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(PAGES)
-    assert main(["--check", "--out", str(tmp_path)]) == 0
-    (tmp_path / "cli.md").write_text("# CLI reference\n")
-    assert main(["--check", "--out", str(tmp_path)]) == 1
-    assert "cli.md is stale" in capsys.readouterr().err
+    assert main(args) == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted(PAGES)
+    for name in BLOCKS:
+        assert (docs / name).read_text() == (ROOT / "docs" / name).read_text()
+    assert main(["--check", *args]) == 0
+    (out / "cli.md").write_text("# CLI reference\n")
+    (docs / "architecture.md").write_text(with_block((docs / "architecture.md").read_text(), "x"))
+    assert main(["--check", *args]) == 1
+    err = capsys.readouterr().err
+    assert "cli.md is stale" in err and "architecture.md is stale" in err
+    (docs / "architecture.md").write_text("# Architecture\n")  # its markers gone
+    assert main(["--check", *args]) == 2
+    assert "no generated block" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", sorted(BLOCKS), ids=sorted(BLOCKS))
+def test_the_generated_block_of_a_hand_written_page_is_what_the_generator_writes(name):
+    text = (ROOT / "docs" / name).read_text()
+    assert text == with_block(text, BLOCKS[name]()), (
+        f"the generated block of docs/{name} is stale: run `{REGENERATE}` and commit it"
+    )
+
+
+def _page_routes(page: str) -> dict[str, set[tuple[str, str]]]:
+    """Section anchor -> the routes listed in its table (``| `METHOD /path` |`` rows)."""
+    sections = re.findall(r"^## .*?\{ #(\S+) \}\n(.*?)(?=^## |\Z)", page, re.M | re.S)
+    return {key: set(re.findall(r"^\| `([A-Z]+) (/\S*)` \|", body, re.M)) for key, body in sections}
+
+
+def _missing_routes(page: str) -> list[str]:
+    listed = _page_routes(page)
+    return [
+        f"{key} {r.method} {r.path}"
+        for key, routes in live_routes().items()
+        for r in routes
+        if (r.method, r.path) not in listed.get(key, set())
+    ]
+
+
+def test_every_live_http_route_is_on_the_http_page_under_its_server():
+    page = (PAGE_DIR / "http.md").read_text()
+    live = live_routes()
+    assert {"serve-engine", "serve-env", "serve-rollout", "openai"} <= set(live)
+    assert ("POST", "/generate") in {(r.method, r.path) for r in live["serve-engine"]}
+    assert ("POST", "/v1/chat/completions") in {(r.method, r.path) for r in live["openai"]}
+    assert not _missing_routes(page), f"not on docs/reference/http.md; run `{REGENERATE}`"
+    # The check fails when a route is left out: drop one row and it is named.
+    cut = page.replace("| `POST /envs/{episode_id}/step` |", "| `POST /elsewhere` |")
+    assert _missing_routes(cut) == ["serve-env POST /envs/{episode_id}/step"]
+
+
+def test_the_env_server_app_built_here_lists_the_routes_the_page_has():
+    """serve-env's app built apart from the generator: its router against the page."""
+    import tunix_agentic.envs  # noqa: F401
+    from tunix_agentic.serving.env_server import EnvServerConfig, build_env_app
+
+    app = build_env_app(EnvServerConfig("countdown"))
+    routes = {(r.method, r.resource.canonical) for r in app.router.routes() if r.method != "HEAD"}
+    page = _page_routes((PAGE_DIR / "http.md").read_text())
+    assert len(routes) >= 6 and routes == page["serve-env"]
+
+
+def test_every_http_route_is_described_and_every_note_names_a_live_route():
+    assert not undescribed_routes(), (
+        "these routes' handlers have no docstring and tunix_agentic/cli/http_reference.py "
+        f"no note: {undescribed_routes()}"
+    )
+    assert not stale_notes(), f"notes or bodies for routes no server has: {stale_notes()}"
+
+
+def test_every_request_body_model_resolves_and_its_fields_are_on_the_page():
+    page = (PAGE_DIR / "http.md").read_text()
+    for bodies in ROUTE_BODIES.values():
+        for body in (b for entry in bodies.values() for b in entry):
+            model = body_model(body)
+            for name, info in model.model_fields.items():
+                assert f"`{info.alias or name}`" in page, (body.model, name)
+
+
+def test_a_body_models_fields_are_grouped_by_the_public_class_declaring_them():
+    from pydantic import BaseModel
+
+    class Shared(BaseModel):
+        """Fields many bodies take. More words."""
+
+        hint: str = ""
+
+    class _Base(BaseModel):
+        input: str
+
+    class _Body(_Base, Shared):
+        n: int = 1
+
+    groups = [(cls.__name__, fields) for cls, fields in field_groups(_Body)]
+    assert groups == [("_Body", [("input", True), ("n", False)]), ("Shared", [("hint", False)])]
+
+
+def test_every_package_is_in_the_layout_with_its_docstring():
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    layout = block(text, "docs/architecture.md")
+    folders = sorted(
+        str(init.parent.relative_to(ROOT)) + "/"
+        for root in ("tunix_agentic", "envs", "learners")
+        for init in (ROOT / root).rglob("__init__.py")
+    )
+    assert "tunix_agentic/aot/" in folders and "tunix_agentic/cluster/" in folders
+    missing = [f for f in folders if not re.search(rf"^\| `{re.escape(f)}`", layout, re.M)]
+    assert not missing, f"not in the layout of docs/architecture.md: {missing}; run `{REGENERATE}`"
+    assert "Ahead-of-time compilation of a run for a TPU topology" in render_layout()
+
+
+def test_a_block_is_replaced_between_its_markers_only():
+    page = "# T\n\n<!-- layout:start: a note\n  on two lines -->\nold\n<!-- layout:end -->\nafter\n"
+    new = with_block(page, "new")
+    assert (
+        new
+        == "# T\n\n<!-- layout:start: a note\n  on two lines -->\n\nnew\n\n<!-- layout:end -->\nafter\n"
+    )
+    assert block(new) == "new" and with_block(new, "new") == new
+    with pytest.raises(ValueError, match="no generated block"):
+        with_block("# T\n", "new", where="T.md")
 
 
 # A small config tree whose source holds each kind of comment the reader must tell apart.

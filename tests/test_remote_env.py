@@ -80,7 +80,7 @@ def tool_user():
 def orchestrator(model, env_factory, **cfg) -> RolloutOrchestrator:
     engine = JaxEngine(model, EngineConfig(max_slots=8, max_seq_len=128, decode_steps=8))
     config = RolloutConfig(**{"group_size": 2, "filter_uniform_groups": False, **cfg})
-    return RolloutOrchestrator(engine, env_factory, TEMPLATE, GREEDY, config)
+    return RolloutOrchestrator.in_process(engine, env_factory, TEMPLATE, GREEDY, config)
 
 
 async def test_remote_episodes_match_local_ones(server):
@@ -148,7 +148,7 @@ async def test_orchestrator_runs_remote_episodes_like_local_ones(server, tool_us
     try:
         (group,) = await orch.run_tasks([TASKS[0]], group_size=2)
     finally:
-        await orch.engine.close()
+        await orch.runner.engine.close()
     assert not group.dropped and len(group.trajectories) == 2
     for traj in group.trajectories:
         assert traj.status == "ok" and traj.reward == 1.0
@@ -172,7 +172,7 @@ async def test_killed_server_mid_episode_is_an_infrastructure_failure(tool_user)
                 TASKS[0], prepared=[InitResult(env, TEMPLATE.prompt_ids(prompt))]
             )
         finally:
-            await orch.engine.close()
+            await orch.runner.engine.close()
     finally:
         stop(proc)
     # The model acted, the environment could not answer: no trajectory is scored.

@@ -40,7 +40,7 @@ def _orch(engine):
     config = RolloutConfig(group_size=2, groups_per_batch=2, filter_uniform_groups=False)
     tasks = iter([make_arithmetic_task(i, seed=5, split="train") for i in range(100)])
     agent = AgentConfig(max_turns=2, max_new_tokens=24)
-    return RolloutOrchestrator(
+    return RolloutOrchestrator.in_process(
         engine, ArithmeticEnv, ChatTemplate(CharTokenizer(128)), agent, config, tasks=tasks
     )
 

@@ -23,7 +23,7 @@ from tunix_agentic.rollout.service.wal import (
     StateDirBusy,
     repair_log,
 )
-from tunix_agentic.rollout.service.wire import GroupRequest, SamplingSpec
+from tunix_agentic.rollout.wire import GroupRequest, SamplingSpec
 from tunix_agentic.testing import TINY_RUN_OVERRIDES, cli, spawn_server, stop_server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -269,7 +269,7 @@ async def test_the_only_engine_killed_and_restarted_costs_no_episode_and_no_stal
     from tunix_agentic.models.hf import build_model
     from tunix_agentic.rollout.service.engines import EngineSet
     from tunix_agentic.rollout.service.node import RolloutNode, setup_from_config
-    from tunix_agentic.rollout.service.wire import SeedSpec, TaskRef
+    from tunix_agentic.rollout.wire import SeedSpec, TaskRef
     from tunix_agentic.serving.client import SGLangEngine
 
     weights, port = tmp_path / "weights", _free_port()

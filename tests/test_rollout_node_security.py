@@ -26,7 +26,7 @@ from tunix_agentic.rollout.service.caps import NodeCaps
 from tunix_agentic.rollout.service.engines import EngineSet
 from tunix_agentic.rollout.service.node import RolloutNode, setup_from_config
 from tunix_agentic.rollout.service.node_http import start_node_server
-from tunix_agentic.rollout.service.wire import GroupRequest
+from tunix_agentic.rollout.wire import GroupRequest
 from tunix_agentic.serving.http import serve_app
 from tunix_agentic.serving.timeouts import ServerTimeouts
 from tunix_agentic.testing import TINY_RUN_OVERRIDES

@@ -14,7 +14,7 @@ from tunix_agentic.config import load_config
 from tunix_agentic.data.run_inputs import run_inputs
 from tunix_agentic.rollout.service.engines import EngineSet
 from tunix_agentic.rollout.service.node import RolloutNode, setup_from_config
-from tunix_agentic.rollout.service.wire import GroupRequest, SamplingSpec, SeedSpec, TaskRef
+from tunix_agentic.rollout.wire import GroupRequest, SamplingSpec, SeedSpec, TaskRef
 from tunix_agentic.testing import smollm2_chat_template, write_bpe_tokenizer
 
 SMOLLM2_TEMPLATE = smollm2_chat_template()

@@ -431,7 +431,7 @@ async def test_sandboxed_envs_run_through_the_orchestrator(env_cls, tmp_path):
     metrics = MetricsRecorder(tmp_path / "tb")
     before = sandbox_dirs()
     try:
-        orch = RolloutOrchestrator(
+        orch = RolloutOrchestrator.in_process(
             engine,
             lambda: env_cls(sandbox=SANDBOX),
             template,

@@ -36,11 +36,14 @@ def _room(module: str) -> str:
     return parts[1] if len(parts) > 1 else "tunix_agentic"
 
 
-def _import_graph() -> dict[str, set[str]]:
+def _import_graph(room=_room, prefix: str = "tunix_agentic.") -> dict[str, set[str]]:
     """Room -> rooms it imports anywhere in its files: at module level, inside functions
-    and under ``TYPE_CHECKING`` alike (a lazy or typing import is still a dependency)."""
+    and under ``TYPE_CHECKING`` alike (a lazy or typing import is still a dependency).
+    ``room``: a module's room; ``prefix``: the modules looked at, on both ends."""
     graph: dict[str, set[str]] = {}
     for module, path in _modules():
+        if not module.startswith(prefix):
+            continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
@@ -49,9 +52,29 @@ def _import_graph() -> dict[str, set[str]]:
             else:
                 continue
             for name in names:
-                if name.startswith("tunix_agentic.") and _room(name) != _room(module):
-                    graph.setdefault(_room(module), set()).add(_room(name))
+                if name.startswith(prefix) and room(name) != room(module):
+                    graph.setdefault(room(module), set()).add(room(name))
     return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> str | None:
+    """One import cycle of ``graph`` (``a -> b -> a``), or None."""
+    state: dict[str, str] = {}
+
+    def visit(room: str, path: list[str]) -> str | None:
+        if state.get(room) == "done":
+            return None
+        if state.get(room) == "open":
+            return " -> ".join([*path[path.index(room) :], room])
+        state[room] = "open"
+        for nxt in sorted(graph.get(room, ())):
+            found = visit(nxt, [*path, room])
+            if found:
+                return found
+        state[room] = "done"
+        return None
+
+    return next(filter(None, (visit(room, []) for room in sorted(graph))), None)
 
 
 def test_imports_between_packages_form_no_cycle():
@@ -76,6 +99,30 @@ def test_imports_between_packages_form_no_cycle():
     for leaf, known in (("trajectory", {"models"}), ("envs", {"models", "trajectory"})):
         assert not graph.get(leaf, set()) - known, (leaf, graph.get(leaf))
     assert not graph.get("models", set()), graph.get("models")
+
+
+# Rollout's subpackages, each a room of its own; rollout's top-level modules are one more.
+ROLLOUT_ROOMS = ("service", "client", "openai_endpoint")
+
+
+def _rollout_room(module: str) -> str:
+    """``service``, ``client`` or ``openai_endpoint`` for a module of that subpackage of
+    ``tunix_agentic.rollout``; ``rollout`` for the top-level ones (``rollout.wire``...)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[2] in ROLLOUT_ROOMS else "rollout"
+
+
+def test_rollout_subpackages_import_each_other_without_cycles():
+    """The node, its OpenAI endpoint and the trainer's client import one another one way
+    only; the wire format both sides speak is rollout's own (``rollout.wire``), not one
+    side's."""
+    graph = _import_graph(_rollout_room, prefix="tunix_agentic.rollout.")
+    # The walk sees real edges: the node runs the endpoint and the episode runner, the
+    # client speaks the wire format.
+    assert graph["service"] >= {"openai_endpoint", "rollout"}, graph
+    assert "rollout" in graph["client"], graph
+    cycle = _cycle(graph)
+    assert cycle is None, f"import cycle: {cycle}"
 
 
 def test_every_module_opens_with_a_docstring():

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -9,7 +12,10 @@ from tunix_agentic.trajectory import (
     INFRA_STATUSES,
     POLICY_STATUSES,
     Step,
+    TaskKey,
+    TaskLike,
     Trajectory,
+    task_key,
     timeout_status,
 )
 
@@ -200,3 +206,46 @@ def test_timeout_status_blames_the_agent_only_for_its_own_actions(stage, actions
     status = timeout_status(stage, actions_s, timeout_s=100.0)
     assert status == expected
     assert (status in POLICY_STATUSES) == (expected == "agent_timeout")
+
+
+def _sources() -> dict[str, object]:
+    from tunix_agentic.envs.answer_format import CapitalTasks, SumTasks
+    from tunix_agentic.envs.calculator import ArithmeticTasks
+    from tunix_agentic.envs.capital_chain import ChainTasks
+    from tunix_agentic.envs.capital_lookup import LookupTasks
+    from tunix_agentic.envs.countdown import CountdownTasks
+    from tunix_agentic.envs.frozenlake import FrozenLakeTasks
+
+    return {
+        "sum": SumTasks(),
+        "capital_format": CapitalTasks(),
+        "arithmetic": ArithmeticTasks(),
+        "capital_chain": ChainTasks(),
+        "capital_lookup": LookupTasks(),
+        "countdown": CountdownTasks(),
+        "frozenlake": FrozenLakeTasks(),
+    }
+
+
+@pytest.mark.parametrize("source", list(_sources()), ids=str)
+def test_every_task_type_is_task_like_and_keyed_by_its_own_fields(source):
+    task = _sources()[source].task(3, seed=1, split="train")
+    assert isinstance(task, TaskLike), type(task).__name__
+    assert task_key(task) == TaskKey(task.task_id, task.task_name)
+
+
+@pytest.mark.parametrize(
+    "task, want",
+    [
+        ("task", TaskKey("task", "default")),  # a bare prompt: its text, the default name
+        (7, TaskKey("7", "default")),
+        (SimpleNamespace(task_id=5), TaskKey("5", "default")),  # its own id, as a string
+        # Text a group id cannot hold (a '/', or long): a digest of it, the same each time.
+        ("a/b", TaskKey("task-" + hashlib.sha1(b"a/b").hexdigest()[:12], "default")),
+        ("x" * 65, TaskKey("task-" + hashlib.sha1(b"x" * 65).hexdigest()[:12], "default")),
+    ],
+    ids=["str", "int", "id_only", "slash", "long"],
+)
+def test_an_object_that_is_not_a_task_has_one_fallback(task, want):
+    assert not isinstance(task, TaskLike)
+    assert task_key(task) == want

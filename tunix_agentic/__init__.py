@@ -54,6 +54,7 @@ _API: dict[str, str] = {
     "RolloutConfig": "tunix_agentic.rollout.config",
     "Group": "tunix_agentic.rollout.group",
     "Trajectory": "tunix_agentic.trajectory",
+    "TaskLike": "tunix_agentic.trajectory",
     "Step": "tunix_agentic.trajectory",
     "AgentConfig": "tunix_agentic.agent.loop",
     "run_agent": "tunix_agentic.agent.loop",

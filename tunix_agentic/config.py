@@ -15,7 +15,7 @@ import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import yaml
 
@@ -121,6 +121,11 @@ class SFTConfig:
             raise ValueError(f"sft.tool_fraction must be in [0, 1], got {self.tool_fraction}")
 
 
+# How an evaluation run beside training shares the engine (``rl.eval_priority``).
+EvalPriority = Literal["high", "low"]
+EVAL_PRIORITIES: tuple[EvalPriority, ...] = get_args(EvalPriority)
+
+
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
     # Learner steps, each one optimizer update on one batch (rollout.groups_per_batch groups);
@@ -142,14 +147,14 @@ class RLConfig:
     # How an eval_every evaluation shares the engine with training. "high": no new training
     # group is admitted while it runs (it ends sooner, and the weights it holds back reach
     # the engine sooner); "low": its tasks run one at a time beside training.
-    eval_priority: str = "high"
+    eval_priority: EvalPriority = "high"
 
     def __post_init__(self):
         if self.steps < 0 or self.eval_tasks < 0 or self.checkpoint_every < 0:
             raise ValueError("rl.steps, rl.eval_tasks and rl.checkpoint_every must be >= 0")
         if self.eval_every < 0:
             raise ValueError(f"rl.eval_every must be >= 0 (0: off), got {self.eval_every}")
-        if self.eval_priority not in ("high", "low"):
+        if self.eval_priority not in EVAL_PRIORITIES:
             raise ValueError(
                 f"rl.eval_priority must be 'high' or 'low', got {self.eval_priority!r}"
             )

@@ -22,10 +22,13 @@ from typing import Any
 import numpy as np
 
 from tunix_agentic.agent.chat import ChatFormat
+from tunix_agentic.config import RunConfig
 from tunix_agentic.data.demos import demonstration_trajectory
+from tunix_agentic.data.sources import RunSources
 from tunix_agentic.data.tasks import task_dataset
 from tunix_agentic.envs.base import Action, StepResult
 from tunix_agentic.envs.tools.base import validate_arguments
+from tunix_agentic.trajectory import task_key
 
 _log = logging.getLogger(__name__)
 
@@ -40,7 +43,7 @@ class EnvContractError(ValueError):
     expected type, what came back, and the method's file and line)."""
 
 
-def check_sources(sources: Any, template: ChatFormat, config: Any) -> None:
+def check_sources(sources: RunSources, template: ChatFormat, config: RunConfig) -> None:
     """Raises :class:`EnvContractError` when a task source's environment breaks the
     contract (``reset`` not returning a ``str``, ``step`` not a ``StepResult``), and
     ``ValueError`` naming the task source whose ``reset`` gives another prompt than its
@@ -86,14 +89,14 @@ def check_sources(sources: Any, template: ChatFormat, config: Any) -> None:
                 except ValueError as exc:  # a bad shape, a character the tokenizer lacks
                     raise ValueError(
                         f"tasks source {name!r}: the demonstration of task "
-                        f"{getattr(task, 'task_id', task)!r} cannot be used: {exc}"
+                        f"{task_key(task).id!r} cannot be used: {exc}"
                     ) from None
                 n = max(len(r["input_ids"]) for r in traj.learner_rows())
                 if n > longest:
                     longest, longest_task = n, task
         if longest > max_len:
             raise ValueError(
-                f"tasks source {name!r}: a demonstration ({getattr(longest_task, 'task_id', '')}) "
+                f"tasks source {name!r}: a demonstration ({task_key(longest_task).id}) "
                 f"is {longest} tokens, {longest - max_len} over engine.max_seq_len={max_len}, "
                 "which bounds a whole episode (prompt, every turn, every tool output): shorten "
                 "the prompts, tool outputs or answers, or raise engine.max_seq_len"
@@ -115,7 +118,7 @@ def _check_calls(name: str, task: Any, messages: list, tools: list[dict[str, Any
             if why is not None:
                 raise ValueError(
                     f"tasks source {name!r}: the demonstration of task "
-                    f"{getattr(task, 'task_id', task)!r} calls {tool}({arguments!r:.200}), "
+                    f"{task_key(task).id!r} calls {tool}({arguments!r:.200}), "
                     f"which its tool refuses: {why}; fix the tool's parameters or the "
                     "demonstrations"
                 )
@@ -139,7 +142,7 @@ def _wrong_type(name: str, env: Any, method: str, expected: str, got: Any, hint:
     )
 
 
-def _probe(name: str, sources: Any, task: Any) -> str | None:
+def _probe(name: str, sources: RunSources, task: Any) -> str | None:
     """One ``reset`` of source ``name``'s environment on ``task`` and one ``step`` on an
     empty action, their return types checked; the prompt, or None when either raised
     (logged: the run treats those as infrastructure faults)."""
@@ -214,7 +217,7 @@ def _difference(got: Any, expected: Any) -> str:
 def _named(task: Any, name: str) -> Any:
     import dataclasses
 
-    if dataclasses.is_dataclass(task) and getattr(task, "task_name", name) != name:
+    if dataclasses.is_dataclass(task) and task_key(task).name != name:
         try:
             return dataclasses.replace(task, task_name=name)
         except TypeError:

@@ -16,18 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Literal
 
+from tunix_agentic.agent.chat import ChatFormat
 from tunix_agentic.agent.loop import AgentConfig
+from tunix_agentic.config import EvalPriority
 from tunix_agentic.data.sources import RunSources
 from tunix_agentic.metrics.recorder import MetricsRecorder
 from tunix_agentic.rollout.episode import Group
 from tunix_agentic.rollout.orchestrator import RolloutOrchestrator
 from tunix_agentic.rollout.transcripts import HELDOUT_PER_EVAL, TranscriptLog, group_records
-
-# How an evaluation run beside training shares the engine (``rl.eval_priority``).
-EvalPriority = Literal["high", "low"]
-EVAL_PRIORITIES: tuple[str, ...] = ("high", "low")
+from tunix_agentic.trajectory import task_key
 
 
 @dataclasses.dataclass
@@ -69,6 +67,7 @@ async def evaluate(
     *,
     seed: int,
     agent_config: AgentConfig,
+    template: ChatFormat,
     one_at_a_time: bool = False,
     transcripts: int = HELDOUT_PER_EVAL,
 ) -> EvalResult:
@@ -78,8 +77,9 @@ async def evaluate(
     that takes the least of the engine beside training: ``rl.eval_priority: low``). The
     seeds are the same either way. ``transcripts`` episodes are kept as records in the
     result: those of the first tasks (:func:`~tunix_agentic.rollout.transcripts.first_tasks`),
-    the same at every evaluation. Cancelling the call cancels every episode under way
-    (their environments are closed and their engine requests aborted).
+    the same at every evaluation, rendered with ``template``. Cancelling the call cancels
+    every episode under way (their environments are closed and their engine requests
+    aborted).
     """
     t0 = time.perf_counter()
     heldout = sources.heldout(n, seed=seed)
@@ -91,18 +91,18 @@ async def evaluate(
     else:
         groups = await orchestrator.run_tasks(tasks, agent_config=agent_config)
     result = score(groups)
-    for name in heldout:
-        mine = score([g for g in groups if str(getattr(g.task, "task_name", name)) == name])
+    start = 0  # groups come back in task order: each source's are the next len(its tasks)
+    for name, of_source in heldout.items():
+        mine = score(groups[start : start + len(of_source)])
+        start += len(of_source)
         result.by_task[name] = mine.success
         result.reward_by_task[name] = mine.reward
         result.per_task[name] = mine
     # Kept in task order: the same held-out tasks at every evaluation, before and after RL.
-    order = {str(getattr(t, "task_id", i)): i for i, t in enumerate(tasks)}
-    in_order = sorted(
-        groups, key=lambda g: order.get(str(getattr(g.task, "task_id", "")), len(order))
-    )
+    order = {task_key(t).id: i for i, t in enumerate(tasks)}
+    in_order = sorted(groups, key=lambda g: order.get(task_key(g.task).id, len(order)))
     result.transcripts = group_records(
-        in_order, orchestrator.template, agent_config.parser, transcripts, same_tasks=True
+        in_order, template, agent_config.parser, transcripts, same_tasks=True
     )
     result.wall_s = time.perf_counter() - t0
     return result
@@ -176,6 +176,7 @@ async def evaluate_beside_training(
     *,
     seed: int,
     agent_config: AgentConfig,
+    template: ChatFormat,
     priority: EvalPriority,
 ) -> EvalResult:
     """:func:`evaluate` while ``orchestrator`` produces training groups (``rl.eval_every``).
@@ -193,7 +194,15 @@ async def evaluate_beside_training(
     """
     if priority == "high":
         with orchestrator.admission_paused():
-            return await evaluate(orchestrator, sources, n, seed=seed, agent_config=agent_config)
+            return await evaluate(
+                orchestrator, sources, n, seed=seed, agent_config=agent_config, template=template
+            )
     return await evaluate(
-        orchestrator, sources, n, seed=seed, agent_config=agent_config, one_at_a_time=True
+        orchestrator,
+        sources,
+        n,
+        seed=seed,
+        agent_config=agent_config,
+        template=template,
+        one_at_a_time=True,
     )

@@ -13,6 +13,7 @@ import logging
 import math
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -23,6 +24,7 @@ from tunix_agentic.data.run_inputs import run_task_sources, run_template
 from tunix_agentic.data.sources import RunSources
 from tunix_agentic.env_checks import check_sources
 from tunix_agentic.inference.base import InferenceEngine
+from tunix_agentic.inference.config import EngineBackend
 from tunix_agentic.inference.cross_policy import CrossPolicyEngine
 from tunix_agentic.inference.engine import JaxEngine
 from tunix_agentic.inference.pool import EnginePool
@@ -186,26 +188,44 @@ def lr_decay_warning(where: str, steps: int, opt) -> str | None:
 def build_engine(
     config: RunConfig, model: Transformer, version: int, engine_urls: tuple[str, ...] = ()
 ) -> InferenceEngine:
-    """One JAX engine, or a cross-policy pool of them when configured; with
-    ``engine_urls`` (the run's Ray engines) or ``rollout.service.engine_urls``, a pool of
-    those servers; with ``engine.backend`` sglang or vllm, a pool of clients for that API
-    of ``engine.urls`` (or of those servers, with rollout nodes). The weights reach servers
-    through ``rollout.service.weights_dir``, a directory they read."""
-    service = config.rollout.service
-    if config.engine.backend != "jax":
-        named = list(config.engine.urls or engine_urls or service.engine_urls)
-        return EnginePool(
-            [_server_client(config, url, model.cfg, service_api_key(service)) for url in named],
-            names=named,
+    """The run's engine, made by ``engine.backend``'s factory (:data:`ENGINE_FACTORIES`)
+    for the servers the run names: ``engine.urls``, else ``engine_urls`` (the run's Ray
+    engines), else ``rollout.service.engine_urls``. The weights reach servers through
+    ``rollout.service.weights_dir``, a directory they read.
+
+    Raises :class:`~tunix_agentic.config.ConfigError` when a server backend (sglang,
+    vllm) is named no servers."""
+    backend = config.engine.backend
+    servers = tuple(config.engine.urls or engine_urls or config.rollout.service.engine_urls)
+    if backend != "jax" and not servers:
+        raise ConfigError(
+            f"engine.backend={backend} samples on servers but none is named: set engine.urls "
+            "(or, with rollout nodes, rollout.service.engine_urls)"
         )
-    urls = list(engine_urls or service.engine_urls)
-    if urls:
-        return EnginePool(
-            [
-                SGLangEngine(url, api_key=service_api_key(service), weights_dir=service.weights_dir)
-                for url in urls
-            ],
-            names=urls,
+    return ENGINE_FACTORIES[backend](config, model, version, servers)
+
+
+def in_process_engines(engine: InferenceEngine) -> list[JaxEngine]:
+    """The JAX engines sampling in this process behind ``engine`` (as :func:`build_engine`
+    made it): the engine itself, a cross-policy mix's engines, or none (clients of
+    servers)."""
+    if isinstance(engine, CrossPolicyEngine):
+        return [e for e in engine.engines if isinstance(e, JaxEngine)]
+    return [engine] if isinstance(engine, JaxEngine) else []
+
+
+def _jax_engines(
+    config: RunConfig, model: Transformer, version: int, servers: tuple[str, ...]
+) -> InferenceEngine:
+    """Ours. With ``servers`` (serve-engine processes: rollout.service.engine_urls or the
+    run's Ray engines) a pool of clients of their SGLang-compatible API, which load our
+    checkpoints; else in this process: one JAX engine, or a cross-policy mix of
+    ``1 + cross_policy.stale_engines`` of them."""
+    if servers:
+        service = config.rollout.service
+        key = service_api_key(service)
+        return _pool(
+            servers, lambda url: SGLangEngine(url, api_key=key, weights_dir=service.weights_dir)
         )
     engines = [
         JaxEngine(model, config.engine, version=version)
@@ -219,26 +239,49 @@ def build_engine(
     )
 
 
-def _server_client(config: RunConfig, url: str, model_cfg, api_key: str | None):
-    """The client of one ``engine.urls`` server for ``engine.backend``."""
-    service = config.rollout.service
-    if config.engine.backend == "vllm":
-        from tunix_agentic.serving.vllm_client import VLLMEngine
+def _sglang_servers(
+    config: RunConfig, model: Transformer, version: int, servers: tuple[str, ...]
+) -> InferenceEngine:
+    """Clients of SGLang's native API (SGLang or serve-engine), given the weights as
+    safetensors: what SGLang and serve-engine both load."""
+    options = _server_options(config, model)
+    return _pool(servers, lambda url: SGLangEngine(url, **options))
 
-        return VLLMEngine(
-            url,
-            model_cfg=model_cfg,
-            api_key=api_key,
-            weights_dir=service.weights_dir,
-            vocab_size=model_cfg.vocab_size,
-        )
-    return SGLangEngine(  # safetensors: what SGLang and serve-engine both load
-        url,
-        model_cfg=model_cfg,
-        api_key=api_key,
-        weights_dir=service.weights_dir,
-        vocab_size=model_cfg.vocab_size,
-    )
+
+def _vllm_servers(
+    config: RunConfig, model: Transformer, version: int, servers: tuple[str, ...]
+) -> InferenceEngine:
+    """Clients of vLLM servers (``tunix-agentic serve-vllm``)."""
+    from tunix_agentic.serving.vllm_client import VLLMEngine
+
+    options = _server_options(config, model)
+    return _pool(servers, lambda url: VLLMEngine(url, **options))
+
+
+def _server_options(config: RunConfig, model: Transformer) -> dict[str, Any]:
+    """The keywords of a server backend's client: the model's shape (the weights it is
+    sent, the reply ids it accepts), the key and the weights directory."""
+    service = config.rollout.service
+    return {
+        "model_cfg": model.cfg,
+        "api_key": service_api_key(service),
+        "weights_dir": service.weights_dir,
+        "vocab_size": model.cfg.vocab_size,
+    }
+
+
+def _pool(servers: tuple[str, ...], client: Callable[[str], InferenceEngine]) -> EnginePool:
+    return EnginePool([client(url) for url in servers], names=list(servers))
+
+
+# ``engine.backend`` -> what makes the run's engine from the servers it names (none:
+# sampling in this process, which only "jax" can).
+EngineFactory = Callable[[RunConfig, Transformer, int, tuple[str, ...]], InferenceEngine]
+ENGINE_FACTORIES: dict[EngineBackend, EngineFactory] = {
+    "jax": _jax_engines,
+    "sglang": _sglang_servers,
+    "vllm": _vllm_servers,
+}
 
 
 def warm_start(

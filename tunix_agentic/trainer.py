@@ -58,7 +58,13 @@ from tunix_agentic.rollout.orchestrator import RolloutOrchestrator
 from tunix_agentic.rollout.stats import rollout_stats
 from tunix_agentic.rollout.transcripts import TranscriptLog
 from tunix_agentic.run_context import GRPOSteps, RunCheckpoints, RunContext, cpu_seconds
-from tunix_agentic.run_setup import build_engine, chat_template, run_sources, warm_start
+from tunix_agentic.run_setup import (
+    build_engine,
+    chat_template,
+    in_process_engines,
+    run_sources,
+    warm_start,
+)
 from tunix_agentic.signals import RunInterrupted, Stopped, StopSignals
 
 _log = logging.getLogger(__name__)
@@ -168,9 +174,17 @@ class Trainer:
                 n,
                 seed=self.cfg.seed,
                 agent_config=agent,
+                template=self.template,
                 priority=self.cfg.rl.eval_priority,
             )
-        return await evaluate(orchestrator, self.sources, n, seed=self.cfg.seed, agent_config=agent)
+        return await evaluate(
+            orchestrator,
+            self.sources,
+            n,
+            seed=self.cfg.seed,
+            agent_config=agent,
+            template=self.template,
+        )
 
     # ---------------------------------------------------------------- run
     def run(self) -> TrainResult:
@@ -260,9 +274,8 @@ class Trainer:
             ray_engines.moved_to.append(engine.repoint)
         # Engine servers (named, or the run's Ray engines): nothing to compile here.
         external = bool(cfg.rollout.service.engine_urls or engine_urls or cfg.engine.urls)
-        members = [] if external else getattr(engine, "engines", [engine])  # cross-policy pool?
-        for member in members:  # constrained decoding, for the nodes' OpenAI endpoint
-            member.use_tokenizer(self.tokenizer)
+        members = in_process_engines(engine)  # what compiles here (none: servers)
+        engine.use_tokenizer(self.tokenizer)  # constrained decoding, for the nodes' endpoint
         # The engine compiles its shapes on another thread, beside SFT on a fresh run; it
         # gets the SFT weights afterwards (shapes do not depend on the values).
         warm = asyncio.get_running_loop().run_in_executor(
@@ -295,16 +308,18 @@ class Trainer:
             )
         # On rollout nodes (rollout.service.urls, rollout.ray) their runner runs the groups.
         runner = self.rollout_service = await self._node_runner(stack, engine, start_step)
-        orch = RolloutOrchestrator(
-            engine,
-            self.env_factory,
-            self.template,
-            cfg.agent,
-            cfg.rollout,
-            tasks=tasks,
-            metrics=metrics,
-            runner=runner,
-        )
+        if runner is None:
+            orch = RolloutOrchestrator.in_process(
+                engine,
+                self.env_factory,
+                self.template,
+                cfg.agent,
+                cfg.rollout,
+                tasks=tasks,
+                metrics=metrics,
+            )
+        else:
+            orch = RolloutOrchestrator(runner, cfg.rollout, tasks=tasks, metrics=metrics)
         orch.set_version(start_step)
         if restored:
             orch.restore_state(meta["rollout"])

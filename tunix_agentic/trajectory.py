@@ -3,12 +3,16 @@
 An episode's tokens live once, in the trajectory's ``token_ids`` history; a
 step only records where its context ended and which ids it appended (memory
 grows linearly with turns instead of copying the chat per step).
+
+A trajectory records which task it ran by the task's id and name: :class:`TaskLike` is
+what every task has, and :func:`task_key` the one place a task's id and name are read.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+import hashlib
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 import numpy as np
 
@@ -19,7 +23,8 @@ import numpy as np
 POLICY_STATUSES = ("ok", "max_turns", "max_tokens", "agent_timeout")
 INFRA_STATUSES = ("timeout", "env_error", "engine_error", "tool_error", "cancelled")
 # What the learner does with a step sampled under a grammar (learner.constrained_tokens).
-CONSTRAINED_TOKENS = ("train", "mask")
+ConstrainedTokens = Literal["train", "mask"]
+CONSTRAINED_TOKENS: tuple[ConstrainedTokens, ...] = get_args(ConstrainedTokens)
 TimeoutStatus = Literal["agent_timeout", "timeout"]
 EpisodeStage = Literal["init", "run", "eval"]
 # The share of the episode's deadline the agent's actions must have taken for a timeout
@@ -50,6 +55,68 @@ def timeout_status(stage: EpisodeStage, actions_s: float, timeout_s: float) -> T
     if stage == "run" and actions_s >= AGENT_TIMEOUT_SHARE * timeout_s:
         return "agent_timeout"
     return "timeout"
+
+
+# The name of a task that names no task source (and of a trajectory's task by default).
+DEFAULT_TASK_NAME = "default"
+
+
+@runtime_checkable
+class TaskLike(Protocol):
+    """What every task has: :class:`~tunix_agentic.envs.base.Task` and the environments'
+    own task dataclasses (the calculator's ``ArithmeticTask``, ...).
+
+    ``task_id`` names the task (trajectories, group ids, transcripts); ``task_name`` the
+    task source it came from in a run (set by the task mixture); ``prompt`` and
+    ``answer`` are what its environment shows and checks. Read the id and name with
+    :func:`task_key`, which also answers for an object that is not a whole task.
+    """
+
+    @property
+    def task_id(self) -> str: ...
+
+    @property
+    def task_name(self) -> str: ...
+
+    @property
+    def prompt(self) -> str: ...
+
+    @property
+    def answer(self) -> Any: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskKey:
+    """A task's id and the name of its task source, as trajectories record them."""
+
+    id: str
+    name: str
+
+
+_MISSING = object()
+
+
+def task_key(task: object) -> TaskKey:
+    """The id and name of ``task``: its own ``task_id`` and ``task_name``, as strings.
+
+    The one fallback, for an object without them (a bare prompt string in a test, a task
+    dataclass of one's own): the id is ``str(task)`` when that is short and safe in a group
+    id (at most 64 printable characters, none of ``/?#``), else ``task-`` and 12 hex digits
+    of its SHA-1 (the same object, the same id); the name is :data:`DEFAULT_TASK_NAME`.
+    """
+    task_id = getattr(task, "task_id", _MISSING)
+    name = getattr(task, "task_name", _MISSING)
+    return TaskKey(
+        _fallback_id(task) if task_id is _MISSING else str(task_id),
+        DEFAULT_TASK_NAME if name is _MISSING else str(name),
+    )
+
+
+def _fallback_id(task: object) -> str:
+    text = str(task)
+    if len(text) <= 64 and text.isprintable() and not set(text) & set("/?#"):
+        return text
+    return "task-" + hashlib.sha1(text.encode("utf-8", "replace")).hexdigest()[:12]
 
 
 @dataclasses.dataclass
@@ -85,7 +152,7 @@ class Step:
 class Trajectory:
     task_id: str
     episode_id: str
-    task_name: str = "default"
+    task_name: str = DEFAULT_TASK_NAME
     group_id: str = ""
     prompt_len: int = 0
     token_ids: list[int] = dataclasses.field(default_factory=list)  # the whole history

@@ -12,10 +12,11 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal, get_args
 
 SANDBOX_WORKDIR = "/workspace"
-BACKENDS = ("auto", "bwrap", "process")
+SandboxBackend = Literal["auto", "bwrap", "process"]
+BACKENDS: tuple[SandboxBackend, ...] = get_args(SandboxBackend)
 UID_SLOTS = 4096
 # Paths the sandbox itself provides; a read-only bind there would shadow or break them.
 _RESERVED = ("/proc", "/dev", SANDBOX_WORKDIR)
@@ -88,7 +89,7 @@ class SandboxConfig:
     timeout_s: float = 30.0
     network: bool = False
     ro_paths: tuple[str, ...] = field(default_factory=_default_ro_paths)
-    backend: str = "auto"
+    backend: SandboxBackend = "auto"
     uid_base: int = 200_000
 
     def __post_init__(self) -> None:

@@ -42,7 +42,7 @@ import datetime
 import functools
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, get_args
 
 from tunix_agentic.agent.tool_parser import format_tool_call
 from tunix_agentic.models.tokenizer import Tokenizer
@@ -156,7 +156,10 @@ DEFAULT_TOOLS_PROMPT = (
     "<tool_call> and </tool_call>, one call per pair of tags:\n"
     '<tool_call>{"name": "<tool name>", "arguments": {<argument name>: <value>}}</tool_call>'
 )
-TOOLS_FALLBACKS = ("auto", "system", "error", "drop")
+# What a template that drops the tool schemas does with them (agent.tools_fallback; see
+# JinjaChatTemplate).
+ToolsFallback = Literal["auto", "system", "error", "drop"]
+TOOLS_FALLBACKS: tuple[ToolsFallback, ...] = get_args(ToolsFallback)
 
 
 def tools_prompt_text(tools: list[dict[str, Any]], prompt: str | None = None) -> str:
@@ -232,7 +235,7 @@ class JinjaChatTemplate:
         *,
         system: str | None = None,
         kwargs: dict[str, Any] | None = None,
-        tools_fallback: str = "auto",
+        tools_fallback: ToolsFallback = "auto",
         tools_prompt: str | None = None,
     ):
         if tools_fallback not in TOOLS_FALLBACKS:
@@ -407,7 +410,7 @@ def make_chat_template(
     *,
     system: str | None = None,
     kwargs: dict[str, Any] | None = None,
-    tools_fallback: str = "auto",
+    tools_fallback: ToolsFallback = "auto",
     tools_prompt: str | None = None,
 ):
     """The tokenizer's own chat template (a Hugging Face tokenizer), else the built-in

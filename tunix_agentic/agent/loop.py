@@ -23,7 +23,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from tunix_agentic.agent.chat import TOOLS_FALLBACKS, ChatFormat
+from tunix_agentic.agent.chat import TOOLS_FALLBACKS, ChatFormat, ToolsFallback
 from tunix_agentic.agent.context import context_rule_for, get_context_rule
 from tunix_agentic.agent.tool_parser import get_parser
 from tunix_agentic.envs.base import Action, Environment
@@ -65,7 +65,7 @@ class AgentConfig:
     # system prompt (tools_prompt, "" for chat.DEFAULT_TOOLS_PROMPT; "{tools}" marks where
     # the schemas go), "error" refuses the template at start, "drop" leaves them out, "auto"
     # is "drop" for the built-in character template and "system" otherwise.
-    tools_fallback: str = "auto"
+    tools_fallback: ToolsFallback = "auto"
     # The system-prompt text that lists the tools when tools_fallback is (or "auto" picks)
     # "system"; "{tools}" marks where the schemas go; "": chat.DEFAULT_TOOLS_PROMPT.
     tools_prompt: str = ""

@@ -203,7 +203,7 @@ async def _evaluate(trainer: Any, model: Any, version: int, n: int, show: int = 
     cfg = trainer.cfg
     engine = JaxEngine(model, cfg.engine, version=version)
     try:
-        orch = RolloutOrchestrator(
+        orch = RolloutOrchestrator.in_process(
             engine, trainer.env_factory, trainer.template, cfg.agent, cfg.rollout
         )
         orch.set_version(version)
@@ -214,6 +214,7 @@ async def _evaluate(trainer: Any, model: Any, version: int, n: int, show: int = 
             n,
             seed=cfg.seed,
             agent_config=agent,
+            template=trainer.template,
             transcripts=max(show, HELDOUT_PER_EVAL),
         )
     finally:

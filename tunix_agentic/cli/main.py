@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from tunix_agentic.aot.cli import add_aot
@@ -506,49 +507,35 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _serve_engine(args: argparse.Namespace) -> int:
-
-    from tunix_agentic.config import load_config
-    from tunix_agentic.export import engine_from_config
-    from tunix_agentic.serving.engine_server import serve_forever
-    from tunix_agentic.serving.http import check_exposure, resolve_api_key
+    from tunix_agentic.serving.http import run_server_main
 
     _warn_api_key_flag(args)
-    api_key = resolve_api_key(args.api_key)
-    try:
-        check_exposure(args.host, api_key)
-        timeouts = _timeouts(args)
-    except ValueError as exc:
-        print(f"tunix-agentic: error: {exc}", file=sys.stderr)
-        return 2
 
-    config = args.config
-    if config is None and args.params is not None:
-        saved = Path(args.params) / "config.yaml"
-        config = str(saved) if saved.is_file() else None
-    if config is None:
-        config = _default_config()
-    try:
+    def set_up(api_key: str | None) -> Callable[[], Awaitable[None]]:
+        from tunix_agentic.config import load_config
+        from tunix_agentic.export import engine_from_config
+        from tunix_agentic.serving.engine_server import serve_engine
+
+        timeouts = _timeouts(args)
+        config = args.config
+        if config is None and args.params is not None:
+            saved = Path(args.params) / "config.yaml"
+            config = str(saved) if saved.is_file() else None
+        if config is None:
+            config = _default_config()
         cfg = load_config(config, list(args.overrides))
         engine, info = engine_from_config(cfg, args.params)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"tunix-agentic: error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        serve_forever(
+        return lambda: serve_engine(
             engine,
             args.host,
             args.port,
-            info,
+            model_info=info,
             api_key=api_key,
             weight_dirs=args.weights_dir,
             timeouts=timeouts,
         )
-    except OSError as exc:  # the port is taken, the host is not ours
-        print(
-            f"tunix-agentic: error: cannot serve on {args.host}:{args.port}: {exc}", file=sys.stderr
-        )
-        return 1
-    return 0
+
+    return run_server_main(args.host, args.port, args.api_key, set_up, refused=(FileNotFoundError,))
 
 
 if __name__ == "__main__":

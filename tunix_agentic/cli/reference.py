@@ -1,9 +1,12 @@
 """The reference pages of the docs site, generated: docs/reference/cli.md from the
-``tunix-agentic`` argument parser (every command, its arguments and their help) and
+``tunix-agentic`` argument parser (every command, its arguments and their help),
 docs/reference/config.md from the run config's dataclasses
-(:mod:`tunix_agentic.config_reference`).
+(:mod:`tunix_agentic.config_reference`) and docs/reference/http.md from the servers' live
+route tables (:mod:`tunix_agentic.cli.http_reference`); and, inside the hand-written
+docs/architecture.md, the package layout from the packages' docstrings
+(:mod:`tunix_agentic.cli.layout_reference`).
 
-``python -m tunix_agentic.cli.reference`` rewrites both; ``--check`` only says which are
+``python -m tunix_agentic.cli.reference`` rewrites them; ``--check`` only says which are
 stale (exit 1), as tests/test_reference_docs.py does.
 """
 
@@ -15,11 +18,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from tunix_agentic.cli.http_reference import render_http_reference
+from tunix_agentic.cli.layout_reference import render_layout, with_block
 from tunix_agentic.cli.main import build_parser
 from tunix_agentic.config_reference import md_table, md_text, render_config_reference, yaml_value
 
 REGENERATE = "python -m tunix_agentic.cli.reference"
-DEFAULT_OUT = Path("docs") / "reference"
+DEFAULT_DOCS = Path("docs")
+DEFAULT_OUT = DEFAULT_DOCS / "reference"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,16 +144,32 @@ def render_cli_reference(parser: argparse.ArgumentParser | None = None) -> str:
 PAGES: dict[str, Callable[[], str]] = {
     "config.md": render_config_reference,
     "cli.md": render_cli_reference,
+    "http.md": render_http_reference,
+}
+# Generated blocks inside hand-written pages (docs_dir-relative), between their markers.
+BLOCKS: dict[str, Callable[[], str]] = {
+    "architecture.md": render_layout,
 }
 
 
-def stale_pages(out_dir: Path = DEFAULT_OUT) -> list[Path]:
-    """The pages under ``out_dir`` that differ from what the generators write now."""
+def _block_page(path: Path) -> tuple[str, str]:
+    """A page holding a generated block: its text now, and as the generator writes it."""
+    text = path.read_text() if path.is_file() else ""
+    return text, with_block(text, BLOCKS[path.name](), where=str(path))
+
+
+def stale_pages(out_dir: Path = DEFAULT_OUT, docs_dir: Path = DEFAULT_DOCS) -> list[Path]:
+    """The pages under ``out_dir`` that differ from what the generators write now, and the
+    pages under ``docs_dir`` whose generated block does."""
     stale = []
     for name, render in PAGES.items():
         path = out_dir / name
         if not path.is_file() or path.read_text() != render():
             stale.append(path)
+    for name in BLOCKS:
+        text, fresh = _block_page(docs_dir / name)
+        if text != fresh:
+            stale.append(docs_dir / name)
     return stale
 
 
@@ -157,18 +179,32 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=DEFAULT_OUT, help=f"where the pages go (default {DEFAULT_OUT})"
     )
     parser.add_argument(
+        "--docs",
+        type=Path,
+        default=DEFAULT_DOCS,
+        help=f"the pages holding generated blocks are under it (default {DEFAULT_DOCS})",
+    )
+    parser.add_argument(
         "--check", action="store_true", help="write nothing; exit 1 when a page is stale"
     )
     args = parser.parse_args(argv)
-    if args.check:
-        stale = stale_pages(args.out)
-        for path in stale:
-            print(f"{path} is stale: run {REGENERATE}", file=sys.stderr)
-        return 1 if stale else 0
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name, render in PAGES.items():
-        (args.out / name).write_text(render())
-        print(f"wrote {args.out / name}")
+    try:
+        if args.check:
+            stale = stale_pages(args.out, args.docs)
+            for path in stale:
+                print(f"{path} is stale: run {REGENERATE}", file=sys.stderr)
+            return 1 if stale else 0
+        args.out.mkdir(parents=True, exist_ok=True)
+        for name, render in PAGES.items():
+            (args.out / name).write_text(render())
+            print(f"wrote {args.out / name}")
+        for name in BLOCKS:
+            _, fresh = _block_page(args.docs / name)
+            (args.docs / name).write_text(fresh)
+            print(f"wrote the generated block of {args.docs / name}")
+    except ValueError as exc:  # a page without its block's markers
+        print(f"{REGENERATE}: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -30,7 +30,7 @@ from tunix_agentic.cluster.server_thread import READY_TIMEOUT_S, ServerActor, Se
 from tunix_agentic.config import RunConfig, from_dict
 
 
-def vllm_options(config: Any) -> dict[str, Any]:
+def vllm_options(config: RunConfig) -> dict[str, Any]:
     """What :class:`~tunix_agentic.serving.vllm_server.VLLMServer` is started with for the
     run ``config`` (a :class:`~tunix_agentic.config.RunConfig`); ValueError naming the
     field when the model is not a Hugging Face directory."""

@@ -155,13 +155,13 @@ class SingleTurnTasks:
 
     async def score_task(self, task: Any, completion: str, index: int = 0) -> float:
         """Our environment's reward for ``completion`` as the only turn of ``task``."""
-        from tunix_agentic.trajectory import Step, Trajectory
+        from tunix_agentic.trajectory import Step, Trajectory, task_key
 
         env = self.sources.make_env(task)
         try:
             prompt = await env.reset(task)
             ids = self.template.prompt_ids(prompt, tools=env.tool_schemas())
-            traj = Trajectory(task_id=str(getattr(task, "task_id", index)), episode_id=str(index))
+            traj = Trajectory(task_id=task_key(task).id, episode_id=str(index))
             traj.append_prompt(ids)
             action_ids = self.tokenizer.encode(completion)
             traj.append_action(

@@ -7,19 +7,49 @@ node (:func:`tunix_agentic.rollout.service.node.setup_from_config`) both call
 template gets all of ``agent.template_options()``: a template without a tools section
 lists the tools as ``agent.tools_fallback`` says, on a node as in process). No JAX.
 
-``config`` is a :class:`~tunix_agentic.config.RunConfig` (not imported: the config
-imports the rollout package, which imports this one).
+``config`` is a :class:`~tunix_agentic.config.RunConfig`, typed by what is read of it
+(:class:`RunInputsConfig`: the config imports the rollout package, which imports this one).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from tunix_agentic.agent.chat import ChatFormat, TemplateError, make_chat_template
+from tunix_agentic.agent.loop import AgentConfig
 from tunix_agentic.data.sources import RunSources
+from tunix_agentic.envs.sandbox import SandboxConfig
+from tunix_agentic.models.config import ModelConfig
 from tunix_agentic.models.tokenizer import Tokenizer
 from tunix_agentic.models.tokenizers import load_tokenizer
+
+
+class RunEnvConfig(Protocol):
+    """What is read of a run's ``env`` section (:class:`~tunix_agentic.config.EnvConfig`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def kwargs(self) -> Mapping[str, Any]: ...
+    @property
+    def tool_timeout_s(self) -> float | None: ...
+    @property
+    def sandbox(self) -> SandboxConfig: ...
+
+
+class RunInputsConfig(Protocol):
+    """What the builders here read of a :class:`~tunix_agentic.config.RunConfig`."""
+
+    @property
+    def model(self) -> ModelConfig: ...
+    @property
+    def agent(self) -> AgentConfig: ...
+    @property
+    def env(self) -> RunEnvConfig: ...
+    @property
+    def tasks(self) -> Sequence[Any]: ...  # resolved TaskSourceConfigs (RunSources' specs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,13 +61,13 @@ class RunInputs:
     sources: RunSources
 
 
-def run_tokenizer(config: Any) -> Tokenizer:
+def run_tokenizer(config: RunInputsConfig) -> Tokenizer:
     """The tokenizer of ``config.model`` (``source``, ``path``, ``vocab_size``)."""
     model = config.model
     return load_tokenizer(model.source, model.path, model.vocab_size)
 
 
-def run_template(config: Any, tokenizer: Tokenizer) -> ChatFormat:
+def run_template(config: RunInputsConfig, tokenizer: Tokenizer) -> ChatFormat:
     """The model's chat template with ``agent``'s template options (template variables,
     ``tools_fallback``, ``tools_prompt``); ValueError naming ``model.path`` when the
     tokenizer's template cannot serve."""
@@ -47,7 +77,7 @@ def run_template(config: Any, tokenizer: Tokenizer) -> ChatFormat:
         raise ValueError(f"model.path={config.model.path!r}: {exc}") from None
 
 
-def run_task_sources(config: Any) -> RunSources:
+def run_task_sources(config: RunInputsConfig) -> RunSources:
     """The run's task sources (``tasks``, with ``env.*`` for their environments);
     ValueError naming the source that cannot be built."""
     env = config.env
@@ -60,7 +90,7 @@ def run_task_sources(config: Any) -> RunSources:
     )
 
 
-def run_inputs(config: Any, tokenizer: Tokenizer | None = None) -> RunInputs:
+def run_inputs(config: RunInputsConfig, tokenizer: Tokenizer | None = None) -> RunInputs:
     """The :class:`RunInputs` of ``config``: ``tokenizer`` (loaded from ``config.model``
     when None), its chat template and the task sources. ValueError naming the key when a
     piece cannot be built."""

@@ -9,7 +9,6 @@ source name), and the demonstrations for a warm start.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,8 +22,10 @@ from tunix_agentic.envs.base import (
     get_env_factory,
     keyword_problem,
     make_env,
+    offered_keywords,
 )
 from tunix_agentic.envs.tool_env import ToolEnvironment
+from tunix_agentic.trajectory import TaskLike, task_key
 
 
 class RunSources:
@@ -77,42 +78,40 @@ class RunSources:
             if self.sources[name].num_tasks("train") < 1:
                 raise ValueError(f"tasks source {name!r} has no train tasks (give train_file)")
             kwargs = {**(defaults if spec.env == env_name else {}), **spec.env_kwargs}
-            try:
-                sig = inspect.signature(get_env_factory(spec.env))
-            except ValueError:  # a factory without a signature: checked when it is called
-                sig = None
-            if sig is not None:
-                for key, value in shared.items():
-                    if value is not None and key in sig.parameters:
-                        kwargs.setdefault(key, value)
-                # Name the key the user set: env.kwargs when this is the run's one
-                # environment, else this source's tasks[].env_kwargs.
-                own = {k: v for k, v in kwargs.items() if k not in shared}
-                where = (
-                    f"tasks source {name!r}: tasks[].env_kwargs"
-                    if spec.env_kwargs or spec.env != env_name
-                    else "env.kwargs"
-                )
-                problem = keyword_problem(spec.env, get_env_factory(spec.env), own, where=where)
-                problem = problem or keyword_problem(
-                    spec.env, get_env_factory(spec.env), kwargs, where=where
-                )
-                if problem:
-                    raise ValueError(problem)
+            for key, value in offered_keywords(spec.env, shared).items():
+                kwargs.setdefault(key, value)
             self._kwargs[name] = kwargs
+            try:
+                factory = get_env_factory(spec.env)
+            except ValueError:  # not registered: reported where its environments are made
+                continue
+            # Name the key the user set: env.kwargs when this is the run's one
+            # environment, else this source's tasks[].env_kwargs. (A factory without a
+            # signature is checked when it is called.)
+            own = {k: v for k, v in kwargs.items() if k not in shared}
+            where = (
+                f"tasks source {name!r}: tasks[].env_kwargs"
+                if spec.env_kwargs or spec.env != env_name
+                else "env.kwargs"
+            )
+            problem = keyword_problem(spec.env, factory, own, where=where)
+            problem = problem or keyword_problem(spec.env, factory, kwargs, where=where)
+            if problem:
+                raise ValueError(problem)
 
     def env_kwargs(self, name: str) -> dict[str, Any]:
         """The keyword arguments source ``name``'s environment is built with."""
         return dict(self._kwargs[name])
 
-    def make_env(self, task: Any) -> Environment:
+    def make_env(self, task: TaskLike) -> Environment:
         """The environment for ``task``, by its ``task_name`` (the only source's when
         there is one source)."""
-        name = getattr(task, "task_name", None)
+        key = task_key(task)
+        name = key.name
         if name not in self.specs:
             if len(self.specs) != 1:
                 raise ValueError(
-                    f"task {getattr(task, 'task_id', task)!r} names no task source of this run "
+                    f"task {key.id!r} names no task source of this run "
                     f"(task_name={name!r}; sources: {', '.join(self.specs)})"
                 )
             name = next(iter(self.specs))

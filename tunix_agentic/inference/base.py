@@ -13,6 +13,7 @@ import concurrent.futures
 import dataclasses
 import threading
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from tunix_agentic.inference.params import SamplingParams
@@ -221,8 +222,35 @@ class InferenceEngine(Protocol):
         """Probe the engine now (an HTTP client asks its server); True if it can serve."""
         ...
 
+    def use_tokenizer(self, tokenizer: Any, stop_ids: tuple[int, ...] | None = None) -> None:
+        """Offer the model's tokenizer for constrained decoding (``SamplingParams.constraint``;
+        ``stop_ids``: where a complete grammar may end, default the tokenizer's). An engine
+        that samples in this process takes the first one offered and keeps it (the trainer's
+        before the template's of a server or endpoint it is mounted on); an HTTP client
+        ignores it (its server has its own); a pool or mix offers it to every member."""
+        ...
+
     async def close(self) -> None:
         """Stop serving and release what the engine holds; requests in flight end."""
+        ...
+
+
+@runtime_checkable
+class ServerClient(InferenceEngine, Protocol):
+    """An engine that is the HTTP client of one server (the SGLang and vLLM clients): where
+    the server is, and where it last loaded weights from. A pool moves such a backend when
+    its server restarts elsewhere; a trainer names the weights to a rollout node."""
+
+    base_url: str
+
+    @property
+    def weights_path(self) -> Path | None:
+        """The directory the server last loaded (:attr:`version`'s weights); None before."""
+        ...
+
+    def move_to(self, base_url: str) -> None:
+        """The server is now at ``base_url``; its health and weights are unknown until it
+        answers again."""
         ...
 
 

@@ -4,10 +4,18 @@ its prefill and decode compile for (shared by the engine and its scheduler threa
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Literal, get_args
 from urllib.parse import urlsplit
 
 from tunix_agentic.mesh_config import MeshConfig
+
+# The closed choices of ``engine:`` settings (each one described at its EngineConfig field).
+KVLayout = Literal["dense", "paged"]
+DecodeWindow = Literal["bucketed", "full"]
+EngineBackend = Literal["jax", "sglang", "vllm"]
+KV_LAYOUTS: tuple[KVLayout, ...] = get_args(KVLayout)
+DECODE_WINDOWS: tuple[DecodeWindow, ...] = get_args(DecodeWindow)
+ENGINE_BACKENDS: tuple[EngineBackend, ...] = get_args(EngineBackend)
 
 
 def check_urls(urls: tuple[str, ...], key: str) -> None:
@@ -64,7 +72,7 @@ class EngineConfig:
     # kv_blocks blocks of kv_block_size tokens per layer; a slot holds only the blocks its
     # tokens need, shared prompt prefixes share whole blocks, and a request waits for
     # blocks to be free (inference/paged.py). kv_blocks 0: half of what dense reserves.
-    kv_layout: Literal["dense", "paged"] = "dense"
+    kv_layout: KVLayout = "dense"
     kv_block_size: int = 16  # "paged": tokens per block, a power of two dividing max_seq_len
     # "paged": blocks in each layer's pool, at least one max_seq_len sequence; 0: half of
     # what dense reserves (max_slots x max_seq_len / 2 tokens).
@@ -72,19 +80,20 @@ class EngineConfig:
     # How much of the cache a decode chunk attends over. "bucketed": the smallest of
     # window_buckets() that holds every live slot's position at the chunk's end (one compiled
     # decode per bucket); "full": all max_seq_len positions every step (one shape).
-    decode_window: Literal["bucketed", "full"] = "bucketed"
-    # Which engine samples: "jax" (ours, in this process), or servers at ``urls`` spoken to
+    decode_window: DecodeWindow = "bucketed"
+    # Which engine samples: "jax" (ours: in this process, or the serve-engine servers of
+    # rollout.service.engine_urls / rollout.ray.engines), or servers at ``urls`` spoken to
     # over HTTP: "sglang" (SGLang's native API: SGLang, serve-engine) or "vllm" (a real vLLM
     # started by `tunix-agentic serve-vllm`; serving/vllm_client.py). The fields above are
     # the JAX engine's; a server has its own.
-    backend: Literal["jax", "sglang", "vllm"] = "jax"
+    backend: EngineBackend = "jax"
     # The servers of backend sglang or vllm (http(s)://HOST:PORT) when rollout runs in this
     # process, spread by load (a session stays on one). Rollout nodes use
     # rollout.service.engine_urls instead.
     urls: tuple[str, ...] = ()
 
     def __post_init__(self):
-        if self.backend not in ("jax", "sglang", "vllm"):
+        if self.backend not in ENGINE_BACKENDS:
             raise ValueError(
                 f"engine.backend must be 'jax', 'sglang' or 'vllm', got {self.backend!r}"
             )
@@ -106,11 +115,11 @@ class EngineConfig:
                 raise ValueError(
                     f"engine.{name} must be true or false, got {getattr(self, name)!r}"
                 )
-        if self.decode_window not in ("bucketed", "full"):
+        if self.decode_window not in DECODE_WINDOWS:
             raise ValueError(
                 f"engine.decode_window must be 'bucketed' or 'full', got {self.decode_window!r}"
             )
-        if self.kv_layout not in ("dense", "paged"):
+        if self.kv_layout not in KV_LAYOUTS:
             raise ValueError(f"engine.kv_layout must be 'dense' or 'paged', got {self.kv_layout!r}")
         bs = self.kv_block_size
         if not isinstance(bs, int) or bs < 1 or bs & (bs - 1):

@@ -115,6 +115,11 @@ class CrossPolicyEngine:
         """Probe every engine; True when all can serve (as :meth:`health`'s ``ok``)."""
         return all(await asyncio.gather(*(e.check_health() for e in self.engines)))
 
+    def use_tokenizer(self, tokenizer: Any, stop_ids: tuple[int, ...] | None = None) -> None:
+        """Offered to every engine of the mix."""
+        for e in self.engines:
+            e.use_tokenizer(tokenizer, stop_ids)
+
     async def close(self) -> None:
         for e in self.engines:
             await e.close()

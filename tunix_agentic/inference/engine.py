@@ -285,8 +285,10 @@ class JaxEngine:
         """Enable constrained decoding (``SamplingParams.constraint``) with the model's
         tokenizer (``stop_ids``: where a complete grammar may end; default the tokenizer's):
         ``grammars`` (a :class:`~.constraint.GrammarBook`) reads its vocabulary when the
-        first constrained request comes."""
-        self.grammars = GrammarBook(tokenizer, self.model_config.vocab_size, stop_ids)
+        first constrained request comes. The first tokenizer given stays: a later offer (a
+        server or endpoint mounted on an engine the trainer equipped) changes nothing."""
+        if self.grammars is None:
+            self.grammars = GrammarBook(tokenizer, self.model_config.vocab_size, stop_ids)
 
     def abort(self, request_id: str) -> bool:
         """Abort a request: it returns what it has with finish_reason 'abort'."""

@@ -32,6 +32,7 @@ from typing import Any
 from tunix_agentic.inference.base import (
     EngineError,
     InferenceEngine,
+    ServerClient,
     StreamedCount,
     TokenCallback,
     TokenOutput,
@@ -151,9 +152,10 @@ class EnginePool:
         ones). False when no backend is at ``old``."""
         moved = False
         for b in self._backends:
-            if getattr(b.engine, "base_url", None) != old.rstrip("/"):
+            client = b.engine
+            if not (isinstance(client, ServerClient) and client.base_url == old.rstrip("/")):
                 continue
-            b.engine.move_to(new)  # type: ignore[attr-defined]
+            client.move_to(new)
             b.weights_version = None  # unknown: readmission brings the latest
             self._health.eject(b, f"moved from {old} to {new}")
             moved = True
@@ -342,6 +344,11 @@ class EnginePool:
         """
         await self._health.probe_and_update(self._backends)
         return any(b.healthy for b in self._backends)
+
+    def use_tokenizer(self, tokenizer: Any, stop_ids: tuple[int, ...] | None = None) -> None:
+        """Offered to every backend (HTTP clients ignore it: their servers have theirs)."""
+        for b in self._backends:
+            b.engine.use_tokenizer(tokenizer, stop_ids)
 
     async def close(self) -> None:
         """Stop the health task and, if the pool owns them, close the backends."""

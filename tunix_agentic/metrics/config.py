@@ -10,8 +10,10 @@ to Weights & Biases (:mod:`tunix_agentic.metrics.wandb_mirror`).
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal, get_args
 
-WANDB_MODES = ("offline", "online", "disabled")
+WandbMode = Literal["offline", "online", "disabled"]
+WANDB_MODES: tuple[WandbMode, ...] = get_args(WandbMode)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +26,7 @@ class WandbConfig:
     project: str | None = None  # the W&B project; null: no mirror
     # "offline": written under dir for a later `wandb sync`; "online": sent (needs a W&B
     # login); "disabled": nothing kept.
-    mode: str = "offline"
+    mode: WandbMode = "offline"
     entity: str | None = None  # the W&B team or user; null: the login's default
     name: str | None = None  # the W&B run's name; null: the run directory's name
     dir: str | None = None  # where W&B writes its files; null: the run directory

@@ -5,8 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Literal, get_args
 
-ATTENTION_IMPLS = ("einsum", "dot_product", "auto", "cudnn", "pallas")
+# The closed choices of `model:` settings (each one described at its field below).
+ModelDtype = Literal["float32", "bfloat16", "float16"]
+RopeScaling = Literal["none", "llama3"]
+AttentionImpl = Literal["einsum", "dot_product", "auto", "cudnn", "pallas"]
+ModelSource = Literal["builtin", "hf"]
+MODEL_DTYPES: tuple[ModelDtype, ...] = get_args(ModelDtype)
+ROPE_SCALINGS: tuple[RopeScaling, ...] = get_args(RopeScaling)
+ATTENTION_IMPLS: tuple[AttentionImpl, ...] = get_args(AttentionImpl)
+MODEL_SOURCES: tuple[ModelSource, ...] = get_args(ModelSource)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,10 +44,10 @@ class ModelConfig:
     tie_embeddings: bool = True  # the output layer reuses the embedding table (no lm_head)
     # Weights, activations and KV cache: "float32", "bfloat16" or "float16" (norm scales and
     # logits stay float32); with source hf the loaded weights are cast to it.
-    dtype: str = "float32"
+    dtype: ModelDtype = "float32"
     # RoPE frequency scaling: "none", or "llama3" (Llama 3.1+: long wavelengths divided by
     # rope_scaling_factor, short ones kept, a smooth blend between; see rope_frequencies).
-    rope_scaling: str = "none"
+    rope_scaling: RopeScaling = "none"
     rope_scaling_factor: float = 8.0  # "llama3": what the long wavelengths are multiplied by
     # "llama3": wavelengths longer than rope_original_max_len / this are scaled.
     rope_low_freq_factor: float = 1.0
@@ -56,7 +65,7 @@ class ModelConfig:
     # training. "auto": pallas on TPU, cudnn on GPU, einsum on CPU, resolved when the model
     # is built (tunix_agentic/models/attention.py); a forced name the platform cannot run
     # is an error then.
-    attention: str = "einsum"
+    attention: AttentionImpl = "einsum"
     # Run "pallas" off TPU for tests: splash attention in Pallas interpret mode, ragged
     # paged attention by JAX's reference of it (eager calls only). Slow; never for a run.
     attention_interpret: bool = False
@@ -67,7 +76,7 @@ class ModelConfig:
     scan_layers: bool = False
     # "builtin": a fresh model of the shape above and the character tokenizer; "hf": path's
     # config.json (the shape), weights, tokenizer and chat template.
-    source: str = "builtin"
+    source: ModelSource = "builtin"
     path: str = ""  # a local Hugging Face model directory, for source hf
 
     def __post_init__(self):
@@ -93,11 +102,11 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"model.head_dim must be even for RoPE, got {self.head_dim}")
-        if self.source not in ("builtin", "hf"):
+        if self.source not in MODEL_SOURCES:
             raise ValueError(f"model.source must be 'builtin' or 'hf', got {self.source!r}")
         if self.source == "hf" and not self.path:
             raise ValueError("model.source=hf needs model.path (a local Hugging Face model dir)")
-        if self.rope_scaling not in ("none", "llama3"):
+        if self.rope_scaling not in ROPE_SCALINGS:
             raise ValueError(
                 f"model.rope_scaling must be 'none' or 'llama3', got {self.rope_scaling!r}"
             )
@@ -115,7 +124,7 @@ class ModelConfig:
                 f"model.attention must be one of {', '.join(ATTENTION_IMPLS)}, "
                 f"got {self.attention!r}"
             )
-        if self.dtype not in ("float32", "bfloat16", "float16"):
+        if self.dtype not in MODEL_DTYPES:
             raise ValueError(
                 f"model.dtype must be float32, bfloat16 or float16, got {self.dtype!r}"
             )

@@ -8,8 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Literal, get_args
 
 from tunix_agentic.inference.config import check_urls
+
+# Who runs a group's episodes (``rollout.service.agent``, and a group request's ``agent``
+# on the wire): the node's own agent loop; outside agents that claim them
+# (``POST /v1/episodes/claim``) and call the node's OpenAI-compatible endpoint; or outside
+# agents that run tasks of their own through that endpoint and close each episode with a
+# reward and a task id (the node groups those by task id).
+AgentKind = Literal["builtin", "external", "own_tasks"]
+AGENT_KINDS: tuple[AgentKind, ...] = get_args(AgentKind)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,10 +61,10 @@ class ServiceConfig:
     weights_dir: str | None = None
     poll_s: float = 10.0
     health_every_s: float = 1.0
-    agent: str = "builtin"
+    agent: AgentKind = "builtin"
 
     def __post_init__(self):
-        if self.agent not in ("builtin", "external", "own_tasks"):
+        if self.agent not in AGENT_KINDS:
             raise ValueError(
                 "rollout.service.agent must be 'builtin', 'external' or 'own_tasks', "
                 f"got {self.agent!r}"

@@ -21,7 +21,7 @@ import inspect
 import random
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from tunix_agentic.agent.chat import ChatFormat
@@ -41,7 +41,7 @@ from tunix_agentic.rollout.group import (
 )
 from tunix_agentic.rollout.outages import HealthProbe, OutageGate, backoff_delay
 from tunix_agentic.rollout.rewards import RewardError, checked_reward
-from tunix_agentic.trajectory import EpisodeStage, Trajectory, timeout_status
+from tunix_agentic.trajectory import EpisodeStage, TaskLike, Trajectory, task_key, timeout_status
 
 # The records a group runner hands back live in :mod:`tunix_agentic.rollout.group`; they
 # are this module's API too (a runner's results, where runners are).
@@ -142,13 +142,6 @@ class EpisodeRunner:
     def set_version(self, version: int) -> None:
         """Nothing to tell: each group carries the version that admitted it."""
 
-    def checkpoint_state(self, pending: Iterable[int]) -> None:
-        """Nothing to keep: a group not trained on runs again after a restart."""
-        return None
-
-    def restore_state(self, state: dict[str, Any]) -> None:
-        """Nothing was kept (see :meth:`checkpoint_state`)."""
-
     async def close(self) -> None:
         """Nothing held between groups: each episode closes its own environment."""
 
@@ -165,7 +158,7 @@ class EpisodeRunner:
 
     async def run_group(
         self,
-        task: Any,
+        task: TaskLike,
         *,
         index: int,
         version: int,
@@ -187,7 +180,7 @@ class EpisodeRunner:
         """
         g = len(prepared) if prepared is not None else (group_size or self.config.group_size)
         prefix = "g" if stream == PRODUCTION_STREAM else f"s{stream}g"
-        group_id = f"{prefix}{index}-{getattr(task, 'task_id', index)}"
+        group_id = f"{prefix}{index}-{task_key(task).id}"
         if agent_config is None:
             turns = self.config.max_turns_at(version, self.agent_config.max_turns)
             agent_config = dataclasses.replace(self.agent_config, max_turns=turns)
@@ -219,7 +212,7 @@ class EpisodeRunner:
 
     async def _member(
         self,
-        task: Any,
+        task: TaskLike,
         group_id: str,
         seed: int,
         member: int,
@@ -268,7 +261,7 @@ class EpisodeRunner:
 
     async def _episode(
         self,
-        task: Any,
+        task: TaskLike,
         group_id: str,
         seed: int,
         member: int,
@@ -284,10 +277,11 @@ class EpisodeRunner:
         kept and scored like any failure of the policy) when the deadline passed in the
         agent loop and the agent's actions took at least half of it, else ``"timeout"``
         (infrastructure: the engine, the environment's reset or the verifier hung)."""
+        key = task_key(task)
         traj = Trajectory(
-            task_id=str(getattr(task, "task_id", group_id)),
+            task_id=key.id,
             episode_id=f"{group_id}-{member}" + (f"-retry{attempt}" if attempt else ""),
-            task_name=str(getattr(task, "task_name", "default")),
+            task_name=key.name,
             group_id=group_id,
         )
         EPISODE.set(traj.episode_id)  # (each member runs in a task of its own) for the trace
@@ -356,7 +350,7 @@ class EpisodeRunner:
         return traj
 
     # ------------------------------------------------------------------ INIT
-    async def init_group(self, task: Any, size: int) -> list[InitResult]:
+    async def init_group(self, task: TaskLike, size: int) -> list[InitResult]:
         """INIT for ``size`` members of a group of ``task`` (ahead of admission).
 
         A member whose INIT failed carries the error instead (its episode records it,
@@ -372,7 +366,7 @@ class EpisodeRunner:
             await self.close_members(await asyncio.gather(*members, return_exceptions=True))
             raise
 
-    async def init_env(self, task: Any) -> InitResult:
+    async def init_env(self, task: TaskLike) -> InitResult:
         """Create and reset one environment: its prompt ids, or the error (the environment
         too, if it was made)."""
         async with self._init_sem:

@@ -18,7 +18,7 @@ import numpy as np
 
 from tunix_agentic.envs.base import Environment
 from tunix_agentic.metrics.sink import NULL_METRICS, MetricsSink
-from tunix_agentic.trajectory import Trajectory
+from tunix_agentic.trajectory import TaskLike, Trajectory
 
 PRODUCTION_STREAM, EVAL_STREAM = 0, 1
 
@@ -32,7 +32,7 @@ class Group:
 
     group_id: str
     index: int
-    task: Any
+    task: TaskLike
     admitted_version: int
     trajectories: list[Trajectory]
     dropped: list[Trajectory] = dataclasses.field(default_factory=list)

@@ -2,8 +2,9 @@
 
 Each episode moves through three stages, INIT, RUN and EVAL, run by the
 orchestrator's :class:`~tunix_agentic.rollout.group_runner.GroupRunner`: in process
-(:class:`~tunix_agentic.rollout.episode.EpisodeRunner`, the default) or on rollout
-nodes (:class:`~tunix_agentic.rollout.client.runner.ServiceEpisodeRunner`).
+(:class:`~tunix_agentic.rollout.episode.EpisodeRunner`, built by
+:meth:`RolloutOrchestrator.in_process`) or on rollout nodes
+(:class:`~tunix_agentic.rollout.client.runner.ServiceEpisodeRunner`).
 G episodes of one task form a group; a group is emitted the moment its last
 episode ends, in completion order, onto a queue the learner reads.
 
@@ -15,7 +16,8 @@ kept and when the next may start are decided by the pure objects of
 
 INIT ahead of admission (``prefetch_groups``, :mod:`tunix_agentic.rollout.prefetch`):
 creating and resetting a sandbox involves no policy, so during continuous production
-up to that many groups are initialised *before* the staleness gate opens. An admitted
+up to that many groups are initialised *before* the staleness gate opens (a
+:class:`~tunix_agentic.rollout.group_runner.PrefetchingRunner` only). An admitted
 group then starts RUN at once; the pacing window is spent on generation, tools and
 the verifier only, which buys throughput at the same staleness bound. Finished
 groups wait for the learner in a :class:`~tunix_agentic.rollout.batch_queue.BatchQueue`.
@@ -45,11 +47,16 @@ from tunix_agentic.rollout.group import (
     InitResult,
     RunnerHooks,
 )
-from tunix_agentic.rollout.group_runner import GroupRunner
+from tunix_agentic.rollout.group_runner import (
+    CheckpointingRunner,
+    GroupRunner,
+    PrefetchingRunner,
+)
 from tunix_agentic.rollout.grouping import StalenessPacer, Verdict
 from tunix_agentic.rollout.outages import HealthProbe
 from tunix_agentic.rollout.prefetch import Prefetch
 from tunix_agentic.rollout.task_stream import TaskStream
+from tunix_agentic.trajectory import TaskLike
 
 
 class RolloutOrchestrator:
@@ -62,40 +69,27 @@ class RolloutOrchestrator:
     once (evaluation, baselines) with the same machinery, on seeds of its own.
 
     ``runner`` runs the groups (a :class:`~tunix_agentic.rollout.group_runner.GroupRunner`,
-    given the orchestrator's bookkeeping on arrival); without one, an in-process
-    :class:`~tunix_agentic.rollout.episode.EpisodeRunner` on ``engine``, ``env_factory``,
-    ``template`` and ``agent_config``. ``env_factory`` builds each episode's environment:
-    called with no argument, or with the task when it takes one (a multi-environment run
-    picks the environment by the task's source). An environment's ``timings`` dict, if it
-    has one after ``reset`` (e.g. ``{"sandbox_start": seconds}``), is recorded as
-    ``env/<key>`` times.
-
-    ``backend_health(task)`` (in-process runner only) tells whether a task's environment
-    backend is up when its episodes fail on infrastructure (see
-    :class:`~tunix_agentic.rollout.episode.EpisodeRunner`).
+    given the orchestrator's bookkeeping on arrival); :meth:`in_process` builds the
+    orchestrator of an in-process :class:`~tunix_agentic.rollout.episode.EpisodeRunner`.
+    ``rollout.prefetch_groups`` needs a runner that makes the environments here (a
+    :class:`~tunix_agentic.rollout.group_runner.PrefetchingRunner`).
 
     ``checkpoint_state()`` / ``restore_state()`` carry the task stream across a
     restart exactly (:class:`~tunix_agentic.rollout.task_stream.TaskStream`): tasks drawn
     but not yet trained on (running or finished groups) are drawn again, with the same
     group indices and seeds, by a restored orchestrator; with the runner's own state
-    (rollout nodes: the finished groups, handed back instead of run again).
+    where it keeps any (a :class:`~tunix_agentic.rollout.group_runner.CheckpointingRunner`;
+    rollout nodes: the finished groups, handed back instead of run again).
     """
 
     def __init__(
         self,
-        engine: InferenceEngine,
-        env_factory: Callable[..., Environment],
-        template: ChatFormat,
-        agent_config: AgentConfig,
+        runner: GroupRunner,
         config: RolloutConfig,
         *,
-        tasks: Iterator[Any] | None = None,
+        tasks: Iterator[TaskLike] | None = None,
         metrics: MetricsSink | None = None,
-        backend_health: HealthProbe | None = None,
-        runner: GroupRunner | None = None,
     ):
-        self.engine = engine
-        self.template = template
         self.config = config
         self.stream = TaskStream(tasks)
         self.metrics = metrics = NullMetrics() if metrics is None else metrics
@@ -123,15 +117,47 @@ class RolloutOrchestrator:
             freed=self._changed.set,
         )
         self._fail = self.batches.fail  # stops the run: the learner's get_batch raises
-        if runner is None:
-            runner = EpisodeRunner(
-                engine, env_factory, template, agent_config, config, backend_health=backend_health
+        self._prefetch: Prefetch | None = None  # INIT ahead of admission (prefetch_groups)
+        if config.prefetch_groups:
+            if not isinstance(runner, PrefetchingRunner):
+                raise ValueError(
+                    f"rollout.prefetch_groups must be 0 with a {type(runner).__name__}: its "
+                    "environments are made elsewhere (the nodes run INIT)"
+                )
+            self._prefetch = Prefetch(
+                runner, self.stream, config.prefetch_groups, config.group_size
             )
-        elif backend_health is not None:
-            raise ValueError("backend_health is the in-process runner's: give it to that runner")
         runner.bind(RunnerHooks(metrics, self.stats, self._fail, self._spawn))
         self._runner: GroupRunner = runner
-        self._prefetch = Prefetch(runner, self.stream, config.prefetch_groups, config.group_size)
+
+    @classmethod
+    def in_process(
+        cls,
+        engine: InferenceEngine,
+        env_factory: Callable[..., Environment],
+        template: ChatFormat,
+        agent_config: AgentConfig,
+        config: RolloutConfig,
+        *,
+        tasks: Iterator[TaskLike] | None = None,
+        metrics: MetricsSink | None = None,
+        backend_health: HealthProbe | None = None,
+    ) -> RolloutOrchestrator:
+        """An orchestrator whose groups run here: an
+        :class:`~tunix_agentic.rollout.episode.EpisodeRunner` on ``engine``, ``env_factory``,
+        ``template`` and ``agent_config``.
+
+        ``env_factory`` builds each episode's environment: called with no argument, or with
+        the task when it takes one (a multi-environment run picks the environment by the
+        task's source). An environment's ``timings`` dict, if it has one after ``reset``
+        (e.g. ``{"sandbox_start": seconds}``), is recorded as ``env/<key>`` times.
+        ``backend_health(task)`` tells whether a task's environment backend is up when its
+        episodes fail on infrastructure (see the runner).
+        """
+        runner = EpisodeRunner(
+            engine, env_factory, template, agent_config, config, backend_health=backend_health
+        )
+        return cls(runner, config, tasks=tasks, metrics=metrics)
 
     @property
     def runner(self) -> GroupRunner:
@@ -139,23 +165,30 @@ class RolloutOrchestrator:
         return self._runner
 
     @property
-    def tasks(self) -> Iterator[Any] | None:
+    def tasks(self) -> Iterator[TaskLike] | None:
         """The task iterator production draws from (settable before ``start()``)."""
         return self.stream.tasks
 
     @tasks.setter
-    def tasks(self, tasks: Iterator[Any]) -> None:
+    def tasks(self, tasks: Iterator[TaskLike]) -> None:
         self.stream.tasks = tasks
 
     @property
     def env_factory(self) -> Callable[..., Environment] | None:
         """Builds each episode's environment; None when the runner makes none here (rollout
         nodes make their own). Settable (``ValueError`` on such a runner)."""
-        return self._runner.env_factory
+        runner = self._runner
+        return runner.env_factory if isinstance(runner, PrefetchingRunner) else None
 
     @env_factory.setter
     def env_factory(self, factory: Callable[..., Environment]) -> None:
-        self._runner.env_factory = factory
+        runner = self._runner
+        if not isinstance(runner, PrefetchingRunner):
+            raise ValueError(
+                f"a {type(runner).__name__} makes no environments here: "
+                "with rollout.service.urls the nodes make the environments"
+            )
+        runner.env_factory = factory
 
     @property
     def agent_config(self) -> AgentConfig:
@@ -184,7 +217,8 @@ class RolloutOrchestrator:
             t.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         self._producer = None
-        await self._prefetch.discard()
+        if self._prefetch is not None:
+            await self._prefetch.discard()
 
     @property
     def version(self) -> int:
@@ -217,39 +251,42 @@ class RolloutOrchestrator:
     @property
     def pending_work(self) -> int:
         """Tasks this orchestrator still owns: episodes and groups under way, prefetches."""
-        return len(self._tasks) + len(self._prefetch)
+        return len(self._tasks) + (0 if self._prefetch is None else len(self._prefetch))
 
     def prefetched(self) -> list[list[InitResult]]:
         """The INIT results of prefetched groups ready to run, in task order, one list per
         group (still-initialising ones left out)."""
-        return self._prefetch.ready()
+        return [] if self._prefetch is None else self._prefetch.ready()
 
     def checkpoint_state(self) -> dict[str, Any]:
         """The task stream's position, JSON-serialisable, for :meth:`restore_state`; under
-        ``"service"`` the runner's own state, if it keeps any (the key dates from when the
-        rollout nodes' runner was the only one that did)."""
+        ``"service"`` the runner's own state, if it keeps any (a
+        :class:`~tunix_agentic.rollout.group_runner.CheckpointingRunner`; the key dates from
+        when the rollout nodes' runner was the only one that did)."""
         state = self.stream.checkpoint_state()
-        kept = self._runner.checkpoint_state(index for index, _ in state["pending"])
-        if kept is not None:
-            state["service"] = kept
+        if isinstance(self._runner, CheckpointingRunner):
+            kept = self._runner.checkpoint_state(index for index, _ in state["pending"])
+            if kept is not None:
+                state["service"] = kept
         return state
 
     def restore_state(self, state: dict[str, Any]) -> None:
         """Continue the task stream (and the runner) saved by :meth:`checkpoint_state`
-        (before ``start()``)."""
+        (before ``start()``); a runner that keeps no state of its own ignores the
+        runner's state in ``state``."""
         self.stream.restore_state(state)
-        if state.get("service") is not None:
+        if state.get("service") is not None and isinstance(self._runner, CheckpointingRunner):
             self._runner.restore_state(state["service"])
 
     async def _produce(self) -> None:
         try:
             while True:
-                if self.config.prefetch_groups:
+                if self._prefetch is not None:
                     self._prefetch.fill()
                 while self._admission_pauses or not self.pacer.may_admit():
                     self._changed.clear()
                     await self._changed.wait()
-                if self.config.prefetch_groups:
+                if self._prefetch is not None:
                     prepared = await self._prefetch.take()  # in task order
                     index, task, members = prepared.index, prepared.task, prepared.members
                 else:
@@ -270,7 +307,7 @@ class RolloutOrchestrator:
         return t
 
     async def _produce_group(
-        self, index: int, task: Any, members: list[InitResult] | None, admitted: int
+        self, index: int, task: TaskLike, members: list[InitResult] | None, admitted: int
     ) -> None:
         kept = None
         try:
@@ -308,7 +345,11 @@ class RolloutOrchestrator:
 
     # ------------------------------------------------------------- episodes
     async def run_tasks(
-        self, tasks: list[Any], *, group_size: int = 1, agent_config: AgentConfig | None = None
+        self,
+        tasks: list[TaskLike],
+        *,
+        group_size: int = 1,
+        agent_config: AgentConfig | None = None,
     ) -> list[Group]:
         """Run each task once as a group of ``group_size``; returns groups in task order.
 
@@ -337,7 +378,7 @@ class RolloutOrchestrator:
 
     async def run_group(
         self,
-        task: Any,
+        task: TaskLike,
         *,
         group_size: int | None = None,
         agent_config: AgentConfig | None = None,

@@ -32,9 +32,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from tunix_agentic.trajectory import TaskLike, task_key
+
 _log = logging.getLogger(__name__)
 
-HealthProbe = Callable[[Any], Awaitable["bool | None"]]
+HealthProbe = Callable[[TaskLike], Awaitable["bool | None"]]
 
 # A probe that has not answered after this long counts as "down".
 PROBE_TIMEOUT_S = 10.0
@@ -50,10 +52,9 @@ def backoff_delay(retry: int, base_s: float, max_s: float, rng: random.Random) -
     return rng.uniform(0.0, min(max_s, base_s * 2.0 ** min(retry - 1, 60)))
 
 
-def backend_key(task: Any) -> str | None:
+def backend_key(task: TaskLike) -> str:
     """The backend a task's episodes run on: its task source (``task_name``)."""
-    name = getattr(task, "task_name", None)
-    return None if name is None else str(name)
+    return task_key(task).name
 
 
 class OutageGate:
@@ -76,16 +77,16 @@ class OutageGate:
         metrics: Any = None,
     ):
         self.probe = probe or self._ask_env
-        self._env_probes: dict[str | None, Callable[[], Awaitable[bool]] | None] = {}
+        self._env_probes: dict[str, Callable[[], Awaitable[bool]] | None] = {}
         self.wait_s = float(wait_s)
         self.spawn = spawn
         self.metrics = metrics
         # Per backend: the watch of an outage under way (True: it came back; False: it
         # stayed down past wait_s, kept until an episode succeeds so no one waits again).
-        self._outages: dict[str | None, asyncio.Task] = {}
-        self._recovered_at: dict[str | None, float] = {}  # time.monotonic() it came back
+        self._outages: dict[str, asyncio.Task] = {}
+        self._recovered_at: dict[str, float] = {}  # time.monotonic() it came back
 
-    async def excuses(self, task: Any, began: float) -> bool:
+    async def excuses(self, task: TaskLike, began: float) -> bool:
         """Whether a failed episode of ``task`` that began at ``began`` (``time.monotonic()``)
         is an outage's: it began before its backend last came back, or the backend is down
         now and comes back within ``wait_s`` (this waits for it)."""
@@ -110,23 +111,23 @@ class OutageGate:
             return self._excused()
         return False
 
-    def note_env(self, task: Any, env: Any) -> None:
+    def note_env(self, task: TaskLike, env: Any) -> None:
         """``env`` was made for ``task``: its ``backend_health`` (if any) answers for the
         task's backend from now on (it must work once ``env`` is closed)."""
         self._env_probes[backend_key(task)] = getattr(env, "backend_health", None)
 
-    async def _ask_env(self, task: Any) -> bool | None:
+    async def _ask_env(self, task: TaskLike) -> bool | None:
         probe = self._env_probes.get(backend_key(task))
         return None if probe is None else bool(await probe())
 
-    def succeeded(self, task: Any) -> None:
+    def succeeded(self, task: TaskLike) -> None:
         """An episode of ``task`` succeeded: its backend is up (a spent wait is forgotten)."""
         key = backend_key(task)
         watch = self._outages.get(key)
         if watch is not None and watch.done():
             del self._outages[key]
 
-    async def _ask(self, task: Any, key: str | None) -> bool | None:
+    async def _ask(self, task: TaskLike, key: str) -> bool | None:
         """The probe's answer: a probe that raises cannot tell, one that hangs is down."""
         try:
             async with asyncio.timeout(PROBE_TIMEOUT_S):
@@ -138,7 +139,7 @@ class OutageGate:
             return None
         return None if answer is None else bool(answer)
 
-    async def _watch(self, task: Any, key: str | None) -> bool:
+    async def _watch(self, task: TaskLike, key: str) -> bool:
         """Poll a backend that is down until it is up (True) or ``wait_s`` passed (False)."""
         t0 = time.monotonic()
         deadline = t0 + self.wait_s

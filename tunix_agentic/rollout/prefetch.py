@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-from typing import Any
 
 from tunix_agentic.rollout.group import InitResult
-from tunix_agentic.rollout.group_runner import GroupRunner
+from tunix_agentic.rollout.group_runner import PrefetchingRunner
 from tunix_agentic.rollout.task_stream import TaskStream
+from tunix_agentic.trajectory import TaskLike
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +24,7 @@ class PreparedGroup:
     """A group INIT'ed ahead of admission: group ``index`` of the task stream, on ``task``."""
 
     index: int
-    task: Any
+    task: TaskLike
     members: list[InitResult]
 
 
@@ -32,7 +32,7 @@ class Prefetch:
     """Up to ``size`` groups of ``stream``'s next tasks, INIT'ed by ``runner``, in task
     order (each a task resolving to a :class:`PreparedGroup`)."""
 
-    def __init__(self, runner: GroupRunner, stream: TaskStream, size: int, group_size: int):
+    def __init__(self, runner: PrefetchingRunner, stream: TaskStream, size: int, group_size: int):
         self.runner, self.stream, self.size, self.group_size = runner, stream, size, group_size
         self._prepared: collections.deque[asyncio.Task[PreparedGroup]] = collections.deque()
 
@@ -67,7 +67,8 @@ class Prefetch:
             if not isinstance(result, BaseException):
                 await self.runner.close_members(result.members)
 
-    async def _prepare(self, index: int, task: Any) -> PreparedGroup:
+    async def _prepare(self, index: int, task: TaskLike) -> PreparedGroup:
         """INIT for every member of a group (see
-        :meth:`GroupRunner.init_group <tunix_agentic.rollout.group_runner.GroupRunner.init_group>`)."""
+        :meth:`PrefetchingRunner.init_group
+        <tunix_agentic.rollout.group_runner.PrefetchingRunner.init_group>`)."""
         return PreparedGroup(index, task, await self.runner.init_group(task, self.group_size))

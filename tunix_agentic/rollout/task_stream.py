@@ -13,6 +13,8 @@ import collections
 from collections.abc import Iterator
 from typing import Any
 
+from tunix_agentic.trajectory import TaskLike
+
 
 class TaskStream:
     """Draws ``(group index, task)`` from ``tasks``, replaying after a restart.
@@ -21,15 +23,15 @@ class TaskStream:
     :class:`~tunix_agentic.data.sources.RunSources` stream) can be checkpointed.
     """
 
-    def __init__(self, tasks: Iterator[Any] | None):
+    def __init__(self, tasks: Iterator[TaskLike] | None):
         self.tasks = tasks
         self._next_index = 0  # group index of the next task drawn from ``tasks``
         # Drawn, not yet trained on or filtered: group index -> the task stream's state just
         # before that draw (restored and drawn again after a restart).
         self._untrained: dict[int, Any] = {}
-        self._replay: collections.deque[tuple[int, Any, Any]] = collections.deque()
+        self._replay: collections.deque[tuple[int, TaskLike, Any]] = collections.deque()
 
-    def next(self) -> tuple[int, Any]:
+    def next(self) -> tuple[int, TaskLike]:
         """``(group index, task)``: a task to replay after a restart, else the stream's next."""
         if self._replay:
             index, task, before = self._replay.popleft()

@@ -391,6 +391,9 @@ class SGLangEngine(_HttpCalls):
         # Locked while we live, removed on close or exit, or by the next client after a crash.
         self._weights = WeightsDirs(weights_dir, self.writer_id)
 
+    def use_tokenizer(self, tokenizer: Any, stop_ids: tuple[int, ...] | None = None) -> None:
+        """Nothing: the server constrains decoding with its own tokenizer."""
+
     def move_to(self, base_url: str) -> None:
         """The server is now at ``base_url`` (restarted elsewhere: a Ray actor on another
         machine). Its health is unchecked and its weights unknown until it answers again;

@@ -73,6 +73,7 @@ from tunix_agentic.serving.http import (
 )
 from tunix_agentic.serving.prom import EngineCollector, add_prometheus
 from tunix_agentic.serving.stops import ModelText, cut_off_loop, output_text
+from tunix_agentic.serving.validation import NonEmpty, Strict, validate_body
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a batch of long prompts is far past aiohttp's 1 MiB default
 _SHUTDOWN_TIMEOUT_S = 5.0
@@ -327,12 +328,24 @@ async def handle_server_info(request: web.Request) -> web.Response:
     )
 
 
+class _Abort(Strict, extra="ignore"):
+    """``POST /abort_request``: the request to abort (SGLang's other fields are ignored)."""
+
+    rid: str
+
+
+class _Weights(Strict, extra="ignore"):
+    """``POST /update_weights_from_disk``: the directory to load and, optionally, the
+    version it is (checked by :func:`parse_version`; SGLang's other fields are ignored)."""
+
+    model_path: NonEmpty
+    weight_version: Any = None
+
+
 async def handle_abort(request: web.Request) -> web.Response:
     try:
         body = await read_json(request)
-        rid = body.get("rid") if isinstance(body, dict) else None
-        if not isinstance(rid, str):
-            raise ValueError("abort_request needs a string 'rid'")
+        rid = validate_body(_Abort, body, shape='{"rid": RID}').rid
     except ValueError as exc:
         return _error(400, str(exc))
     return web.json_response({"success": request.app[_STATE].engine.abort(rid)})
@@ -347,20 +360,16 @@ async def handle_update_weights(request: web.Request) -> web.Response:
         return web.json_response({"success": False, "message": message}, status=400)
 
     try:
-        body = await read_json(request)
-        if not isinstance(body, dict):
-            raise ValueError("request body must be a JSON object")
-        path = body.get("model_path")
-        if not isinstance(path, str) or not path:
-            raise ValueError("update_weights_from_disk needs a string 'model_path'")
+        body = validate_body(_Weights, await read_json(request), shape='{"model_path": DIR}')
     except ValueError as exc:
         return fail(str(exc))
+    path = body.model_path
     if not weight_load.inside(os.path.realpath(path), state.weight_dirs):
         return _outside(path, state.weight_dirs)
     async with state.weights_lock:
         try:
             version = parse_version(
-                body.get("weight_version"), default=max(engine.version, state.requested_version) + 1
+                body.weight_version, default=max(engine.version, state.requested_version) + 1
             )
         except ValueError as exc:
             return fail(str(exc))
@@ -378,7 +387,7 @@ async def handle_update_weights(request: web.Request) -> web.Response:
                 weight_load.load_pinned,
                 fd,
                 params_like,
-                getattr(engine, "model_config", None),
+                engine.model_config,
             )
             update = engine.update_weights(params, version)
         except Exception as exc:  # a mismatched tree, an unreadable checkpoint
@@ -445,7 +454,7 @@ def build_app(
     roots = tuple(Path(os.path.realpath(d)) for d in weight_dirs)
     text = ModelText.from_model_info(info)
     info["eos_token_ids"] = list(text.eos_ids)
-    if text.tokenizer is not None and getattr(engine, "grammars", 0) is None:  # constraints
+    if text.tokenizer is not None:  # constraints (an engine given one already keeps it)
         engine.use_tokenizer(text.tokenizer, text.eos_ids or None)
     app[_STATE] = _ServerState(engine, info, api_key=api_key, weight_dirs=roots, text=text)
     app.router.add_post("/generate", handle_generate)
@@ -489,7 +498,9 @@ async def start_server(
     )
 
 
-async def _serve(engine: JaxEngine, host: str, port: int, **options: Any) -> None:
+async def serve_engine(engine: JaxEngine, host: str, port: int, **options: Any) -> None:
+    """Serve ``engine`` (:func:`start_server`'s ``options``) until SIGINT or SIGTERM, then
+    close it; prints ``serving on http://HOST:PORT`` once the port is open."""
     await serve_until_signal(
         lambda: start_server(engine, host=host, port=port, **options),
         lambda real_port: f"serving on {url(host, real_port)}",
@@ -512,7 +523,7 @@ def serve_forever(
     Prints one line, ``serving on http://HOST:PORT``, once the port is open.
     """
     asyncio.run(
-        _serve(
+        serve_engine(
             engine,
             host,
             port,

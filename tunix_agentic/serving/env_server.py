@@ -48,7 +48,7 @@ import os
 import secrets
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -62,6 +62,7 @@ from tunix_agentic.envs.base import (
     get_env_factory,
     import_env_modules,
     make_env,
+    offered_keywords,
 )
 from tunix_agentic.envs.remote import (
     action_from_json,
@@ -76,12 +77,13 @@ from tunix_agentic.serving.http import (
     check_exposure,
     json_error,
     read_json,
-    resolve_api_key,
+    run_server_main,
     serve_app,
     serve_until_signal,
     url,
 )
 from tunix_agentic.serving.prom import EnvCollector, add_prometheus
+from tunix_agentic.serving.validation import Strict, validate_body
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 _CLOSE_TIMEOUT_S = 30.0  # an environment's close() that hangs is abandoned after this
@@ -201,8 +203,7 @@ def _operator_kwargs(config: EnvServerConfig) -> dict[str, Any]:
         sig = inspect.signature(factory)
     except (TypeError, ValueError):  # no signature to read: checked when an episode is made
         return kwargs
-    if "sandbox" in sig.parameters:
-        kwargs["sandbox"] = config.sandbox
+    kwargs.update(offered_keywords(config.env_name, {"sandbox": config.sandbox}))
     try:
         sig.bind(**kwargs)
     except TypeError as exc:
@@ -253,16 +254,23 @@ async def handle_health(request: web.Request) -> web.Response:
     )
 
 
+class _Create(Strict, extra="ignore"):
+    """``POST /envs``: the environment (this server's, or null) and the factory keywords
+    the client sets (checked against the environment's ``client_kwargs`` after)."""
+
+    env: str | None = None
+    kwargs: dict[str, Any] | None = None
+
+
 async def handle_create(request: web.Request) -> web.Response:
     state = request.app[_STATE]
     name = state.config.env_name
     try:
-        body = await read_json(request, if_empty={}, object_only=True)
-        asked, kwargs = body.get("env"), body.get("kwargs") or {}
+        body = await read_json(request, if_empty={})
+        create = validate_body(_Create, body, shape='{"env"?: NAME, "kwargs"?: {...}}')
+        asked, kwargs = create.env, create.kwargs or {}
         if asked is not None and asked != name:
             raise ValueError(f"this server serves environment {name!r}, not {asked!r}")
-        if not isinstance(kwargs, dict):
-            raise ValueError("'kwargs' must be an object")
         refused = _refused_kwargs(state, kwargs)
         if refused is not None:
             raise ValueError(refused)
@@ -507,13 +515,8 @@ def env_server_config(
         kwargs = {}
     kwargs = dict(kwargs)
     timeout = env.get("tool_timeout_s")
-    if timeout is not None and "tool_timeout" not in kwargs:
-        try:
-            takes = "tool_timeout" in inspect.signature(get_env_factory(env_name)).parameters
-        except (TypeError, ValueError):
-            takes = False
-        if takes:
-            kwargs["tool_timeout"] = timeout
+    if "tool_timeout" not in kwargs:
+        kwargs.update(offered_keywords(env_name, {"tool_timeout": timeout}))
     return EnvServerConfig(env_name, sandbox=sandbox, env_kwargs=kwargs, **fields)
 
 
@@ -537,9 +540,8 @@ def serve_env_main(
     and ``sandbox_backend`` give the operator's sandbox and factory keywords
     (:func:`env_server_config`); the environment's factory is checked against them before
     the port opens."""
-    api_key = resolve_api_key(api_key)
-    try:
-        check_exposure(host, api_key)
+
+    def set_up(api_key: str | None) -> Callable[[], Awaitable[None]]:
         import_env_modules(list(imports))
         _State.check_name(env_name)
         server_config = env_server_config(
@@ -556,12 +558,6 @@ def serve_env_main(
         if "sandbox" in state.base_kwargs and os.geteuid() == 0:
             # As root, sandboxes run as uid_base.. : none of those uids may be the host's.
             check_uid_range(server_config.sandbox.uid_base)
-    except (ValueError, SandboxError) as exc:
-        print(f"tunix-agentic: error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        asyncio.run(_serve(server_config, host, port))
-    except OSError as exc:  # the port is taken, the host is not ours
-        print(f"tunix-agentic: error: cannot serve on {host}:{port}: {exc}", file=sys.stderr)
-        return 1
-    return 0
+        return lambda: _serve(server_config, host, port)
+
+    return run_server_main(host, port, api_key, set_up, refused=(SandboxError,))

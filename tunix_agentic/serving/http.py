@@ -1,11 +1,13 @@
 """What the project's HTTP servers share: the API-key guard, JSON errors, the serve loop.
 
-The engine server (``serve-engine``) and the environment server (``serve-env``)
-answer errors in one shape (``{"error": {"message", "type"?}}``; aiohttp's own, such
-as 413 for a body over the limit, included), require ``Authorization: Bearer KEY`` on
-every route but ``/health`` when a key is set, turn an unexpected exception into a JSON
-500, cut off slow clients (:class:`~tunix_agentic.serving.timeouts.ServerTimeouts`),
-and serve until SIGINT or SIGTERM.
+The engine server (``serve-engine``), the environment server (``serve-env``) and the
+rollout node (``serve-rollout``) run in one frame (:func:`run_server_main`), read their
+bodies with :func:`read_json`, answer errors in one shape (``{"error": {"message",
+"type"?}}``; aiohttp's own, such as 413 for a body over the limit, included), require
+``Authorization: Bearer KEY`` on every route but ``/health`` when a key is set, turn an
+unexpected exception into a JSON 500, cut off slow clients
+(:class:`~tunix_agentic.serving.timeouts.ServerTimeouts`), and serve until SIGINT or
+SIGTERM.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import ipaddress
 import json
 import os
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -280,3 +283,44 @@ async def serve_until_signal(
         finally:
             if runner is not None:
                 await runner.cleanup()
+
+
+def run_server_main(
+    host: str,
+    port: int,
+    api_key: str | None,
+    set_up: Callable[[str | None], Callable[[], Awaitable[None]]],
+    *,
+    refused: tuple[type[Exception], ...] = (),
+    refused_serving: tuple[type[Exception], ...] = (),
+) -> int:
+    """The frame of a server's ``main`` (``serve-engine``, ``serve-env``,
+    ``serve-rollout``: each parses its own arguments and gives its own ``set_up``).
+
+    The API key is ``api_key``, else ``$TUNIX_AGENTIC_API_KEY`` (:func:`resolve_api_key`);
+    a host beyond loopback needs one (:func:`check_exposure`). ``set_up(key)`` builds what
+    is served and returns the coroutine function serving it until SIGINT or SIGTERM
+    (through :func:`serve_until_signal`), run here on a fresh event loop. Returns the exit
+    status: 0 once stopped; 2, with the error on stderr, for a ``ValueError`` (a refused
+    exposure, a bad argument or config) or an error of ``refused`` from ``set_up``, or one
+    of ``refused_serving`` while serving (a state dir another node holds); 1 when the
+    address cannot be bound (an ``OSError`` while serving)."""
+    api_key = resolve_api_key(api_key)
+    try:
+        check_exposure(host, api_key)
+        serve = set_up(api_key)
+    except (ValueError, *refused) as exc:
+        return _refuse(exc)
+    try:
+        asyncio.run(serve())
+    except refused_serving as exc:
+        return _refuse(exc)
+    except OSError as exc:  # the port is taken, the host is not ours
+        print(f"tunix-agentic: error: cannot serve on {host}:{port}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _refuse(exc: Exception) -> int:
+    print(f"tunix-agentic: error: {exc}", file=sys.stderr)
+    return 2

@@ -1,13 +1,15 @@
 """One validation layer for the servers' JSON bodies: pydantic models, our messages.
 
 ``/generate`` (:mod:`~tunix_agentic.serving.generate_request`), the OpenAI endpoints
-(:mod:`~tunix_agentic.rollout.openai_endpoint.schema`, ``.responses``) and the rollout
-node's wire format (:mod:`~tunix_agentic.rollout.service.wire`) check a body with a pydantic
+(:mod:`~tunix_agentic.rollout.openai_endpoint.protocol`) and the rollout
+node's wire format (:mod:`~tunix_agentic.rollout.wire`) check a body with a pydantic
 model: :class:`Strict` types, ``Field`` bounds, and validators only for what types cannot
 say (they raise :func:`invalid`). :func:`validate` runs one and turns pydantic's error into
 the caller's error type, in our words and naming the field's path:
 ``messages[2].tool_calls[0].function.arguments: must be a string holding a JSON object``,
-``trajectory.token_ids[1] must be an integer, got True``. Nothing here imports JAX.
+``trajectory.token_ids[1] must be an integer, got True``. The small bodies (the node's
+policy, claim and engines, a reward, ``/update_weights_from_disk``, ``serve-env``'s
+``POST /envs``) go through :func:`validate_body`. Nothing here imports JAX.
 """
 
 from __future__ import annotations
@@ -92,6 +94,22 @@ def validate(
         return model.model_validate(raw, context=context)  # type: ignore[attr-defined]
     except ValidationError as exc:
         raise error(message(exc, raw, root=root, sep=sep)) from None
+
+
+def validate_body(
+    model: type[T],
+    raw: Any,
+    *,
+    shape: str,
+    sep: str = " ",
+    error: Callable[[str], Exception] = ValueError,
+) -> T:
+    """A request's JSON body checked by ``model`` (:func:`validate`: the message names the
+    field, ``version must be >= 0, got -1``); a body that is no JSON object is refused as
+    ``the body must be a JSON object <shape>`` (``shape``: what one looks like)."""
+    if not isinstance(raw, Mapping):
+        raise error(f"the body must be a JSON object {shape}")
+    return validate(model, raw, sep=sep, error=error)
 
 
 def message(exc: ValidationError, raw: Any, *, root: str = "", sep: str = ": ") -> str:

@@ -3,5 +3,5 @@
 (:mod:`~tunix_agentic.rollout.client.node_pool`), the group runner that places groups on
 them (:mod:`~tunix_agentic.rollout.client.runner`) and the run's connection to them
 (:mod:`~tunix_agentic.rollout.client.connect`). The nodes themselves are
-:mod:`tunix_agentic.rollout.service`; the JSON both sides speak is its
-:mod:`~tunix_agentic.rollout.service.wire`. Nothing here imports JAX."""
+:mod:`tunix_agentic.rollout.service`; the JSON both sides speak is
+:mod:`tunix_agentic.rollout.wire`. Nothing here imports JAX."""

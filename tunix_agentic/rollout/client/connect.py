@@ -4,7 +4,7 @@
 (unless ``rollout.service.engine_urls`` names engines the nodes use instead), hands the
 engine's URL to every node, and returns the connected
 :class:`~tunix_agentic.rollout.client.runner.ServiceEpisodeRunner` that the caller gives
-its orchestrator (``RolloutOrchestrator(..., runner=...)``). Everything it starts is
+its orchestrator (``RolloutOrchestrator(runner, config)``). Everything it starts is
 closed by the caller's exit stack. Weights keep flowing as in process: the served engine
 is the trainer's.
 """
@@ -16,6 +16,8 @@ import logging
 from typing import Any
 
 from tunix_agentic.agent.loop import AgentConfig
+from tunix_agentic.inference.base import InferenceEngine, ServerClient
+from tunix_agentic.inference.pool import EnginePool
 from tunix_agentic.rollout.client.runner import ServiceEpisodeRunner
 from tunix_agentic.rollout.config import RolloutConfig, ServiceConfig
 from tunix_agentic.serving.http import resolve_api_key
@@ -29,13 +31,16 @@ def service_api_key(service: ServiceConfig) -> str | None:
     return resolve_api_key(service.api_key)
 
 
-def weights_path_of(engine: Any, version: int) -> str | None:
-    """The directory one of ``engine``'s HTTP clients had its server load ``version``
-    from (``rollout.service.weights_dir``), or None: the nodes push it to an engine
-    server that restarted and lost it."""
-    for client in getattr(engine, "backends", [engine]):
-        path = getattr(client, "weights_path", None)
-        if path is not None and getattr(client, "version", None) == version:
+def weights_path_of(engine: InferenceEngine, version: int) -> str | None:
+    """The directory one of ``engine``'s HTTP clients (it, or a pool's backends) had its
+    server load ``version`` from (``rollout.service.weights_dir``), or None: the nodes push
+    it to an engine server that restarted and lost it."""
+    clients = engine.backends if isinstance(engine, EnginePool) else [engine]
+    for client in clients:
+        if not isinstance(client, ServerClient):
+            continue
+        path = client.weights_path
+        if path is not None and client.version == version:
             return str(path)
     return None
 

@@ -18,7 +18,7 @@ import aiohttp
 
 from tunix_agentic.rollout.episode import Group
 from tunix_agentic.rollout.service.admin import admin_key_for
-from tunix_agentic.rollout.service.wire import FINAL_STATUSES, GroupRequest, group_from_json
+from tunix_agentic.rollout.wire import FINAL_STATUSES, GroupRequest, group_from_json
 
 __all__ = ["GroupConflict", "GroupNotFound", "NodeClient", "NodeUnavailable"]
 

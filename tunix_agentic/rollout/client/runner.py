@@ -4,9 +4,9 @@
 as the in-process :class:`~tunix_agentic.rollout.episode.EpisodeRunner` is, so the
 :class:`~tunix_agentic.rollout.orchestrator.RolloutOrchestrator` keeps its task
 stream, staleness pacing, filters and evaluation unchanged and only *running a
-group* moves to the nodes (``RolloutOrchestrator(..., runner=ServiceEpisodeRunner(...))``).
+group* moves to the nodes (``RolloutOrchestrator(ServiceEpisodeRunner(...), config)``).
 
-Each group is one :class:`~tunix_agentic.rollout.service.wire.GroupRequest`,
+Each group is one :class:`~tunix_agentic.rollout.wire.GroupRequest`,
 placed on the node with the fewest members in flight (ProRL's min-heap, on this
 trainer's live counts: :mod:`~tunix_agentic.rollout.client.node_pool`) and
 long-polled there. Faults:
@@ -59,7 +59,7 @@ from tunix_agentic.rollout.group import (
     InitResult,
     RunnerHooks,
 )
-from tunix_agentic.rollout.service.wire import (
+from tunix_agentic.rollout.wire import (
     GroupRequest,
     SamplingSpec,
     SeedSpec,
@@ -67,7 +67,7 @@ from tunix_agentic.rollout.service.wire import (
     group_to_json,
 )
 from tunix_agentic.serving.http import resolve_api_key
-from tunix_agentic.trajectory import Trajectory
+from tunix_agentic.trajectory import TaskLike, Trajectory, task_key
 
 _log = logging.getLogger(__name__)
 
@@ -204,15 +204,6 @@ class ServiceEpisodeRunner:
             )
         await self.pool.close_session()
 
-    @property
-    def env_factory(self) -> None:
-        """None: environments are made on the nodes (from their run config)."""
-        return None
-
-    @env_factory.setter
-    def env_factory(self, factory: Any) -> None:
-        raise ValueError("with rollout.service.urls the nodes make the environments")
-
     # ----------------------------------------------------------- versions
     def set_version(self, version: int) -> None:
         """The learner published ``version``: once connected, tell every node that is up
@@ -271,15 +262,9 @@ class ServiceEpisodeRunner:
         return tagged_id(self.run_id, name, self.id_key)
 
     # -------------------------------------------------------------- groups
-    async def init_group(self, task: Any, size: int) -> list[InitResult]:
-        raise ValueError("rollout.prefetch_groups must be 0 with rollout.service.urls")
-
-    async def close_members(self, members: list[InitResult | BaseException]) -> None:
-        """Nothing to close here: the nodes own the environments."""
-
     async def run_group(
         self,
-        task: Any,
+        task: TaskLike,
         *,
         index: int,
         version: int,
@@ -295,10 +280,10 @@ class ServiceEpisodeRunner:
         (default ``rollout.seed``) and ``min_usable`` go to the node with the group."""
         if prepared is not None:
             raise ValueError("rollout.prefetch_groups must be 0 with rollout.service.urls")
-        task_id = str(getattr(task, "task_id", index))
+        task_id = task_key(task).id
         if stream == PRODUCTION_STREAM:
             kept = self._restored.pop(index, None)
-            if kept is not None and str(getattr(kept.task, "task_id", "")) == task_id:
+            if kept is not None and task_key(kept.task).id == task_id:
                 self.outcomes.append((kept.group_id, "restored"))
                 kept = dataclasses.replace(kept, task=task)
                 self._finished[index] = kept
@@ -464,10 +449,11 @@ def _failed_group(request: GroupRequest, status: str, error: Any) -> Group:
     """A group the node ended without a result: every member lost to infrastructure
     (never scored, never trained on), its reason kept in ``dropped``."""
     _log.warning("group %s %s on its node: %s", request.group_id, status, error)
+    key = task_key(request.task)
     traj = Trajectory(
-        task_id=str(getattr(request.task, "task_id", request.group_id)),
+        task_id=key.id,
         episode_id=f"{request.group_id}-{status}",
-        task_name=str(getattr(request.task, "task_name", "default")),
+        task_name=key.name,
         group_id=request.group_id,
     )
     traj.status, traj.error = "env_error", f"group {status} on its node: {error}"
@@ -484,7 +470,7 @@ def _failed_group(request: GroupRequest, status: str, error: Any) -> Group:
 
 def _request(
     group_id: str,
-    task: Any,
+    task: TaskLike,
     size: int,
     version: int,
     agent: AgentConfig,

@@ -29,8 +29,12 @@ from tunix_agentic.agent.chat import (
 )
 from tunix_agentic.agent.tool_parser import format_tool_call
 from tunix_agentic.models.tokenizer import encode_client_text
-from tunix_agentic.rollout.openai_endpoint.episodes import Call, Completion, Episode
-from tunix_agentic.rollout.openai_endpoint.schema import ChatRequest, message_key, note_ignored
+from tunix_agentic.rollout.openai_endpoint.protocol import (
+    ChatCompletionRequest,
+    message_key,
+    note_ignored,
+)
+from tunix_agentic.rollout.openai_endpoint.recording import Call, Completion, Episode
 
 _MARK = "\x00completion\x00"
 
@@ -84,11 +88,11 @@ class PromptRenderer:
         self.template = template
         self.tokenizer = template.tokenizer
 
-    def render(self, request: ChatRequest, messages: Sequence[dict[str, Any]]) -> str:
+    def render(self, request: ChatCompletionRequest, messages: Sequence[dict[str, Any]]) -> str:
         """``messages`` rendered with the request's tools and ``chat_template_kwargs`` (the
         built-in character template takes none: they are ignored there, logged once)."""
         messages, tools = template_messages(self.template, messages, request.template_tools)
-        kwargs = request.chat_template_kwargs
+        kwargs = request.template_kwargs
         if kwargs and self.template.source == BUILTIN_CHAT_TEMPLATE:
             note_ignored("chat_template_kwargs", "the built-in character template takes none")
             kwargs = None
@@ -96,13 +100,15 @@ class PromptRenderer:
             messages, add_generation_prompt=True, tools=tools, kwargs=kwargs
         )
 
-    def render_ids(self, request: ChatRequest) -> list[int]:
-        return encode_client_text(self.tokenizer, self.render(request, request.messages))
+    def render_ids(self, request: ChatCompletionRequest) -> list[int]:
+        return encode_client_text(self.tokenizer, self.render(request, request.chat_messages))
 
-    def continuation_ids(self, request: ChatRequest, k: int, ended_turn: bool) -> list[int]:
+    def continuation_ids(
+        self, request: ChatCompletionRequest, k: int, ended_turn: bool
+    ) -> list[int]:
         """The ids the template puts after assistant message ``k`` (its end-of-turn token
         only if the completion did not end the turn) up to the next generation prompt."""
-        messages = list(request.messages)
+        messages = list(request.chat_messages)
         messages[k] = {**messages[k], "content": _MARK}
         text = self.render(request, messages)
         after = text.split(_MARK, 1)[-1]
@@ -113,10 +119,10 @@ class PromptRenderer:
             self.tokenizer, after[end + len(self.template.turn_end) if ended_turn else end :]
         )
 
-    def prompt(self, request: ChatRequest, episode: Episode | None) -> Prompt:
+    def prompt(self, request: ChatCompletionRequest, episode: Episode | None) -> Prompt:
         """Prompt ids: the continuation of the longest recorded call whose messages and
-        returned reply begin ``request.messages``, else the whole conversation rendered."""
-        keys = [message_key(m) for m in request.messages]
+        returned reply begin the request's messages, else the whole conversation rendered."""
+        keys = [message_key(m) for m in request.chat_messages]
         best: tuple[int, int, Call, Completion] | None = None
         for i, call in enumerate(episode.calls if episode else ()):
             k = len(call.message_keys)

@@ -1,16 +1,11 @@
 """What a chat completion answers, built from the sampled ids (host-side, no JAX).
 
-:func:`parse_reply` turns a completion's text into OpenAI's assistant message: the
-``<tool_call>`` blocks that parse into a call to a tool the request offered become
-``tool_calls`` and leave the content; a block calling any other tool stays in the content
-as text and is counted (:attr:`Reply.unoffered`), so a client is never handed a call it
-cannot dispatch. :func:`logprobs_json` is OpenAI's ``logprobs`` of a choice.
-:func:`stream_chunks` frames the same replies as ``chat.completion.chunk`` events: per
-choice a role delta, then per token the characters it completes (content deltas) and,
-at the token that closes a call's block, the call (its id and name, then its arguments
-in fragments), then a last delta with ``finish_reason``; a usage chunk (``choices``
-empty) ends the stream when asked. Concatenated, the deltas are the non-streamed message
-exactly: each delta is a slice of the same text.
+:func:`parse_reply` turns a completion's text into OpenAI's assistant message (calls to
+an offered tool become ``tool_calls``; a call to any other tool stays text, counted);
+:func:`completion_json` and :func:`stream_chunks` frame the replies as a
+``chat.completion`` or as ``chat.completion.chunk`` events whose deltas add up to the
+same message (:mod:`~.protocol`'s models). The framing in detail:
+``docs/reference/openai_routes.md``.
 """
 
 from __future__ import annotations
@@ -26,6 +21,22 @@ from aiohttp import web
 
 from tunix_agentic.agent.tool_parser import Action
 from tunix_agentic.inference.base import TokenOutput
+from tunix_agentic.rollout.openai_endpoint.protocol import (
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionChoice,
+    ChatCompletionChunk,
+    ChoiceDelta,
+    ChoiceLogprobs,
+    ChunkChoice,
+    FinishReason,
+    FunctionCall,
+    FunctionDelta,
+    TokenLogprob,
+    ToolCall,
+    ToolCallDelta,
+    Usage,
+)
 
 _TOOL_CALL = re.compile(r"<tool_call>.*?</tool_call>", re.DOTALL)
 _ARGUMENT_PIECE = 16  # characters per streamed fragment of a call's arguments
@@ -57,10 +68,10 @@ def parse_reply(
 ) -> Reply:
     """The :class:`Reply` of ``text``; ``offered``: the tool names calls may name (None:
     no call is parsed, as with ``tool_choice="none"``)."""
-    message: dict[str, Any] = {"role": "assistant", "content": text}
     if offered is None:
-        return Reply(text, message, text_ids=tuple(text_ids))
-    calls, kept, spans = [], [], []
+        return Reply(text, AssistantMessage(content=text).model_dump(), text_ids=tuple(text_ids))
+    calls: list[ToolCall] = []
+    kept, spans = [], []
     unoffered = last = 0
     for match in _TOOL_CALL.finditer(text):
         try:
@@ -76,21 +87,16 @@ def parse_reply(
         kept.append(text[last : match.start()])
         last = match.end()
         spans.append((match.start(), match.end()))
-        calls.append(
-            {
-                "id": f"call_{uuid.uuid4().hex[:24]}",
-                "type": "function",
-                "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
-            }
-        )
+        function = FunctionCall(name=call.name, arguments=json.dumps(call.arguments))
+        calls.append(ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", function=function))
+    message = AssistantMessage(content=text)
     if calls:
         content = "".join(kept) + text[last:]
-        message["content"] = content if content.strip() else None
-        message["tool_calls"] = calls
-    return Reply(text, message, tuple(spans), unoffered, tuple(text_ids))
+        message = AssistantMessage(content=content if content.strip() else None, tool_calls=calls)
+    return Reply(text, message.model_dump(), tuple(spans), unoffered, tuple(text_ids))
 
 
-def finish_reason(out: TokenOutput, reply: Reply) -> str:
+def finish_reason(out: TokenOutput, reply: Reply) -> FinishReason:
     """OpenAI's ``finish_reason``: "tool_calls", "length" or "stop"."""
     if reply.message.get("tool_calls"):
         return "tool_calls"
@@ -99,7 +105,7 @@ def finish_reason(out: TokenOutput, reply: Reply) -> str:
 
 def logprobs_json(
     reply: Reply, logprobs: Sequence[float], decode: Callable[[list[int]], str]
-) -> dict[str, Any]:
+) -> ChoiceLogprobs:
     """OpenAI's ``logprobs`` of a choice: one entry per id of its text (tool-call blocks
     included; the end-of-turn id, which is no text, left out; ``GET /v1/episodes/{id}``
     has every recorded one), each the sampled token's logprob under the distribution the
@@ -108,14 +114,9 @@ def logprobs_json(
     for tid, lp in zip(reply.text_ids, logprobs, strict=False):
         token = decode([tid])
         entries.append(
-            {
-                "token": token,
-                "logprob": float(lp),
-                "bytes": list(token.encode("utf-8")),
-                "top_logprobs": [],
-            }
+            TokenLogprob(token=token, logprob=float(lp), bytes=list(token.encode("utf-8")))
         )
-    return {"content": entries, "refusal": None}
+    return ChoiceLogprobs(content=entries)
 
 
 def token_ends(decode: Callable[[list[int]], str], ids: Sequence[int], text: str) -> list[int]:
@@ -146,19 +147,21 @@ class StreamChoice:
     """What :func:`stream_chunks` needs of one choice."""
 
     reply: Reply
-    finish_reason: str
+    finish_reason: FinishReason
     ends: list[int]  # token_ends of its text ids
-    logprobs: dict[str, Any] | None = None  # logprobs_json, when the request asked
+    logprobs: ChoiceLogprobs | None = None  # logprobs_json, when the request asked
 
 
-def _call_deltas(index: int, call: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def _call_deltas(index: int, call: dict[str, Any]) -> Iterator[ChoiceDelta]:
     fn = call["function"]
-    head = {"index": index, "id": call["id"], "type": "function"}
-    yield {"tool_calls": [{**head, "function": {"name": fn["name"], "arguments": ""}}]}
+    named = FunctionDelta(name=fn["name"], arguments="")
+    yield ChoiceDelta(
+        tool_calls=[ToolCallDelta(index=index, id=call["id"], type="function", function=named)]
+    )
     args = fn["arguments"]
     for at in range(0, len(args), _ARGUMENT_PIECE):
-        piece = args[at : at + _ARGUMENT_PIECE]
-        yield {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
+        piece = FunctionDelta(arguments=args[at : at + _ARGUMENT_PIECE])
+        yield ChoiceDelta(tool_calls=[ToolCallDelta(index=index, function=piece)])
 
 
 def _outside(text: str, start: int, end: int, spans: Sequence[tuple[int, int]]) -> str:
@@ -175,31 +178,34 @@ def _outside(text: str, start: int, end: int, spans: Sequence[tuple[int, int]]) 
     return "".join(out)
 
 
-def _choice_deltas(choice: StreamChoice, shown: int = 0) -> Iterator[tuple[dict[str, Any], Any]]:
+def _choice_deltas(
+    choice: StreamChoice, shown: int = 0
+) -> Iterator[tuple[ChoiceDelta, ChoiceLogprobs | None]]:
     """``(delta, logprobs)`` pairs of one choice, role first, finish_reason not included;
     ``shown``: characters of content already sent live (:mod:`.live`), with the role."""
     if shown:
         for delta, lp in _choice_deltas(choice):
-            piece = delta.get("content")
-            if "role" in delta:
+            piece = delta.content
+            if delta.role is not None:
                 continue
             if piece and shown:
-                delta, shown = {**delta, "content": piece[shown:]}, max(0, shown - len(piece))
-                if not delta["content"] and lp is None:
+                delta = delta.model_copy(update={"content": piece[shown:]})
+                shown = max(0, shown - len(piece))
+                if not delta.content and lp is None:
                     continue
             yield delta, lp
         return
     reply, message = choice.reply, choice.reply.message
     shows_content = message["content"] is not None
-    yield {"role": "assistant", "content": "" if shows_content else None}, None
+    yield ChoiceDelta(role="assistant", content="" if shows_content else None), None
     calls = message.get("tool_calls") or []
-    entries = choice.logprobs["content"] if choice.logprobs else None
+    entries = choice.logprobs.content if choice.logprobs else None
     sent_calls = start = 0
     for k, end in enumerate(choice.ends):
         piece = _outside(reply.text, start, end, reply.calls_at) if shows_content else ""
-        lp = {"content": [entries[k]], "refusal": None} if entries and k < len(entries) else None
+        lp = ChoiceLogprobs(content=[entries[k]]) if entries and k < len(entries) else None
         if piece or lp is not None:
-            yield ({"content": piece} if shows_content else {}), lp
+            yield (ChoiceDelta(content=piece) if shows_content else ChoiceDelta()), lp
         while sent_calls < len(calls) and reply.calls_at[sent_calls][1] <= end:
             for delta in _call_deltas(sent_calls, calls[sent_calls]):
                 yield delta, None
@@ -214,21 +220,21 @@ def _chunk(
     head: dict[str, Any],
     with_usage: bool,
     index: int,
-    delta: dict[str, Any],
-    finish: str | None = None,
-    lp: Any = None,
+    delta: ChoiceDelta,
+    finish: FinishReason | None = None,
+    lp: ChoiceLogprobs | None = None,
 ) -> dict[str, Any]:
     """One ``chat.completion.chunk`` with one choice's delta (``"usage": null`` when the
     stream ends with a usage chunk, as OpenAI's do)."""
-    one = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": lp}
+    one = ChunkChoice(index=index, delta=delta, finish_reason=finish, logprobs=lp)
     usage = {"usage": None} if with_usage else {}
-    return {**head, "object": "chat.completion.chunk", **usage, "choices": [one]}
+    return ChatCompletionChunk(**head, **usage, choices=[one]).model_dump()
 
 
 def stream_chunks(
     head: dict[str, Any],
     choices: Sequence[StreamChoice],
-    usage: dict[str, int] | None,
+    usage: Usage | dict[str, int] | None,
     shown: int = 0,
 ) -> Iterator[dict[str, Any]]:
     """The ``chat.completion.chunk`` events of a reply (``head``: ``id``, ``created``,
@@ -239,9 +245,9 @@ def stream_chunks(
     for index, choice in enumerate(choices):
         for delta, lp in _choice_deltas(choice, shown if index == 0 else 0):
             yield _chunk(head, with_usage, index, delta, None, lp)
-        yield _chunk(head, with_usage, index, {}, choice.finish_reason)
+        yield _chunk(head, with_usage, index, ChoiceDelta(), choice.finish_reason)
     if usage is not None:
-        yield {**head, "object": "chat.completion.chunk", "choices": [], "usage": usage}
+        yield ChatCompletionChunk(**head, choices=[], usage=usage).model_dump()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,15 +263,15 @@ class Answer:
     logprobs: bool = False
     include_usage: bool = False
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> Usage:
         completion = sum(len(out.token_ids) for out in self.outs)
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": completion,
-            "total_tokens": self.prompt_tokens + completion,
-        }
+        return Usage(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=completion,
+            total_tokens=self.prompt_tokens + completion,
+        )
 
-    def choice_logprobs(self, k: int, decode: Callable[[list[int]], str]) -> Any:
+    def choice_logprobs(self, k: int, decode: Callable[[list[int]], str]) -> ChoiceLogprobs | None:
         if not self.logprobs:
             return None
         return logprobs_json(self.replies[k], self.outs[k].logprobs, decode)
@@ -274,20 +280,15 @@ class Answer:
 def completion_json(answer: Answer, decode: Callable[[list[int]], str]) -> dict[str, Any]:
     """OpenAI's ``chat.completion`` object of ``answer``."""
     choices = [
-        {
-            "index": k,
-            "message": reply.message,
-            "finish_reason": finish_reason(out, reply),
-            "logprobs": answer.choice_logprobs(k, decode),
-        }
+        ChatCompletionChoice(
+            index=k,
+            message=AssistantMessage.model_validate(reply.message),
+            finish_reason=finish_reason(out, reply),
+            logprobs=answer.choice_logprobs(k, decode),
+        )
         for k, (out, reply) in enumerate(zip(answer.outs, answer.replies, strict=True))
     ]
-    return {
-        **answer.head,
-        "object": "chat.completion",
-        "choices": choices,
-        "usage": answer.usage(),
-    }
+    return ChatCompletion(**answer.head, choices=choices, usage=answer.usage()).model_dump()
 
 
 async def event_stream(request: web.Request, headers: dict[str, str]) -> web.StreamResponse:
@@ -312,14 +313,15 @@ class LiveChunks:
         self, request: web.Request, headers: dict[str, str], head: dict[str, Any], usage: bool
     ):
         self.request, self.headers, self.head, self.usage = request, headers, head, usage
-        self.response: web.StreamResponse | None = None
+        self.stream: web.StreamResponse | None = None
 
     async def write(self, piece: str) -> None:
-        if self.response is None:
-            self.response = await event_stream(self.request, self.headers)
-            role = {"role": "assistant", "content": ""}
-            await write_event(self.response, _chunk(self.head, self.usage, 0, role))
-        await write_event(self.response, _chunk(self.head, self.usage, 0, {"content": piece}))
+        if self.stream is None:
+            self.stream = await event_stream(self.request, self.headers)
+            role = ChoiceDelta(role="assistant", content="")
+            await write_event(self.stream, _chunk(self.head, self.usage, 0, role))
+        delta = ChoiceDelta(content=piece)
+        await write_event(self.stream, _chunk(self.head, self.usage, 0, delta))
 
 
 async def send_chunks(
@@ -342,7 +344,7 @@ async def send_chunks(
         for k, (out, reply) in enumerate(zip(answer.outs, answer.replies, strict=True))
     ]
     chunks, shown = live if live is not None else (None, "")
-    stream = chunks.response if chunks and chunks.response else None
+    stream = chunks.stream if chunks and chunks.stream else None
     if stream is None:
         stream, shown = await event_stream(request, headers), ""
     usage = answer.usage() if answer.include_usage else None

@@ -4,7 +4,7 @@ A request past a cap raises :class:`TooMany` (answered 429) or :class:`TooLarge`
 (answered 413) naming the cap and the flag that sets it; the HTTP layer
 (:mod:`~tunix_agentic.rollout.service.node_http`) alone maps them to status codes.
 Open OpenAI episodes per client are capped by
-:class:`~tunix_agentic.rollout.openai_endpoint.episodes.EpisodeLimits`. No JAX here.
+:class:`~tunix_agentic.rollout.openai_endpoint.store.EpisodeLimits`. No JAX here.
 """
 
 from __future__ import annotations

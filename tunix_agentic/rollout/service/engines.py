@@ -207,6 +207,10 @@ class EngineSet:
                     self.served_version = int(out.versions[-1])
                 return out
 
+    def use_tokenizer(self, tokenizer: Any, stop_ids: tuple[int, ...] | None = None) -> None:
+        """Nothing: the node's engines are servers, which constrain decoding with their own
+        tokenizers."""
+
     async def read_served_version(self, timeout_s: float = 5.0) -> None:
         """Set :attr:`served_version` to the newest weight version the engines report
         (``model_info``); one that does not answer within ``timeout_s``, or reports no

@@ -24,7 +24,6 @@ import collections
 import copy
 import dataclasses
 import heapq
-import inspect
 import itertools
 import json
 import logging
@@ -33,11 +32,11 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tunix_agentic.agent.chat import ChatFormat
 from tunix_agentic.agent.loop import AgentConfig
-from tunix_agentic.data.run_inputs import run_inputs
+from tunix_agentic.data.run_inputs import RunInputsConfig, run_inputs
 from tunix_agentic.data.sources import RunSources
 from tunix_agentic.envs.base import (
     Environment,
@@ -47,26 +46,29 @@ from tunix_agentic.envs.base import (
     env_tasks,
     get_env_factory,
     make_env,
+    offered_keywords,
 )
 from tunix_agentic.envs.remote import type_name
 from tunix_agentic.envs.sandbox import SandboxError, sweep_orphans
 from tunix_agentic.metrics.sink import NullMetrics
 from tunix_agentic.rollout.config import RolloutConfig
 from tunix_agentic.rollout.episode import EpisodeRunner, Group, episode_seed
-from tunix_agentic.rollout.openai_endpoint.episodes import own_task_group
+from tunix_agentic.rollout.openai_endpoint.api import CallPath, OpenAIConfig
+from tunix_agentic.rollout.openai_endpoint.offers import EpisodeOffers, own_task_group
 from tunix_agentic.rollout.service.caps import NodeCaps
 from tunix_agentic.rollout.service.engines import EngineSet
 from tunix_agentic.rollout.service.wal import OPERATOR, FinalRecord, GroupLog
-from tunix_agentic.rollout.service.wire import (
+from tunix_agentic.rollout.wire import (
     FINAL_STATUSES,
     MAX_NUM_SAMPLES,
     STATUSES,
     GroupRequest,
+    GroupStatus,
     group_to_json,
     task_to_json,
     trajectory_from_json,
 )
-from tunix_agentic.trajectory import Trajectory
+from tunix_agentic.trajectory import TaskLike, Trajectory, task_key
 
 logger = logging.getLogger(__name__)
 
@@ -148,13 +150,8 @@ class NodeSetup:
                 kwargs = setup.sources.env_kwargs(src)
                 break
         else:
-            try:
-                params = inspect.signature(get_env_factory(name)).parameters
-            except (TypeError, ValueError):
-                params = {}
-            for key, value in (("tool_timeout", setup.tool_timeout_s), ("sandbox", setup.sandbox)):
-                if value is not None and key in params:
-                    kwargs[key] = value
+            shared = {"tool_timeout": setup.tool_timeout_s, "sandbox": setup.sandbox}
+            kwargs = offered_keywords(name, shared)
         kwargs.update(req.env_kwargs)
         return lambda _task: make_env(name, **kwargs)
 
@@ -176,7 +173,17 @@ class NodeSetup:
         return dataclasses.replace(agent, **{k: v for k, v in changes.items() if v is not None})
 
 
-def setup_from_config(cfg: Any) -> NodeSetup:
+class NodeRunConfig(RunInputsConfig, Protocol):
+    """What a node reads of a :class:`~tunix_agentic.config.RunConfig` (not imported: the
+    config imports this package)."""
+
+    @property
+    def rollout(self) -> RolloutConfig: ...
+    @property
+    def seed(self) -> int: ...
+
+
+def setup_from_config(cfg: NodeRunConfig) -> NodeSetup:
     """The :class:`NodeSetup` of a loaded :class:`~tunix_agentic.config.RunConfig`, built
     as the trainer builds its own (:func:`~tunix_agentic.data.run_inputs.run_inputs`:
     tokenizer, chat template with all of ``agent``'s template options, task sources).
@@ -192,6 +199,23 @@ def setup_from_config(cfg: Any) -> NodeSetup:
         sandbox=cfg.env.sandbox,
         seed=cfg.seed,
         vocab_size=cfg.model.vocab_size,
+    )
+
+
+def openai_endpoint(setup: NodeSetup, engines: EngineSet) -> CallPath:
+    """A node's OpenAI-compatible endpoint in front of its ``engines`` (routes mounted by
+    :mod:`~tunix_agentic.rollout.service.node_http`): rendering with the node's chat
+    template, parsing tool calls with its agent's parser, within its agent's token budget
+    and its rollout's reward limit, at the policy version the engines serve."""
+    return CallPath(
+        engine=engines,
+        chat_format=setup.template,
+        version_of=lambda: engines.policy_version,
+        config=OpenAIConfig(
+            parser=setup.agent.parser,
+            default_max_tokens=setup.agent.max_new_tokens,
+            reward_limit=setup.rollout.reward_limit,
+        ),
     )
 
 
@@ -213,13 +237,18 @@ def env_task_types() -> dict[str, type]:
 
 
 # ------------------------------------------------------------------ groups
+class GroupIdConflict(Exception):
+    """A submission whose group id names another request, or another client's group (the
+    HTTP layer answers 409)."""
+
+
 @dataclasses.dataclass
 class _GroupState:
     request: GroupRequest
     body: dict[str, Any]
     seq: int
-    status: str = "queued"
-    task: Any = None
+    status: GroupStatus = "queued"
+    task: TaskLike | None = None
     agent: AgentConfig | None = None
     factory: Callable[[Any], Environment] | None = None
     answer: str | None = None  # the final answer as logged (JSON text), while cached
@@ -286,7 +315,7 @@ class _Answers:
     def __init__(self, log: GroupLog, groups: dict[str, _GroupState], keep: int):
         self.log, self.groups, self.keep = log, groups, keep
         # (cursor, group_id, status) in completion order (a lost group run again ends twice)
-        self.finals: list[tuple[int, str, str]] = []
+        self.finals: list[tuple[int, str, GroupStatus]] = []
         # Groups whose final answer is held in memory, oldest first.
         self._cached: collections.OrderedDict[str, None] = collections.OrderedDict()
 
@@ -362,7 +391,9 @@ def _summary(st: _GroupState) -> dict[str, Any]:
 class RolloutNode:
     """Runs submitted groups (see the module docstring). ``await start()`` replays the
     state dir's log; ``await close()`` cancels what runs (nothing final is written for
-    it: a restart reports it ``lost``) and closes engines and log."""
+    it: a restart reports it ``lost``) and closes engines and log. ``openai``: its
+    OpenAI-compatible endpoint (default :func:`openai_endpoint`); ``offers``: its external
+    groups' members, offered over that endpoint's store (default: ``caps``' claims)."""
 
     def __init__(
         self,
@@ -373,6 +404,8 @@ class RolloutNode:
         max_groups: int | None = None,
         keep_answers: int = 256,
         caps: NodeCaps | None = None,
+        openai: CallPath | None = None,
+        offers: EpisodeOffers | None = None,
     ):
         self.setup = setup
         self.caps = caps or NodeCaps()  # queued groups, inline task and log bytes
@@ -407,8 +440,11 @@ class RolloutNode:
         self._next_cursor = 1
         self._final_lock = asyncio.Lock()
         self.changed = _Broadcast()
-        self.openai: Any = None  # the OpenAI-compatible endpoint, once mounted on an app
-        self.external: Any = None  # its EpisodeOffers: members of "agent": "external" groups
+        self.openai = openai or openai_endpoint(setup, engines)
+        self.external = offers or EpisodeOffers(
+            self.openai.store, max_claims_per_client=self.caps.max_claims_per_client
+        )
+        self.openai.call_defaults = self.external.call_defaults  # an offered member's sampling
         self.started_at = time.time()
         self._closing = False
 
@@ -475,37 +511,30 @@ class RolloutNode:
         self.fatal = f"{type(exc).__name__}: {exc}"
         logger.error("rollout node: %s", self.fatal)
 
-    def _make_env(self, task: Any) -> Environment:
+    def _make_env(self, task: TaskLike) -> Environment:
         return self._factories[id(task)](task)
 
     # ----------------------------------------------------------- submitting
-    async def submit(self, req: GroupRequest, owner: str = OPERATOR) -> tuple[int, dict[str, Any]]:
-        """Accept ``req`` from ``owner`` (:data:`~.wal.OPERATOR` or a client's identity):
-        ``(http_status, answer)``. Same id and body: the same group (a ``lost`` or
-        ``cancelled`` one runs again: a trainer resumed, or moved it back here); another
-        body, or another client's id: 409. ValueError naming the field when the node cannot
-        run it (unknown source or environment, refused keywords...); :class:`~.caps.TooMany`
-        / :class:`~.caps.TooLarge` past one of :attr:`caps`."""
+    async def submit(self, req: GroupRequest, owner: str = OPERATOR) -> dict[str, Any]:
+        """Accept ``req`` from ``owner`` (:data:`~.wal.OPERATOR` or a client's identity): its
+        summary ``{group_id, status, cursor?}``. Same id and body: the same group (a ``lost``
+        or ``cancelled`` one runs again: a trainer resumed, or moved it back here); another
+        body, or another client's id: :class:`GroupIdConflict`. ValueError naming the field
+        when the node cannot run it (unknown source or environment, refused keywords...);
+        :class:`~.caps.TooMany` / :class:`~.caps.TooLarge` past one of :attr:`caps`."""
         body = req.to_json()
         known = self.groups.get(req.group_id)
         if known is not None:
             if not known.readable_by(owner):
-                return 409, _error_body(
-                    f"group_id {req.group_id!r} is taken (use a new id)", "Conflict"
-                )
+                raise GroupIdConflict(f"group_id {req.group_id!r} is taken (use a new id)")
             if known.body != body:
-                return 409, _error_body(
+                raise GroupIdConflict(
                     f"group_id {req.group_id!r} was submitted with another body "
-                    "(a group id names one request; use a new id for another)",
-                    "Conflict",
+                    "(a group id names one request; use a new id for another)"
                 )
             if known.status not in ("lost", "cancelled"):
-                return 202, self.summary(known)
+                return self.summary(known)
         self.caps.check_submit(body, len(self._queue), self.log.path)  # TooMany / TooLarge
-        if req.agent != "builtin" and self.external is None:
-            raise ValueError(
-                f"agent: {req.agent!r} needs the node's OpenAI endpoint (serve-rollout)"
-            )
         st = _GroupState(req, body, next(self._seq), owner=owner)
         st.task = self.setup.resolve_task(req)
         st.factory = self.setup.env_factory(req)
@@ -522,7 +551,7 @@ class RolloutNode:
             raise
         heapq.heappush(self._queue, (-req.priority, st.seq, req.group_id))
         self._pump()
-        return 202, self.summary(st)
+        return self.summary(st)
 
     # ------------------------------------------------------------- running
     def _pump(self) -> None:
@@ -552,7 +581,8 @@ class RolloutNode:
     async def _run(self, st: _GroupState) -> None:
         req = st.request
         group: Group | None = None
-        status, error = "failed", None
+        status: GroupStatus = "failed"
+        error: str | None = None
         try:
             async with asyncio.timeout(req.timeout_s):
                 if req.agent == "external":
@@ -591,26 +621,11 @@ class RolloutNode:
     async def _run_external(self, st: _GroupState) -> Group:
         """Offer the group's members to outside agents (``POST /v1/episodes/claim``) and
         wait until each is closed with a reward or lost (see ``EpisodeOffers``)."""
-        req, agent = st.request, st.agent
-        task = st.task
-        claim = {
-            "task": task_to_json(task),
-            "task_id": str(getattr(task, "task_id", req.group_id)),
-            "prompt": str(getattr(task, "prompt", "")),
-            "sampling": req.sampling.to_json(),
-            "max_turns": agent.max_turns,
-            "policy_version": req.policy_version,
-        }
-        defaults = {
-            "temperature": agent.temperature,
-            "top_p": agent.top_p,
-            "top_k": agent.top_k,
-            "max_tokens": agent.max_new_tokens,
-        }
-        seed = req.seed
+        req, seed = st.request, st.request.seed
+        claim, defaults = _external_claim(st)
         return await self.external.run_group(
             req.group_id,
-            task,
+            st.task,
             index=seed.index,
             version=req.policy_version,
             num_samples=req.num_samples,
@@ -622,7 +637,12 @@ class RolloutNode:
         )
 
     async def _finish(
-        self, st: _GroupState, status: str, *, group: Group | None = None, error: str | None = None
+        self,
+        st: _GroupState,
+        status: GroupStatus,
+        *,
+        group: Group | None = None,
+        error: str | None = None,
     ) -> None:
         """Log the outcome (fsync), then make it visible: cursor, waiters, events."""
         st.finishing = True
@@ -702,8 +722,8 @@ class RolloutNode:
             "infra_failures": self.stats.get("infra_failures", 0),
             "infra_retries": self.stats.get("infra_retries", 0),
             "fatal": self.fatal,
-            "external": None if self.external is None else self.external.counts(),
-            "own_tasks": None if self.openai is None else self.openai.store.own_task_counts(),
+            "external": self.external.counts(),
+            "own_tasks": self.openai.store.own_task_counts(),
             "cursor": self._next_cursor - 1,
             "uptime_s": time.time() - self.started_at,
             "pid": os.getpid(),
@@ -711,7 +731,30 @@ class RolloutNode:
         }
 
 
-def _bisect_after(finals: list[tuple[int, str, str]], cursor: int) -> int:
+def _external_claim(st: _GroupState) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What an outside agent claiming a member of ``st``'s group is told (the claim's task,
+    prompt, sampling, turn limit and policy version), and the sampling its calls get where
+    they omit it (the group's agent settings)."""
+    req, agent, task = st.request, st.agent, st.task
+    assert agent is not None  # resolved when the group was accepted
+    claim = {
+        "task": task_to_json(task),
+        "task_id": task_key(task).id,
+        "prompt": str(getattr(task, "prompt", "")),
+        "sampling": req.sampling.to_json(),
+        "max_turns": agent.max_turns,
+        "policy_version": req.policy_version,
+    }
+    defaults = {
+        "temperature": agent.temperature,
+        "top_p": agent.top_p,
+        "top_k": agent.top_k,
+        "max_tokens": agent.max_new_tokens,
+    }
+    return claim, defaults
+
+
+def _bisect_after(finals: list[tuple[int, str, GroupStatus]], cursor: int) -> int:
     lo, hi = 0, len(finals)
     while lo < hi:
         mid = (lo + hi) // 2
@@ -720,10 +763,6 @@ def _bisect_after(finals: list[tuple[int, str, str]], cursor: int) -> int:
         else:
             hi = mid
     return lo
-
-
-def _error_body(message: str, kind: str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind}}
 
 
 def _dumps(obj: Any) -> str:

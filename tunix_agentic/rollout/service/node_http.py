@@ -39,14 +39,14 @@ ends when every member is closed, its trajectories recorded token for token. The
 close the member. A claimed
 member silent for ``lease_s`` (300 s; :func:`start_node_server`'s ``external_lease_s``), or
 for a minute before its first call, is offered again; a client holds at most
-``--max-claims`` (256) claimed members at once (429 past it) (see :class:`~tunix_agentic.rollout.openai_endpoint.episodes.EpisodeOffers`).
+``--max-claims`` (256) claimed members at once (429 past it) (see :class:`~tunix_agentic.rollout.openai_endpoint.offers.EpisodeOffers`).
 
 Agents on their own tasks: a group submitted with ``"agent": "own_tasks"`` runs nothing
 either; it is the next ``num_samples`` ad-hoc episodes (an agent's own ``X-Episode-Id`` and
 token, not a claim) closed with a reward and the same ``task_id`` (``POST
 /v1/episodes/{id}/reward`` ``{"reward": r, "task_id": "..."}``), whichever task id fills
 first. Rewarded episodes wait for a group for ``closed_ttl_s`` (an hour: the endpoint's
-:class:`~tunix_agentic.rollout.openai_endpoint.episodes.EpisodeLimits`; then they
+:class:`~tunix_agentic.rollout.openai_endpoint.store.EpisodeLimits`; then they
 expire, counted in ``/v1/status`` ``own_tasks.expired`` beside ``waiting``); one closed
 without a ``task_id`` is never grouped.
 """
@@ -62,28 +62,39 @@ import math
 import os
 import secrets
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated
 
 from aiohttp import web
+from pydantic import Field
 
+from tunix_agentic.rollout.openai_endpoint.api import openai_routes
+from tunix_agentic.rollout.openai_endpoint.errors import TooManyClaims
 from tunix_agentic.rollout.service import admin
 from tunix_agentic.rollout.service.caps import NodeCaps, TooLarge, TooMany
 from tunix_agentic.rollout.service.engines import EngineSet, check_url
-from tunix_agentic.rollout.service.node import NodeSetup, RolloutNode, setup_from_config
-from tunix_agentic.rollout.service.wal import OPERATOR
-from tunix_agentic.rollout.service.wire import (
-    FINAL_STATUSES,
-    GroupRequest,
+from tunix_agentic.rollout.service.node import (
+    GroupIdConflict,
+    NodeRunConfig,
+    NodeSetup,
+    RolloutNode,
+    setup_from_config,
 )
+from tunix_agentic.rollout.service.wal import OPERATOR
+from tunix_agentic.rollout.wire import FINAL_STATUSES, GroupRequest
 from tunix_agentic.serving.http import (
     api_key_guard,
     client_identity,
     json_error,
     read_json,
+    run_server_main,
     serve_app,
+    serve_until_signal,
+    url,
 )
 from tunix_agentic.serving.timeouts import ServerTimeouts
+from tunix_agentic.serving.validation import NonEmpty, Strict, validate_body
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # the OpenAI endpoint's bodies (whole conversations) too
 MAX_WAIT_S = 300.0  # the longest a long poll holds a request
@@ -185,14 +196,17 @@ def _bool_param(request: web.Request, name: str, default: bool) -> bool:
 
 def _bad_request(handler):
     """A handler whose ValueError is the client's: a 400 naming the field; a cap the
-    request breaks a 413 (too large) or 429 (too many) naming it."""
+    request breaks a 413 (too large) or 429 (too many) naming it; a group id that names
+    another request a 409."""
 
     async def wrapped(request: web.Request) -> web.StreamResponse:
         try:
             return await handler(request)
+        except GroupIdConflict as exc:
+            return json_error(409, str(exc), "Conflict")
         except TooLarge as exc:
             return json_error(413, str(exc), "TooLarge")
-        except TooMany as exc:
+        except (TooMany, TooManyClaims) as exc:
             return json_error(429, str(exc), "TooMany")
         except ValueError as exc:
             return json_error(400, str(exc), "BadRequest")
@@ -226,8 +240,8 @@ async def handle_submit(request: web.Request) -> web.Response:
             "Forbidden",
         )
     # Shielded: a client hanging up must not leave a group half accepted.
-    status, answer = await asyncio.shield(node.submit(req, owner=who))
-    return web.json_response(answer, status=status)
+    answer = await asyncio.shield(node.submit(req, owner=who))
+    return web.json_response(answer, status=202)
 
 
 def _readable(request: web.Request, gid: str):
@@ -305,21 +319,35 @@ async def handle_delete(request: web.Request) -> web.Response:
     return web.json_response(answer)
 
 
+class _Policy(Strict, extra="ignore"):
+    """``POST /v1/policy``: the version the trainer publishes and where its engines loaded
+    it from (pushed to an engine that restarted, see engine_gate; absent or null when not
+    on a shared filesystem)."""
+
+    version: Annotated[int, Field(ge=0)]
+    weights_path: NonEmpty | None = None
+
+
+class _Claim(Strict):
+    """``POST /v1/episodes/claim``: how long to wait for a member to be offered."""
+
+    wait_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+
+
+class _Engine(Strict, extra="ignore"):
+    """``POST`` / ``DELETE /v1/engines``: the engine's URL and (``POST``) its API."""
+
+    url: str
+    api: str = "sglang"  # or "vllm": checked by the engine set
+
+
 @_bad_request
 async def handle_policy(request: web.Request) -> web.Response:
     node = request.app[NODE]
     body = await read_json(request, if_empty={})
-    if not isinstance(body, dict) or "version" not in body:
-        raise ValueError('version is required (a JSON object {"version": N})')
-    version = body["version"]
-    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-        raise ValueError(f"version must be an integer >= 0, got {version!r:.80}")
-    # Where the trainer's engines loaded this version from: pushed to an engine that
-    # restarted (see engine_gate); absent or null when not on a shared filesystem.
-    weights_path = body.get("weights_path")
-    if weights_path is not None and not (isinstance(weights_path, str) and weights_path):
-        raise ValueError(f"weights_path must be a directory path or null, got {weights_path!r:.80}")
-    node.engines.publish(version, weights_path)  # now the node's policy: replies held to it
+    policy = validate_body(_Policy, body, shape='{"version": N, "weights_path"?: DIR}')
+    # Now the node's policy: replies are held to it.
+    node.engines.publish(policy.version, policy.weights_path)
     return web.json_response({"version": node.engines.policy_version})
 
 
@@ -327,17 +355,8 @@ async def handle_policy(request: web.Request) -> web.Response:
 async def handle_claim(request: web.Request) -> web.Response:
     node = request.app[NODE]
     body = await read_json(request, if_empty={})
-    if not isinstance(body, dict):
-        raise ValueError('the body must be a JSON object {"wait_s"?: N}')
-    unknown = sorted(set(body) - {"wait_s"})
-    if unknown:
-        raise ValueError(f"{unknown[0]} is not a field of a claim (known: ['wait_s'])")
-    wait_s = body.get("wait_s", 0)
-    if isinstance(wait_s, bool) or not isinstance(wait_s, int | float):
-        raise ValueError(f"wait_s must be a number, got {wait_s!r:.80}")
-    if not (math.isfinite(wait_s) and wait_s >= 0):
-        raise ValueError(f"wait_s must be a finite number >= 0, got {wait_s}")
-    offer = await node.external.claim(min(float(wait_s), MAX_WAIT_S), client_identity(request))
+    wait_s = validate_body(_Claim, body, shape='{"wait_s"?: N}').wait_s
+    offer = await node.external.claim(min(wait_s, MAX_WAIT_S), client_identity(request))
     if offer is None:
         return web.Response(status=204)
     answer = {
@@ -362,18 +381,15 @@ async def handle_health(request: web.Request) -> web.Response:
 async def handle_engines(request: web.Request) -> web.Response:
     node = request.app[NODE]
     body = await read_json(request, if_empty={})
-    if not isinstance(body, dict) or "url" not in body:
-        raise ValueError(
-            'url is required (a JSON object {"url": "http://host:port"}, and "api": '
-            '"sglang" (the default) or "vllm")'
-        )
-    url = check_url(body["url"])
+    shape = '{"url": "http://host:port", "api"?: "sglang" (the default) or "vllm"}'
+    engine = validate_body(_Engine, body, shape=shape)
+    where = check_url(engine.url)
     if request.method == "POST":
-        changed = node.engines.add(url, body.get("api", "sglang"))
+        changed = node.engines.add(where, engine.api)
     else:
-        changed = node.engines.remove(url)
+        changed = node.engines.remove(where)
         if not changed:
-            return json_error(404, f"url: no engine {url!r} on this node", "NotFound")
+            return json_error(404, f"url: no engine {where!r} on this node", "NotFound")
     return web.json_response({"changed": changed, "engines": node.engines.urls})
 
 
@@ -387,13 +403,14 @@ def build_node_app(
     *,
     api_key: str | None = None,
     admin_key: str | None = None,
-    external_lease_s: float = 300.0,
-    external_first_call_s: float = 60.0,
+    external_lease_s: float | None = None,
+    external_first_call_s: float | None = None,
 ) -> web.Application:
     """The aiohttp application of ``node`` (its routes in the module docstring).
     ``admin_key``: the operator's (None: a random one, left for the node's own trainer
     by :func:`start_node_server`). ``external_lease_s``: how long a claimed external
-    member may stay silent (``external_first_call_s`` before its first call)."""
+    member may stay silent (``external_first_call_s`` before its first call); None: as
+    the node's offers have it (300 s and 60 s unless the node was given its own)."""
     app = web.Application(
         client_max_size=MAX_BODY_BYTES, middlewares=[api_key_guard(_keys), _admin_guard]
     )
@@ -417,33 +434,19 @@ def build_node_app(
 
 
 def _mount_openai(
-    app: web.Application, node: RolloutNode, lease_s: float, first_call_s: float
+    app: web.Application, node: RolloutNode, lease_s: float | None, first_call_s: float | None
 ) -> None:
-    """The OpenAI-compatible endpoint in front of the node's engines (``POST
-    /v1/chat/completions``, ``/v1/episodes/...``: see :mod:`tunix_agentic.rollout.openai_endpoint.api`), rendering with
-    the node's chat template and parsing tool calls with its agent's parser."""
-    from tunix_agentic.rollout.openai_endpoint.api import OpenAIConfig, add_openai_routes
-    from tunix_agentic.rollout.openai_endpoint.episodes import EpisodeOffers
-
-    node.openai = add_openai_routes(
-        app,
-        engine=node.engines,
-        chat_format=node.setup.template,
-        version_of=lambda: node.engines.policy_version,
-        config=OpenAIConfig(
-            parser=node.setup.agent.parser,
-            default_max_tokens=node.setup.agent.max_new_tokens,
-            reward_limit=node.setup.rollout.reward_limit,
-        ),
-    )
-    node.external = EpisodeOffers(
-        node.openai.store,
-        lease_s=lease_s,
-        first_call_s=first_call_s,
-        max_claims_per_client=node.caps.max_claims_per_client,
-    )
-    node.openai.call_defaults = node.external.call_defaults
-    # Before the OpenAI routes' /v1/episodes/{episode_id}: a static route wins anyway.
+    """The node's OpenAI-compatible endpoint (``POST /v1/chat/completions``,
+    ``/v1/responses``, ``/v1/episodes/...``: see
+    :mod:`tunix_agentic.rollout.openai_endpoint.api`) and the claim route of its offers,
+    whose leases ``lease_s`` and ``first_call_s`` become when given."""
+    for name, value in (("lease_s", lease_s), ("first_call_s", first_call_s)):
+        if value is not None:
+            if not value > 0:
+                raise ValueError(f"external_{name} must be > 0, got {value}")
+            setattr(node.external, name, value)
+    app.add_routes(openai_routes(node.openai))
+    # After the OpenAI routes' /v1/episodes/{episode_id}: a static route wins anyway.
     app.router.add_post("/v1/episodes/claim", handle_claim)
 
 
@@ -461,8 +464,8 @@ async def start_node_server(
     api_key: str | None = None,
     admin_key: str | None = None,
     timeouts: ServerTimeouts | None = None,
-    external_lease_s: float = 300.0,
-    external_first_call_s: float = 60.0,
+    external_lease_s: float | None = None,
+    external_first_call_s: float | None = None,
 ) -> tuple[web.AppRunner, int]:
     """Replay the node's log, then serve it on the running loop: ``(runner, port)``.
     Without ``admin_key`` the node's generated one is written to
@@ -510,8 +513,6 @@ async def _serve(
     admin_key: str | None = None,
     caps: NodeCaps | None = None,
 ) -> None:
-    from tunix_agentic.serving.http import serve_until_signal, url
-
     engines = EngineSet(engine_urls, api_key=engine_api_key)
     node = RolloutNode(setup, engines, state_dir, max_groups=max_groups, caps=caps)
     await serve_until_signal(
@@ -524,7 +525,7 @@ async def _serve(
 
 
 def serve_rollout_main(
-    config: Any,
+    config: NodeRunConfig,
     *,
     engine_urls: list[str] | tuple[str, ...] = (),
     state_dir: str | Path = "runs/rollout_node",
@@ -551,26 +552,20 @@ def serve_rollout_main(
     printing each (see :func:`~tunix_agentic.rollout.service.wal.repair_log`); exit status
     2 as well when the state dir is another node's or its log is damaged."""
     from tunix_agentic.rollout.service.wal import LogDamaged, StateDirBusy
-    from tunix_agentic.serving.http import check_exposure, resolve_api_key
 
-    api_key = resolve_api_key(api_key)
-    admin_key = admin_key or os.environ.get(admin.ADMIN_KEY_ENV) or None
-    try:
-        check_exposure(host, api_key)
-        if admin_key is not None and admin_key == api_key:
+    def set_up(api_key: str | None) -> Callable[[], Awaitable[None]]:
+        operator_key = admin_key or os.environ.get(admin.ADMIN_KEY_ENV) or None
+        if operator_key is not None and operator_key == api_key:
             raise ValueError("--admin-key must differ from the API key agents use")
         if max_groups is not None and max_groups < 1:
             raise ValueError(f"--max-groups must be >= 1, got {max_groups}")
         urls = [check_url(u) for u in engine_urls]
         setup = setup_from_config(config)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"tunix-agentic: error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        if repair_log:
-            _repair(state_dir)
-        asyncio.run(
-            _serve(
+
+        async def serve() -> None:
+            if repair_log:
+                await asyncio.to_thread(_repair, state_dir)
+            await _serve(
                 setup,
                 urls,
                 state_dir,
@@ -580,17 +575,20 @@ def serve_rollout_main(
                 engine_api_key=engine_api_key or api_key,
                 timeouts=timeouts or ServerTimeouts(),
                 max_groups=max_groups,
-                admin_key=admin_key,
+                admin_key=operator_key,
                 caps=caps,
             )
-        )
-    except (StateDirBusy, LogDamaged) as exc:
-        print(f"tunix-agentic: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"tunix-agentic: error: cannot serve on {host}:{port}: {exc}", file=sys.stderr)
-        return 1
-    return 0
+
+        return serve
+
+    return run_server_main(
+        host,
+        port,
+        api_key,
+        set_up,
+        refused=(FileNotFoundError,),
+        refused_serving=(StateDirBusy, LogDamaged),
+    )
 
 
 def _repair(state_dir: str | Path) -> None:

@@ -1,5 +1,9 @@
 """The rollout service's wire format: tasks, trajectories, groups and group requests as JSON.
 
+Both sides import it: the node (:mod:`tunix_agentic.rollout.service`), its OpenAI endpoint
+(:mod:`tunix_agentic.rollout.openai_endpoint`) and the trainer's client
+(:mod:`tunix_agentic.rollout.client`), none of which imports another for the format.
+
 Every ``*_to_json`` returns plain JSON-able values and its ``*_from_json`` rebuilds an
 equal object: token ids, logprobs (Python floats print as their shortest exact repr, so
 they come back bit for bit), per-token versions, timings, info, status and error. A
@@ -20,6 +24,7 @@ from pydantic import AfterValidator, Field
 from tunix_agentic.envs.base import SPLITS, Task
 from tunix_agentic.envs.remote import task_from_json as remote_task_from_json
 from tunix_agentic.envs.remote import task_to_json as remote_task_to_json
+from tunix_agentic.rollout.config import AGENT_KINDS, AgentKind
 from tunix_agentic.rollout.episode import Group
 from tunix_agentic.serving.client import LOGPROB_TOLERANCE
 from tunix_agentic.serving.validation import Strict, invalid, validate
@@ -278,14 +283,6 @@ class SeedSpec:
 
     def to_json(self) -> dict[str, int]:
         return dataclasses.asdict(self)
-
-
-# Who runs a group's episodes: the node's own agent loop; outside agents that claim them
-# (``POST /v1/episodes/claim``) and call the node's OpenAI-compatible endpoint; or outside
-# agents that run tasks of their own through that endpoint and close each episode with a
-# reward and a task id (the node groups those by task id).
-AgentKind = Literal["builtin", "external", "own_tasks"]
-AGENT_KINDS: tuple[str, ...] = get_args(AgentKind)
 
 
 class _TaskRef(Strict):
