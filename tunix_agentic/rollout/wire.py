@@ -28,7 +28,7 @@ from tunix_agentic.rollout.config import AGENT_KINDS, AgentKind
 from tunix_agentic.rollout.episode import Group
 from tunix_agentic.serving.client import LOGPROB_TOLERANCE
 from tunix_agentic.serving.validation import Strict, invalid, validate
-from tunix_agentic.trajectory import Step, Trajectory
+from tunix_agentic.trajectory import Step, TaskLike, Trajectory
 
 __all__ = [
     "FINAL_STATUSES",
@@ -114,7 +114,7 @@ class _Trajectory(Strict):
 class _Group(Strict):
     group_id: str
     index: int
-    task: Any
+    task: dict[str, Any]  # task_to_json's object
     admitted_version: int
     trajectories: list[_Trajectory] = []
     dropped: list[_Trajectory] = []
@@ -122,7 +122,7 @@ class _Group(Strict):
 
 
 # ------------------------------------------------------------------- tasks
-def task_to_json(task: Any) -> dict[str, Any]:
+def task_to_json(task: TaskLike) -> dict[str, Any]:
     """A task (a dataclass instance: :class:`~tunix_agentic.envs.base.Task` or an
     environment's own, such as the calculator's) as ``{"type": "module:QualName",
     "fields": {...}}``, as remote environments send it (tuples arrive as lists)."""
@@ -131,7 +131,7 @@ def task_to_json(task: Any) -> dict[str, Any]:
 
 def task_from_json(
     obj: Any, where: str = "task", *, types: Mapping[str, type] | None = None
-) -> Any:
+) -> TaskLike:
     """The task :func:`task_to_json` wrote. ``types``: the classes accepted, by wire name
     (a server passes its environments' task classes); None: any dataclass of a module
     already imported (for answers from a trusted node). A plain ``{task_id, prompt,
@@ -311,7 +311,7 @@ class _Request(Strict):  # the rest: GroupRequest's own checks
     group_id: str
     num_samples: int
     policy_version: int = 0
-    task: Any = None
+    task: dict[str, Any] | None = None  # task_to_json's object
     task_ref: _TaskRef | None = None
     env: str | None = None
     env_kwargs: dict[str, Any] | None = None
@@ -345,7 +345,7 @@ class GroupRequest:
     group_id: str
     num_samples: int
     policy_version: int = 0
-    task: Any = None  # a task dataclass (envs.base.Task or an environment's own)
+    task: TaskLike | None = None  # a task dataclass (envs.base.Task or an environment's own)
     task_ref: TaskRef | None = None
     env: str | None = None
     env_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
