@@ -21,6 +21,7 @@ from pathlib import Path
 from tunix_agentic.cli.http_reference import render_http_reference
 from tunix_agentic.cli.layout_reference import render_layout, with_block
 from tunix_agentic.cli.main import build_parser
+from tunix_agentic.cli.platforms import keep_jax_off_absent_tpu
 from tunix_agentic.config_reference import md_table, md_text, render_config_reference, yaml_value
 
 REGENERATE = "python -m tunix_agentic.cli.reference"
@@ -174,6 +175,8 @@ def stale_pages(out_dir: Path = DEFAULT_OUT, docs_dir: Path = DEFAULT_DOCS) -> l
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The HTTP reference builds a tiny engine: without a TPU, no TPU runtime error lines.
+    keep_jax_off_absent_tpu("reference")
     parser = argparse.ArgumentParser(prog=REGENERATE, description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--out", type=Path, default=DEFAULT_OUT, help=f"where the pages go (default {DEFAULT_OUT})"
