@@ -1,10 +1,11 @@
 """What the recorded episodes refuse, as typed errors: the store and the offers know no HTTP.
 
-:class:`~tunix_agentic.rollout.openai_endpoint.episodes.EpisodeStore` and
-:class:`~tunix_agentic.rollout.openai_endpoint.episodes.EpisodeOffers` raise these, each
+:class:`~tunix_agentic.rollout.openai_endpoint.store.EpisodeStore` and
+:class:`~tunix_agentic.rollout.openai_endpoint.offers.EpisodeOffers` raise these, each
 message naming what was refused; the HTTP layer alone picks the status (the endpoint's
-:mod:`~tunix_agentic.rollout.openai_endpoint.api`: 404, 409, 413, 429; the node's claim
-route, :mod:`~tunix_agentic.rollout.service.node_http`: 429). Nothing here imports JAX.
+:func:`~tunix_agentic.rollout.openai_endpoint.protocol.refusal`: 404, 409, 413, 429; the
+node's claim route, :mod:`~tunix_agentic.rollout.service.node_http`: 429). Nothing here
+imports JAX.
 """
 
 from __future__ import annotations
