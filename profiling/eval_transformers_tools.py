@@ -190,10 +190,8 @@ def eval_transformers(cfg: RunConfig, model_dir: str, n: int) -> Figures:
 def eval_ours(cfg: RunConfig, n: int) -> Figures:
     """The same held-out tasks on our engine, as the trainer evaluates (greedy unless the
     run set ``rl.eval_temperature``)."""
-    from tunix_agentic.evaluation import evaluate
-    from tunix_agentic.inference.engine import JaxEngine
+    from tunix_agentic.cli.eval_cmd import evaluate_held_out
     from tunix_agentic.models.hf import build_model
-    from tunix_agentic.rollout.orchestrator import RolloutOrchestrator
     from tunix_agentic.trainer import Trainer
 
     # A one-off check, not a timing: on a busy machine the first turns wait for the compile
@@ -205,26 +203,8 @@ def eval_ours(cfg: RunConfig, n: int) -> Figures:
     cfg = trainer.cfg  # reads the run, writes nothing
     model = build_model(cfg.model)
 
-    async def run() -> Any:
-        engine = JaxEngine(model, cfg.engine, version=0)
-        try:
-            orch = RolloutOrchestrator.in_process(
-                engine, trainer.env_factory, trainer.template, cfg.agent, cfg.rollout
-            )
-            agent = dataclasses.replace(cfg.agent, temperature=cfg.rl.eval_temperature)
-            return await evaluate(
-                orch,
-                trainer.sources,
-                n,
-                seed=cfg.seed,
-                agent_config=agent,
-                template=trainer.template,
-            )
-        finally:
-            await engine.close()
-
     t0 = time.perf_counter()
-    ev = asyncio.run(run())
+    ev = asyncio.run(evaluate_held_out(trainer, model, 0, n))
     return Figures(
         engine="ours",
         episodes=ev.episodes,

@@ -152,7 +152,7 @@ def evaluate_checkpoint(
     trainer = Trainer(cfg, resume=True, progress=False)  # reads the run, writes nothing
     model, version = _load_policy(run, trainer.cfg, step)
     n = cfg.rl.eval_tasks if tasks is None else tasks
-    ev = asyncio.run(_evaluate(trainer, model, version, n, show))
+    ev = asyncio.run(evaluate_held_out(trainer, model, version, n, show))
     by_task = {name: _figures(part) for name, part in ev.per_task.items()}
     overall = _figures(ev, statuses=True)
     return CheckpointEval(str(run), step, version, n, overall, by_task, ev.transcripts[:show])
@@ -192,9 +192,10 @@ def _load_policy(run: Path, cfg: Any, step: int) -> tuple[Any, int]:
     return nnx.merge(graphdef, params), int(meta.get("version", step))
 
 
-async def _evaluate(trainer: Any, model: Any, version: int, n: int, show: int = 0) -> Any:
-    """The held-out evaluation on one in-process engine holding ``model`` (closed after),
-    keeping at least ``show`` transcripts."""
+async def evaluate_held_out(trainer: Any, model: Any, version: int, n: int, show: int = 0) -> Any:
+    """The held-out evaluation of ``trainer``'s run on one in-process engine holding
+    ``model`` at ``version`` (closed after), greedy unless the run set
+    ``rl.eval_temperature``, keeping at least ``show`` transcripts."""
     from tunix_agentic.evaluation import evaluate
     from tunix_agentic.inference.engine import JaxEngine
     from tunix_agentic.rollout.orchestrator import RolloutOrchestrator
